@@ -1,0 +1,129 @@
+"""diagnose(): an exception or a text in, a Diagnosis (or None) out. Pure: no IPython, no torch."""
+
+from __future__ import annotations
+
+import traceback
+
+from ._assert_lines import parse_assert_lines
+from ._classify import classify_exception, classify_text
+from ._diagnosis import AssertLine, CudaError, Diagnosis
+from ._rules import match_rules
+
+CPU_REPLAY_FIX = (
+    "Or replay the failing step on CPU (model.cpu(), batch on CPU): the same bad input gives "
+    "a readable Python error there."
+)
+DSA_NOTE = (
+    "TORCH_USE_CUDA_DSA is a build flag: stock PyTorch wheels lack it, and setting it at run "
+    "time does nothing."
+)
+
+# Sticky errors other than a device-side assert: (cause, title, explanation).
+_STICKY_KINDS: dict[str, tuple[str, str, str]] = {
+    "cudaErrorAssert": (
+        "unknown-assert",
+        "A GPU kernel hit a device-side assert",
+        "A check inside a CUDA kernel failed, almost always because of a bad value in the "
+        "input: a class label or an index out of range, a probability outside [0, 1], NaN. "
+        "The GPU's own message (the line with `Assertion ... failed.` printed by the kernel) "
+        "names the check.",
+    ),
+    "cudaErrorIllegalAddress": (
+        "illegal-memory-access",
+        "A GPU kernel read or wrote memory it does not own",
+        "A kernel accessed an address outside its tensors. In PyTorch this is usually an index "
+        "that no check caught (ctc_loss targets, custom CUDA/Triton kernels, a bad "
+        "non-contiguous view), or a bug in a CUDA extension.",
+    ),
+    "cudaErrorLaunchFailure": (
+        "launch-failure",
+        "A GPU kernel crashed",
+        "A kernel failed while running ('unspecified launch failure'): often an out-of-bounds "
+        "access in a custom kernel or extension, sometimes a driver or hardware fault (Xid "
+        "errors in the system log).",
+    ),
+    "cudaErrorMisalignedAddress": (
+        "misaligned-address",
+        "A GPU kernel used a misaligned address",
+        "A kernel loaded or stored data at an address not aligned for its type: usually a "
+        "custom or vectorised kernel given a tensor with an unusual offset or stride.",
+    ),
+}
+_OTHER_STICKY = (
+    "other-sticky",
+    "The GPU reported an error that corrupts the CUDA context",
+    "NVIDIA documents this error as leaving the process in an inconsistent state: the process "
+    "must be restarted.",
+)
+
+
+def _error_text(error: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception_only(type(error), error))
+    except Exception:
+        return type(error).__name__
+
+
+def _sticky_diagnosis(error: CudaError, lines: tuple[AssertLine, ...]) -> Diagnosis:
+    cause, title, explanation = _STICKY_KINDS.get(error.name, _OTHER_STICKY)
+    fixes: tuple[str, ...] = (CPU_REPLAY_FIX,)
+    if error.name == "cudaErrorAssert":
+        matched = match_rules(lines)
+        fixes = (*fixes, DSA_NOTE)
+        if matched is not None:
+            rule, _line = matched
+            return Diagnosis(
+                cause=rule.cause,
+                sticky=True,
+                title=rule.title,
+                explanation=rule.explanation,
+                fixes=(*rule.fixes, *fixes),
+                assert_lines=lines,
+                error=error,
+                likely_causes=rule.likely_causes,
+                source=rule.source,
+            )
+    return Diagnosis(
+        cause=cause,
+        sticky=True,
+        title=title,
+        explanation=explanation,
+        fixes=fixes,
+        assert_lines=lines,
+        error=error,
+    )
+
+
+def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
+    return Diagnosis(
+        cause="not-sticky",
+        sticky=False,
+        title="A CUDA error that does not break the kernel",
+        explanation=(
+            f"{error.message} — this error leaves the CUDA context usable: fix the cause and "
+            "re-run the cell; no restart is needed."
+        ),
+        error=error,
+    )
+
+
+def diagnose(error: BaseException | str, *, device_output: str = "") -> Diagnosis | None:
+    """Explain a CUDA error.
+
+    ``error`` is an exception or a text (an error message, a log, a traceback; it may include the
+    device assert lines). ``device_output`` is extra text captured from the process's fd 2, where
+    the CUDA runtime prints those lines. Returns None for anything that is not a CUDA error; a
+    CUDA error that leaves the context usable gives ``sticky=False``.
+    """
+    if isinstance(error, BaseException):
+        cuda_error = classify_exception(error)
+        text = _error_text(error)
+    else:
+        cuda_error = classify_text(error)
+        text = error
+    if cuda_error is None:
+        return None
+    if not cuda_error.sticky:
+        return _not_sticky_diagnosis(cuda_error)
+    lines = parse_assert_lines(f"{device_output}\n{text}" if device_output else text)
+    return _sticky_diagnosis(cuda_error, lines)

@@ -1,0 +1,151 @@
+"""IPython glue: one object owns every hook it installs and removes exactly those.
+
+Only ``post_run_cell`` is used to see errors: it gets the ``ExecutionResult`` whatever handled the
+exception, coexists with every other extension, and leaves the standard ``error`` output and the
+cell's ``status: error`` alone (stop-on-error and nbconvert rely on them). ``set_custom_exc`` is
+deliberately left untouched: it has one slot per shell and Colab already uses it (FIELD_NOTES §4).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ._diagnose import diagnose
+from ._diagnosis import ContextState, Diagnosis
+from ._probe import probe_context
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
+
+
+class CudaGuardExtension:
+    """The loaded extension's state in one shell."""
+
+    def __init__(self, shell: InteractiveShell) -> None:
+        self.shell = shell
+        self.loaded = False
+        self.poisoned_in_cell: int | None = None  # the cell whose error first broke the context
+        self.poisoned_since: Diagnosis | None = None
+        self.last_diagnosis: Diagnosis | None = None
+        self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
+        self._registered_magics: list[Any] = []
+
+    # --- load / unload -------------------------------------------------------------------------
+    def load(self) -> None:
+        if self.loaded:
+            return
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        self._register_magics()
+        self.loaded = True
+
+    def unload(self) -> None:
+        if not self.loaded:
+            return
+        self.loaded = False
+        try:
+            self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        except ValueError:  # someone already removed it
+            pass
+        self._unregister_magics()
+
+    def _register_magics(self) -> None:
+        from ._magics import CudaGuardMagics
+
+        for magics_class in (CudaGuardMagics,):
+            instance = magics_class(self.shell)
+            for kind in ("line", "cell"):
+                self._magic_names[kind].extend(instance.magics[kind])
+            self.shell.register_magics(instance)
+            self._registered_magics.append(instance)
+
+    def _unregister_magics(self) -> None:
+        table = self.shell.magics_manager.magics
+        for kind, names in self._magic_names.items():
+            for name in names:
+                bound = table[kind].get(name)
+                # Only remove what is still ours: another extension may have redefined the name.
+                if getattr(bound, "__self__", None) in self._registered_magics:
+                    del table[kind][name]
+        self._magic_names = {"line": [], "cell": []}
+        self._registered_magics = []
+
+    # --- the hook ------------------------------------------------------------------------------
+    def post_run_cell(self, result: ExecutionResult) -> None:
+        error = result.error_in_exec
+        if error is None:
+            return
+        try:
+            self._explain(error, result.execution_count)
+        except Exception as internal:  # never let our failure cost the user their traceback
+            print(
+                f"nb_cudaguard: could not analyse this error ({type(internal).__name__}: "
+                f"{internal}); the traceback above is complete.",
+                file=sys.stderr,
+            )
+
+    def _explain(self, error: BaseException, cell: int | None) -> None:
+        diagnosis = diagnose(error)
+        if diagnosis is None:
+            return
+        if self.poisoned_since is not None:
+            self._show_fallout(diagnosis)
+            return
+        context = probe_context()
+        if not diagnosis.sticky and context is not ContextState.POISONED:
+            return  # out of memory & co.: IPython's traceback says it all, the kernel lives on
+        diagnosis = _with_context(diagnosis, context)
+        self.last_diagnosis = diagnosis
+        if context is ContextState.POISONED:
+            self.poisoned_in_cell, self.poisoned_since = cell, diagnosis
+        from ._display import show_diagnosis
+
+        show_diagnosis(diagnosis)
+
+    def _show_fallout(self, diagnosis: Diagnosis) -> None:
+        from ._display import show_fallout
+
+        message = diagnosis.error.message if diagnosis.error is not None else diagnosis.title
+        show_fallout(self.poisoned_in_cell, message)
+
+
+def _with_context(diagnosis: Diagnosis, context: ContextState) -> Diagnosis:
+    from dataclasses import replace
+
+    if diagnosis.sticky or context is not ContextState.POISONED:
+        return replace(diagnosis, context=context)
+    # A "harmless" error (cuBLAS not initialised, ...) in a context an earlier, unseen error broke.
+    return replace(
+        diagnosis,
+        cause="other-sticky",
+        sticky=True,
+        title="The CUDA context of this kernel was already broken",
+        explanation=(
+            "This error is fallout: an earlier CUDA error (printed elsewhere, or caught by code) "
+            "broke the context, and every CUDA call fails since."
+        ),
+        context=context,
+    )
+
+
+_STATES: dict[int, CudaGuardExtension] = {}
+
+
+def load_ipython_extension(shell: InteractiveShell) -> None:
+    state = _STATES.get(id(shell))
+    if state is None or state.shell is not shell:
+        state = _STATES[id(shell)] = CudaGuardExtension(shell)
+    state.load()
+
+
+def unload_ipython_extension(shell: InteractiveShell) -> None:
+    state = _STATES.pop(id(shell), None)
+    if state is not None and state.shell is shell:
+        state.unload()
+
+
+def current_state(shell: InteractiveShell | None = None) -> CudaGuardExtension | None:
+    if shell is None:
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+    return _STATES.get(id(shell)) if shell is not None else None
