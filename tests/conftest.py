@@ -1,0 +1,117 @@
+"""Shared fixtures: a real IPython shell, a real Jupyter kernel, and the `gpu` marker."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def shell() -> Iterator[Any]:
+    """A real InteractiveShell, with nb_cudaguard unloaded again afterwards."""
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    yield ip
+    if "nb_cudaguard" in ip.extension_manager.loaded:
+        ip.extension_manager.unload_extension("nb_cudaguard")
+
+
+def kernel_env(**extra: str) -> dict[str, str]:
+    """The environment for a kernel that imports this checkout's nb_cudaguard."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+@dataclass
+class CellOutput:
+    """What iopub said about one execute_request."""
+
+    reply: dict[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def of_type(self, msg_type: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["msg_type"] == msg_type]
+
+    @property
+    def displays(self) -> list[dict[str, Any]]:
+        return [m["content"]["data"] for m in self.of_type("display_data")]
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return [m["content"] for m in self.of_type("error")]
+
+    @property
+    def stream(self) -> str:
+        return "".join(m["content"]["text"] for m in self.of_type("stream"))
+
+
+class Kernel:
+    """A real ipykernel started through jupyter_client."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        from jupyter_client.manager import start_new_kernel
+
+        self.manager, self.client = start_new_kernel(
+            kernel_name="python3", env=env, extra_arguments=[], startup_timeout=60
+        )
+
+    def execute(self, code: str, timeout: float = 60) -> CellOutput:
+        client = self.client
+        msg_id = client.execute(code)
+        reply = client.get_shell_msg(timeout=timeout)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = client.get_shell_msg(timeout=timeout)
+        output = CellOutput(reply=reply["content"])
+        while True:
+            msg = client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return output
+            output.messages.append(msg)
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def kernel() -> Iterator[Kernel]:
+    k = Kernel(kernel_env())
+    try:
+        yield k
+    finally:
+        k.shutdown()
+
+
+@pytest.fixture(scope="session")
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,32 @@
+"""The extension in a real Jupyter kernel: what the frontend receives over iopub."""
+
+from __future__ import annotations
+
+ASSERT_TEXT = (
+    "CUDA error: device-side assert triggered\n"
+    "Search for `cudaErrorAssert' in "
+    "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.\n"
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
+
+
+def test_accelerator_error_gets_the_standard_error_and_our_panel(kernel):
+    kernel.execute("%load_ext nb_cudaguard")
+    out = kernel.execute(f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})")
+    assert out.reply["status"] == "error"
+    assert out.errors and out.errors[0]["ename"] == "AcceleratorError"
+    panels = [d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", "")]
+    assert len(panels) == 1
+    assert "GPU context of this kernel is broken" in panels[0]["text/plain"]
+
+
+def test_zero_division_gets_no_display_from_us(kernel):
+    kernel.execute("%load_ext nb_cudaguard")
+    out = kernel.execute("1/0")
+    assert out.reply["status"] == "error"
+    assert out.errors[0]["ename"] == "ZeroDivisionError"
+    assert out.displays == []
+    assert "nb_cudaguard" not in out.stream
