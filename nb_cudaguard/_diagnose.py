@@ -10,8 +10,8 @@ from ._diagnosis import AssertLine, CudaError, Diagnosis
 from ._rules import match_rules
 
 CPU_REPLAY_FIX = (
-    "Or replay the failing step on CPU (model.cpu(), batch on CPU): the same bad input gives "
-    "a readable Python error there."
+    "Replay the failing step on CPU (`model.cpu()`, the batch on CPU): the same bad input gives "
+    "a readable Python error there, at the right line."
 )
 DSA_NOTE = (
     "TORCH_USE_CUDA_DSA is a build flag: stock PyTorch wheels lack it, and setting it at run "

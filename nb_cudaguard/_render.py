@@ -57,15 +57,23 @@ def _sections(diagnosis: Diagnosis) -> list[tuple[str, list[str], bool]]:
     return [section for section in sections if section[1]]
 
 
+_CONTEXT_WORDS = {
+    ContextState.POISONED: "poisoned (probed)",
+    ContextState.HEALTHY: "still answering (probed)",
+    ContextState.NO_CUDA: "CUDA not initialised in this process",
+    ContextState.UNKNOWN: "could not be probed",
+}
+
+
 def _footer(diagnosis: Diagnosis) -> str:
-    parts = [f"cause: {diagnosis.cause}", f"CUDA context: {diagnosis.context.value}"]
+    parts = [f"cause: {diagnosis.cause}", f"CUDA context: {_CONTEXT_WORDS[diagnosis.context]}"]
     if diagnosis.source:
         parts.append(f"rule from {diagnosis.source}")
     return "nb_cudaguard · " + " · ".join(parts)
 
 
 def to_text(diagnosis: Diagnosis) -> str:
-    lines = [f"nb_cudaguard: {diagnosis.title}", lead_sentence(diagnosis)]
+    lines = ["", f"nb_cudaguard: {diagnosis.title}", lead_sentence(diagnosis)]
     for heading, items, preformatted in _sections(diagnosis):
         lines.append("")
         lines.append(f"{heading}:")
