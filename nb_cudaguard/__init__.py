@@ -1,33 +1,49 @@
 """nb_cudaguard: explain CUDA device-side asserts in notebooks, and catch bad inputs before the GPU.
 
 ``%load_ext nb_cudaguard`` in a notebook. Importing this package imports neither torch, ipywidgets
-nor IPython and changes nothing: the extension entry points import the IPython glue lazily.
+nor IPython and changes nothing: public names are loaded on first use (PEP 562), and the extension
+entry points import the IPython glue only when IPython calls them.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
-
-from ._diagnose import diagnose
-from ._diagnosis import CAUSES, AssertLine, ContextState, CudaError, Diagnosis
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
+    from ._diagnose import diagnose
+    from ._diagnosis import CAUSES, AssertLine, ContextState, CudaError, Diagnosis
+    from ._probe import probe_context
+
 __version__ = "0.1.0"
 
-__all__ = [
-    "CAUSES",
-    "AssertLine",
-    "ContextState",
-    "CudaError",
-    "Diagnosis",
-    "__version__",
-    "diagnose",
-    "load_ipython_extension",
-    "probe_context",
-    "unload_ipython_extension",
-]
+# public name -> the private module that defines it
+_LAZY: dict[str, str] = {
+    "CAUSES": "._diagnosis",
+    "AssertLine": "._diagnosis",
+    "ContextState": "._diagnosis",
+    "CudaError": "._diagnosis",
+    "Diagnosis": "._diagnosis",
+    "diagnose": "._diagnose",
+    "probe_context": "._probe",
+}
+
+__all__ = [*_LAZY, "__version__", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nb_cudaguard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:
@@ -40,10 +56,3 @@ def unload_ipython_extension(shell: InteractiveShell) -> None:
     from ._extension import unload_ipython_extension as unload
 
     unload(shell)
-
-
-def probe_context(torch: Any = None) -> ContextState:
-    """Whether this process's CUDA context is poisoned, healthy, absent (no CUDA) or unknown."""
-    from ._probe import probe_context as probe
-
-    return probe(torch)

@@ -1,0 +1,104 @@
+"""What the loaded extension costs when nothing fails, and what `import nb_cudaguard` costs.
+
+Usage::
+
+    python benchmarks/bench_extension.py [--cells 4000] [--imports 15]
+
+Per-cell cost: a real InteractiveShell runs the same successful cell with the extension unloaded
+and loaded, in alternating blocks within one run, and the medians are compared. Import cost: fresh
+interpreters import nb_cudaguard, alone and after importing IPython (as every kernel has); the
+import itself is timed inside each interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def per_cell(cells: int, blocks: int = 10) -> tuple[float, float]:
+    """Median µs per successful cell, (unloaded, loaded)."""
+    from IPython.testing.globalipapp import get_ipython
+    from IPython.utils.capture import capture_output
+
+    shell = get_ipython()
+    code = "x = sum(range(10))"
+    timings: dict[bool, list[float]] = {False: [], True: []}
+    with capture_output():
+        for block in range(blocks * 2):
+            loaded = block % 2 == 1
+            if loaded:
+                shell.run_line_magic("load_ext", "nb_cudaguard")
+            start = time.perf_counter()
+            for _ in range(cells // blocks):
+                shell.run_cell(code, store_history=False)
+            timings[loaded].append((time.perf_counter() - start) / (cells // blocks) * 1e6)
+            if loaded:
+                shell.run_line_magic("unload_ext", "nb_cudaguard")
+    return statistics.median(timings[False]), statistics.median(timings[True])
+
+
+def hook_only(calls: int = 200_000) -> float:
+    """µs per post_run_cell call on a successful cell: the extension's own share of a cell."""
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
+    from IPython.testing.globalipapp import get_ipython
+
+    from nb_cudaguard._extension import CudaGuardExtension
+
+    state = CudaGuardExtension(get_ipython())
+    result = ExecutionResult(ExecutionInfo("x = 1", False, False, True, None))
+    start = time.perf_counter()
+    for _ in range(calls):
+        state.post_run_cell(result)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def import_ms(before: str, runs: int) -> float:
+    """Median ms that `import nb_cudaguard` takes in a fresh interpreter that first ran `before`."""
+    statement = (
+        f"{before}\nimport time\nstart = time.perf_counter()\nimport nb_cudaguard\n"
+        "print((time.perf_counter() - start) * 1e3)"
+    )
+    samples = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", statement], check=True, cwd=ROOT, capture_output=True, text=True
+            ).stdout
+        )
+        for _ in range(runs)
+    ]
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=4000)
+    parser.add_argument("--imports", type=int, default=15)
+    args = parser.parse_args()
+
+    bare, loaded = per_cell(args.cells)
+    print(f"per cell, nothing fails: unloaded {bare:.1f} µs, loaded {loaded:.1f} µs, "
+          f"added {loaded - bare:+.1f} µs (ratio {loaded / bare:.3f}; target <= +50 µs)")
+    print(f"post_run_cell hook alone on a successful cell: {hook_only():.3f} µs")
+
+    cold = import_ms("", args.imports)
+    warm = import_ms("import IPython", args.imports)
+    print(f"import nb_cudaguard, fresh interpreter: {cold:.2f} ms (target <= 30 ms)")
+    print(f"import nb_cudaguard after IPython (as in a kernel): {warm:.2f} ms")
+    leaked = subprocess.run(
+        [sys.executable, "-c", "import sys, nb_cudaguard; "
+         "print([m for m in ('torch', 'IPython', 'ipywidgets') if m in sys.modules])"],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    ).stdout.strip()
+    print(f"heavy modules imported by `import nb_cudaguard`: {leaked}")
+
+
+if __name__ == "__main__":
+    main()
