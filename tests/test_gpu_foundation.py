@@ -1,0 +1,51 @@
+"""On a real GPU: a real device-side assert in a fresh kernel, the probe, the panel, the fallout note.
+
+Each poisoning runs in its own kernel process: a poisoned context cannot be reused.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+BAD_LABEL_STEP = """\
+import torch, torch.nn.functional as F
+logits = torch.randn(8, 3, device="cuda")
+labels = torch.tensor([0, 1, 2, 3, 1, 0, 2, 1], device="cuda")  # 3 >= num_classes
+loss = F.cross_entropy(logits, labels)
+print(loss.item())
+"""
+
+
+def test_real_device_side_assert_poisons_the_context_and_shows_the_panel(kernel):
+    kernel.execute("%load_ext nb_cudaguard")
+    out = kernel.execute(BAD_LABEL_STEP)
+    assert out.reply["status"] == "error"
+    panels = [d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", "")]
+    assert len(panels) == 1, out.messages
+    assert "CUDA context: poisoned (probed)" in panels[0]["text/plain"]
+
+    probe = kernel.execute("import nb_cudaguard; print(nb_cudaguard.probe_context().value)")
+    assert probe.stream.strip() == "poisoned"
+
+    again = kernel.execute("torch.ones(1, device='cuda').sum().item()")
+    assert again.reply["status"] == "error"
+    notes = [d["text/plain"] for d in again.displays]
+    assert len(notes) == 1 and "fallout of the CUDA error" in notes[0]
+
+
+def test_healthy_cuda_context_probes_healthy(kernel):
+    out = kernel.execute(
+        "import torch, nb_cudaguard\ntorch.ones(1, device='cuda').sum().item()\n"
+        "print(nb_cudaguard.probe_context().value)"
+    )
+    assert out.stream.strip().splitlines()[-1] == "healthy"
+
+
+def test_cuda_out_of_memory_gets_no_panel(kernel):
+    kernel.execute("%load_ext nb_cudaguard")
+    out = kernel.execute("import torch\ntorch.empty(1 << 50, dtype=torch.uint8, device='cuda')")
+    assert out.reply["status"] == "error"
+    assert out.errors[0]["ename"] == "OutOfMemoryError"
+    assert out.displays == []
