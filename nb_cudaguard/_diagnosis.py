@@ -46,7 +46,8 @@ class AssertLine:
 
     def __str__(self) -> str:
         times = f" (x{self.count} threads)" if self.count > 1 else ""
-        return f"{self.file}: Assertion `{self.condition}` failed.{times}"
+        where = f"{self.file} ({self.function})" if self.function else self.file
+        return f"{where}: Assertion `{self.condition}` failed.{times}"
 
 
 @dataclass(frozen=True)

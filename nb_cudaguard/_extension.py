@@ -147,5 +147,5 @@ def unload_ipython_extension(shell: InteractiveShell) -> None:
 def current_state(shell: InteractiveShell | None = None) -> CudaGuardExtension | None:
     if shell is None:
         ipython = sys.modules.get("IPython")
-        shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+        shell = ipython.get_ipython() if ipython is not None else None
     return _STATES.get(id(shell)) if shell is not None else None
