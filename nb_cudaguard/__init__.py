@@ -22,8 +22,10 @@ __all__ = [
     "ContextState",
     "CudaError",
     "Diagnosis",
+    "GuardError",
     "__version__",
     "diagnose",
+    "guard",
     "load_ipython_extension",
     "probe_context",
     "unload_ipython_extension",
@@ -47,3 +49,16 @@ def probe_context(torch: Any = None) -> ContextState:
     from ._probe import probe_context as probe
 
     return probe(torch)
+
+
+def __getattr__(name: str) -> Any:
+    # The guard needs torch: import it only when someone asks for it.
+    if name == "guard":
+        from ._guard import guard
+
+        return guard
+    if name in ("GuardError", "GuardIndexError"):
+        from . import _guard_error
+
+        return getattr(_guard_error, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
