@@ -104,6 +104,8 @@ def _inspect(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> F
 
 def first_violation(requirements: list[Requirement]) -> Finding | None:
     """One fused reduction per requirement, one host transfer for all of them."""
+    if not requirements:
+        return None
     STATS["calls"] += 1
     live = [r for r in requirements if not r.trivially_holds()]
     if not live:
@@ -128,14 +130,17 @@ def _raise(
     check: OpCheck, func: Any, finding: Finding, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     frames = _outer_frames()
-    user, library = _user_and_library_frames(frames)
+    users = [f for f in frames if not _is_library(f.f_code.co_filename)]
+    user, outer = (users[0], users[-1]) if users else (None, None)
+    library = frames[0] if frames and frames[0] is not user else None
     violation = Violation(
         op=display_name(check, func),
         finding=finding,
         fix=check.fix,
         owner=_owner([*args, *kwargs.values()], frames),
         line=_describe(user),
-        library_line=_describe(library) if library is not user else None,
+        entry_line=_describe(outer) if outer is not user else None,
+        library_line=_describe(library),
         rank=_rank(),
     )
     error = GuardIndexError if check.index_error else GuardError
@@ -163,15 +168,11 @@ def _outer_frames() -> list[FrameType]:
 
 
 def _is_library(filename: str) -> bool:
-    return filename.startswith(_LIBRARY_DIRS) or "site-packages" in filename
-
-
-def _user_and_library_frames(
-    frames: list[FrameType],
-) -> tuple[FrameType | None, FrameType | None]:
-    library = frames[0] if frames else None
-    user = next((f for f in frames if not _is_library(f.f_code.co_filename)), None)
-    return user, library
+    return (
+        filename.startswith(_LIBRARY_DIRS)
+        or filename.startswith("<frozen")
+        or "site-packages" in filename
+    )
 
 
 def _describe(frame: FrameType | None) -> str | None:

@@ -35,7 +35,8 @@ class Violation:
     finding: Finding
     fix: str
     owner: str | None = None  # "nn.Embedding(30522, 768) at model.bert.embeddings.word_embeddings"
-    line: str | None = None  # "<cell>, line 3: logits = model(ids)"
+    line: str | None = None  # the innermost frame of the user's code: "Cell In[5], line 3: ..."
+    entry_line: str | None = None  # the outermost one, where it differs (the cell's own line)
     library_line: str | None = None  # the innermost non-torch frame, where it is not the user's
     rank: int | None = None
 
@@ -85,6 +86,8 @@ def format_violation(v: Violation) -> str:
     lines += ["", "Where"]
     if v.line:
         lines.append(f"  your line: {v.line}")
+    if v.entry_line:
+        lines.append(f"  reached from: {v.entry_line}")
     if v.library_line:
         lines.append(f"  called from: {v.library_line}")
     if not v.line and not v.library_line:
