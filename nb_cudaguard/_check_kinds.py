@@ -71,8 +71,11 @@ class IntRange:
     problem: str = "index out of range"
     ignore: int | None = None
 
-    def _ignore_matters(self) -> bool:
-        return self.ignore is not None and not self.lo <= self.ignore < self.hi
+    def _outside_ignore(self) -> int | None:
+        """ignore_index where it matters: outside [lo, hi), where it cannot pass as valid."""
+        if self.ignore is None or self.lo <= self.ignore < self.hi:
+            return None
+        return self.ignore
 
     def trivially_holds(self) -> bool:
         if self.tensor.numel() == 0:
@@ -84,10 +87,11 @@ class IntRange:
         t = self.tensor.detach().reshape(-1)
         if t.dtype in _WIDEN or t.dtype == torch.bool:
             t = t.to(torch.int64)
-        if self._ignore_matters():
+        ignore = self._outside_ignore()
+        if ignore is not None:
             # ignore_index outside the range (-100) would be the minimum: map it into the range
             # so one min/max still decides.
-            t = t.masked_fill(t == self.ignore, self.lo)
+            t = t.masked_fill(torch.eq(t, ignore), self.lo)
         low, high = torch.aminmax(t)
         return torch.stack((low.to(torch.int64), high.to(torch.int64)))
 
@@ -98,7 +102,7 @@ class IntRange:
     @property
     def valid(self) -> str:
         text = f"{self.lo} <= value < {self.hi}"
-        if self._ignore_matters():
+        if self._outside_ignore() is not None:
             text += f", or == ignore_index ({self.ignore})"
         return text
 
@@ -107,8 +111,9 @@ class IntRange:
         if t.dtype in _WIDEN:
             t = t.to(torch.int64)
         bad = (t < self.lo) | (t >= self.hi)
-        if self._ignore_matters():
-            bad &= t != self.ignore
+        ignore = self._outside_ignore()
+        if ignore is not None:
+            bad &= torch.ne(t, ignore)
         count, samples = _samples(t, bad)
         return Finding(
             self.argument, self.problem, self.valid, self.source, count, t.numel(), samples

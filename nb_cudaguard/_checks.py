@@ -249,13 +249,14 @@ def _index_items(idx: Any) -> tuple[Any, ...] | None:
     if isinstance(idx, tuple):
         items = idx
     elif isinstance(idx, list) and any(
-        isinstance(i, (torch.Tensor, slice, list, tuple)) or i is None or i is Ellipsis
-        for i in idx
+        isinstance(i, (torch.Tensor, slice, list, tuple)) or i is None or i is Ellipsis for i in idx
     ):
         items = tuple(idx)  # NumPy's legacy rule: such a list is a tuple of indices
     else:
         items = (idx,)
-    if not any(not isinstance(i, (int, slice)) and i is not None and i is not Ellipsis for i in items):
+    if not any(
+        not isinstance(i, (int, slice)) and i is not None and i is not Ellipsis for i in items
+    ):
         return None
     return items
 
@@ -426,22 +427,32 @@ FIX_CTC = (
 CHECKS: tuple[OpCheck, ...] = (
     OpCheck("cross_entropy", "loss", ("F.cross_entropy",), _cross_entropy, FIX_CLASSES, True),
     OpCheck("nll_loss", "loss", ("F.nll_loss",), _nll_loss, FIX_CLASSES, True),
+    OpCheck("multi_margin_loss", "loss", ("F.multi_margin_loss",), _multi_margin, FIX_CLASSES),
     OpCheck(
-        "multi_margin_loss", "loss", ("F.multi_margin_loss",), _multi_margin, FIX_CLASSES
+        "binary_cross_entropy", "loss", ("F.binary_cross_entropy",), _binary_cross_entropy, FIX_BCE
     ),
-    OpCheck("binary_cross_entropy", "loss", ("F.binary_cross_entropy",), _binary_cross_entropy,
-            FIX_BCE),
     OpCheck("ctc_loss", "loss", ("F.ctc_loss",), _ctc_loss, FIX_CTC),
     OpCheck("embedding", "embedding", ("F.embedding",), _embedding, FIX_EMBEDDING, True),
     OpCheck("embedding", "embedding", ("torch.embedding",), _torch_embedding, FIX_EMBEDDING, True),
     OpCheck("embedding_bag", "embedding", ("F.embedding_bag",), _embedding_bag, FIX_EMBEDDING),
-    OpCheck("multinomial", "sampling", ("torch.multinomial", "Tensor.multinomial"), _multinomial,
-            FIX_PROBS),
-    OpCheck("bernoulli", "sampling", ("torch.bernoulli", "Tensor.bernoulli"), _bernoulli,
-            FIX_PROBS),
+    OpCheck(
+        "multinomial",
+        "sampling",
+        ("torch.multinomial", "Tensor.multinomial"),
+        _multinomial,
+        FIX_PROBS,
+    ),
+    OpCheck(
+        "bernoulli", "sampling", ("torch.bernoulli", "Tensor.bernoulli"), _bernoulli, FIX_PROBS
+    ),
     OpCheck("bernoulli", "sampling", ("Tensor.bernoulli_",), _bernoulli_, FIX_PROBS),
-    OpCheck("poisson", "sampling", ("torch.poisson",), _poisson,
-            "Poisson rates must be >= 0 and not NaN."),
+    OpCheck(
+        "poisson",
+        "sampling",
+        ("torch.poisson",),
+        _poisson,
+        "Poisson rates must be >= 0 and not NaN.",
+    ),
     OpCheck(
         "gather",
         "gather_scatter",
@@ -453,21 +464,50 @@ CHECKS: tuple[OpCheck, ...] = (
         "scatter",
         "gather_scatter",
         (
-            "torch.scatter", "Tensor.scatter", "Tensor.scatter_",
-            "torch.scatter_add", "Tensor.scatter_add", "Tensor.scatter_add_",
-            "torch.scatter_reduce", "Tensor.scatter_reduce", "Tensor.scatter_reduce_",
+            "torch.scatter",
+            "Tensor.scatter",
+            "Tensor.scatter_",
+            "torch.scatter_add",
+            "Tensor.scatter_add",
+            "Tensor.scatter_add_",
+            "torch.scatter_reduce",
+            "Tensor.scatter_reduce",
+            "Tensor.scatter_reduce_",
         ),
         _dim_index(negative_ok=False),
         FIX_INDEX + " scatter does not accept negative indices.",
     ),
-    OpCheck("index_select", "index", ("torch.index_select", "Tensor.index_select"),
-            _dim_index(negative_ok=False), FIX_INDEX, True),
-    OpCheck("index_add", "index", ("torch.index_add", "Tensor.index_add", "Tensor.index_add_"),
-            _dim_index(negative_ok=False), FIX_INDEX),
-    OpCheck("index_copy", "index", ("torch.index_copy", "Tensor.index_copy", "Tensor.index_copy_"),
-            _dim_index(negative_ok=False), FIX_INDEX, True),
-    OpCheck("index_fill", "index", ("torch.index_fill", "Tensor.index_fill", "Tensor.index_fill_"),
-            _dim_index(negative_ok=True), FIX_INDEX, True),
+    OpCheck(
+        "index_select",
+        "index",
+        ("torch.index_select", "Tensor.index_select"),
+        _dim_index(negative_ok=False),
+        FIX_INDEX,
+        True,
+    ),
+    OpCheck(
+        "index_add",
+        "index",
+        ("torch.index_add", "Tensor.index_add", "Tensor.index_add_"),
+        _dim_index(negative_ok=False),
+        FIX_INDEX,
+    ),
+    OpCheck(
+        "index_copy",
+        "index",
+        ("torch.index_copy", "Tensor.index_copy", "Tensor.index_copy_"),
+        _dim_index(negative_ok=False),
+        FIX_INDEX,
+        True,
+    ),
+    OpCheck(
+        "index_fill",
+        "index",
+        ("torch.index_fill", "Tensor.index_fill", "Tensor.index_fill_"),
+        _dim_index(negative_ok=True),
+        FIX_INDEX,
+        True,
+    ),
     OpCheck(
         "index_put",
         "index",
@@ -480,8 +520,13 @@ CHECKS: tuple[OpCheck, ...] = (
     OpCheck("setitem", "index", ("Tensor.__setitem__",), _getitem, FIX_INDEX, True),
     OpCheck("take", "index", ("torch.take", "Tensor.take"), _take, FIX_INDEX, True),
     OpCheck("put", "index", ("torch.put", "Tensor.put", "Tensor.put_"), _take, FIX_INDEX, True),
-    OpCheck("one_hot", "one_hot", ("F.one_hot",), _one_hot,
-            "Labels must be 0 .. num_classes-1 (or pass num_classes=-1 to infer it)."),
+    OpCheck(
+        "one_hot",
+        "one_hot",
+        ("F.one_hot",),
+        _one_hot,
+        "Labels must be 0 .. num_classes-1 (or pass num_classes=-1 to infer it).",
+    ),
     OpCheck(
         "repeat_interleave",
         "repeat_interleave",
@@ -490,9 +535,14 @@ CHECKS: tuple[OpCheck, ...] = (
         "Repeat counts must be >= 0 and, with output_size, add up to it exactly.",
     ),
     *(
-        OpCheck(f"max_unpool{n}d", "unpool", (f"F.max_unpool{n}d",), _max_unpool(n),
-                "Pass the indices returned by the matching max_pool call (return_indices=True) "
-                "with the same kernel_size, stride and padding.")
+        OpCheck(
+            f"max_unpool{n}d",
+            "unpool",
+            (f"F.max_unpool{n}d",),
+            _max_unpool(n),
+            "Pass the indices returned by the matching max_pool call (return_indices=True) "
+            "with the same kernel_size, stride and padding.",
+        )
         for n in (1, 2, 3)
     ),
 )

@@ -118,7 +118,7 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
     else:  # int and float requirements in one call: no op here has both, keep it exact anyway
         flat = [v for s in summaries for v in s.tolist()]
     start = 0
-    for requirement, summary in zip(live, summaries):
+    for requirement, summary in zip(live, summaries, strict=True):
         values = flat[start : start + summary.numel()]
         start += summary.numel()
         if not requirement.holds(values):
@@ -187,7 +187,7 @@ def _describe(frame: FrameType | None) -> str | None:
 def _cell_name(filename: str) -> str | None:
     """IPython's own name for a cell's code ("Cell In[3]"), where IPython is running."""
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+    shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
         return None
     try:
@@ -258,7 +258,7 @@ class Guard:
         if _STATE.mode is None:
             mode = _CheckMode(_TABLE)
             try:
-                mode.__enter__()
+                mode.__enter__()  # type: ignore[no-untyped-call]
             except BaseException:
                 _STATE.configs.pop()
                 self._entered = False
@@ -288,7 +288,7 @@ class Guard:
 def _leave(mode: _CheckMode) -> None:
     from torch.overrides import _get_current_function_mode
 
-    if _get_current_function_mode() is mode:
+    if _get_current_function_mode() is mode:  # type: ignore[no-untyped-call]
         mode.__exit__(None, None, None)
     else:  # someone pushed a mode inside our block and left it: popping would remove theirs
         print(
@@ -300,7 +300,7 @@ def _leave(mode: _CheckMode) -> None:
 
 def _synchronize() -> None:
     """Surface an asynchronous CUDA error of this block here, not in a later cell."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
 
 

@@ -43,20 +43,26 @@ CASES: dict[str, Callable[[], Any]] = {
     "ce negative": lambda: F.cross_entropy(torch.randn(3, 4), t(0, -1, 2)),
     "ce default ignore_index": lambda: F.cross_entropy(torch.randn(3, 4), t(0, -100, 2)),
     "ce all ignored": lambda: F.cross_entropy(torch.randn(2, 4), t(-100, -100)),
-    "ce custom ignore_index": lambda: F.cross_entropy(torch.randn(3, 4), t(0, 9, 2), ignore_index=9),
+    "ce custom ignore_index": lambda: F.cross_entropy(
+        torch.randn(3, 4), t(0, 9, 2), ignore_index=9
+    ),
     "ce custom ignore, -100 bad": lambda: F.cross_entropy(
         torch.randn(3, 4), t(0, -100, 2), ignore_index=9
     ),
     "ce ignore_index inside range": lambda: F.cross_entropy(
         torch.randn(3, 4), t(0, 0, 2), ignore_index=0
     ),
-    "ce weights valid": lambda: F.cross_entropy(torch.randn(3, 4), t(0, 3, 2), weight=torch.ones(4)),
+    "ce weights valid": lambda: F.cross_entropy(
+        torch.randn(3, 4), t(0, 3, 2), weight=torch.ones(4)
+    ),
     "ce weights bad": lambda: F.cross_entropy(torch.randn(3, 4), t(0, 5, 2), weight=torch.ones(4)),
     "ce smoothing valid": lambda: F.cross_entropy(
         torch.randn(3, 4), t(0, -100, 3), label_smoothing=0.1
     ),
     "ce smoothing bad": lambda: F.cross_entropy(torch.randn(3, 4), t(0, 4, 3), label_smoothing=0.1),
-    "ce reduction none bad": lambda: F.cross_entropy(torch.randn(3, 4), t(0, 4, 3), reduction="none"),
+    "ce reduction none bad": lambda: F.cross_entropy(
+        torch.randn(3, 4), t(0, 4, 3), reduction="none"
+    ),
     "ce unbatched valid": lambda: F.cross_entropy(torch.randn(4), torch.tensor(3)),
     "ce unbatched bad": lambda: F.cross_entropy(torch.randn(4), torch.tensor(4)),
     "ce soft targets": lambda: F.cross_entropy(torch.randn(3, 4), torch.rand(3, 4) * 7 - 2),
@@ -70,7 +76,9 @@ CASES: dict[str, Callable[[], Any]] = {
         torch.randn(2, 3, 4, 4), torch.full((2, 4, 4), 255), ignore_index=255
     ),
     "ce uint8 targets": lambda: F.cross_entropy(torch.randn(3, 4), t(0, 3, 1, dtype=torch.uint8)),
-    "ce uint8 targets bad": lambda: F.cross_entropy(torch.randn(3, 4), t(0, 7, 1, dtype=torch.uint8)),
+    "ce uint8 targets bad": lambda: F.cross_entropy(
+        torch.randn(3, 4), t(0, 7, 1, dtype=torch.uint8)
+    ),
     "ce empty batch": lambda: F.cross_entropy(torch.randn(0, 4), t(), reduction="sum"),
     "CrossEntropyLoss module bad": lambda: nn.CrossEntropyLoss()(torch.randn(3, 4), t(0, 4, 1)),
     "CrossEntropyLoss module ignore": lambda: nn.CrossEntropyLoss(ignore_index=-1)(
@@ -85,7 +93,9 @@ CASES: dict[str, Callable[[], Any]] = {
     "multi_margin negative": lambda: F.multi_margin_loss(torch.randn(3, 4), t(0, -1, 1)),
     # binary_cross_entropy
     "bce valid": lambda: F.binary_cross_entropy(t(0.0, 0.5, 1.0, dtype=torch.float), torch.rand(3)),
-    "bce input above 1": lambda: F.binary_cross_entropy(t(0.2, 1.5, dtype=torch.float), torch.rand(2)),
+    "bce input above 1": lambda: F.binary_cross_entropy(
+        t(0.2, 1.5, dtype=torch.float), torch.rand(2)
+    ),
     "bce input negative": lambda: F.binary_cross_entropy(t(-0.1, dtype=torch.float), torch.rand(1)),
     "bce input nan": lambda: F.binary_cross_entropy(t(NAN, dtype=torch.float), torch.rand(1)),
     "bce target bad": lambda: F.binary_cross_entropy(torch.rand(2), t(0.0, 2.0, dtype=torch.float)),
@@ -112,11 +122,15 @@ CASES: dict[str, Callable[[], Any]] = {
     "embedding_bag offsets decreasing": lambda: F.embedding_bag(
         t(1, 2, 3), torch.randn(5, 2), t(0, 2, 1)
     ),
-    "embedding_bag offsets past end": lambda: F.embedding_bag(t(1, 2, 3), torch.randn(5, 2), t(0, 4)),
+    "embedding_bag offsets past end": lambda: F.embedding_bag(
+        t(1, 2, 3), torch.randn(5, 2), t(0, 4)
+    ),
     "embedding_bag last offset": lambda: F.embedding_bag(
         t(1, 2, 3), torch.randn(5, 2), t(0, 3), include_last_offset=True
     ),
-    "embedding_bag 2d valid": lambda: F.embedding_bag(t(1, 2, 0, 4).reshape(2, 2), torch.randn(5, 2)),
+    "embedding_bag 2d valid": lambda: F.embedding_bag(
+        t(1, 2, 0, 4).reshape(2, 2), torch.randn(5, 2)
+    ),
     "embedding_bag 2d bad": lambda: F.embedding_bag(t(1, 2, 0, 5).reshape(2, 2), torch.randn(5, 2)),
     "EmbeddingBag module bad": lambda: nn.EmbeddingBag(5, 2)(t(1, 7), t(0, 1)),
     "EmbeddingBag padding_idx": lambda: nn.EmbeddingBag(5, 2, padding_idx=2)(t(2, 2), t(0, 1)),
