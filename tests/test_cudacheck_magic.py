@@ -151,3 +151,12 @@ def test_unloading_the_extension_turns_line_mode_off(ip: Any) -> None:
 def test_the_docstring_is_the_manual(ip: Any) -> None:
     doc = ip.magics_manager.magics["cell"]["cudacheck"].__doc__
     assert "Usage::" in doc and "--only" in doc
+
+
+def test_in_a_real_kernel_the_cell_fails_with_the_guard_errors_traceback(kernel: Any) -> None:
+    kernel.execute("%load_ext nb_cudaguard\n" + SETUP)
+    out = kernel.execute("%%cudacheck\nemb(torch.tensor([3, 10]))")
+    assert out.reply["status"] == "error"
+    assert out.errors[0]["ename"] == "GuardIndexError"
+    assert "nn.Embedding(10, 4) at emb" in "\n".join(out.errors[0]["traceback"])
+    assert kernel.execute("print(emb.weight.shape)").stream.strip() == "torch.Size([10, 4])"
