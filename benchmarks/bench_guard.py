@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-import nb_cudaguard  # noqa: E402
-from nb_cudaguard._guard import STATS  # noqa: E402
+import nb_cudaguard
+from nb_cudaguard._guard import STATS
 
 VOCAB, CLASSES, DIM, SEQ, BATCH = 1000, 10, 64, 32, 16
 
