@@ -161,10 +161,16 @@ def _outer_frames() -> list[FrameType]:
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
+        if _is_cell_runner(frame):
+            break  # beyond lies the cell that ran this one (%%cudacheck's own line)
         if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR)):
             frames.append(frame)
         frame = frame.f_back
     return frames
+
+
+def _is_cell_runner(frame: FrameType) -> bool:
+    return frame.f_code.co_name == "run_code" and "IPython" in frame.f_code.co_filename
 
 
 def _is_library(filename: str) -> bool:
