@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -91,6 +92,7 @@ CASES: dict[str, Callable[[], Any]] = {
     "multi_margin valid": lambda: F.multi_margin_loss(torch.randn(3, 4), t(0, 3, 1)),
     "multi_margin bad": lambda: F.multi_margin_loss(torch.randn(3, 4), t(0, 4, 1)),
     "multi_margin negative": lambda: F.multi_margin_loss(torch.randn(3, 4), t(0, -1, 1)),
+    "MultiMarginLoss module bad": lambda: nn.MultiMarginLoss()(torch.randn(3, 4), t(0, 9, 1)),
     # binary_cross_entropy
     "bce valid": lambda: F.binary_cross_entropy(t(0.0, 0.5, 1.0, dtype=torch.float), torch.rand(3)),
     "bce input above 1": lambda: F.binary_cross_entropy(
@@ -215,6 +217,10 @@ CASES: dict[str, Callable[[], Any]] = {
     "getitem 2d index tensor": lambda: x34()[t(0, 2, 1, 2).reshape(2, 2)],
     "getitem mask then index": lambda: x34()[t(True, False, True, dtype=torch.bool), t(3, 4)],
     "getitem mask then valid": lambda: x34()[t(True, False, True, dtype=torch.bool), t(3, 0)],
+    "getitem numpy valid": lambda: x34()[np.array([0, -3])],
+    "getitem numpy bad": lambda: x34()[np.array([0, 3])],
+    "getitem numpy scalar bad": lambda: x34()[:, np.int64(4)],
+    "setitem list bad": lambda: x34().__setitem__([0, 3], 1.0),
     "setitem valid": lambda: x34().__setitem__(t(2), 0.0),
     "setitem bad": lambda: x34().__setitem__(t(3), 0.0),
     "setitem second dim bad": lambda: x34().__setitem__((slice(None), t(5)), 0.0),
@@ -298,6 +304,9 @@ CTC_BAD: dict[str, Callable[[], Any]] = {
     "negative target": lambda: ctc(t(1, -1, 2, 3).reshape(2, 2)),
     "concatenated target too big": lambda: ctc(t(1, 4, 9, 3)),
     "bad target within the length": lambda: ctc(t(7, 1, 2, 3).reshape(2, 2), (1, 2)),
+    "CTCLoss module, lengths as tensors": lambda: nn.CTCLoss()(
+        torch.randn(6, 1, 5).log_softmax(2), t(1, 5).reshape(1, 2), t(6), t(2)
+    ),
 }
 
 
