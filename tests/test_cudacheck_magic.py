@@ -160,3 +160,11 @@ def test_in_a_real_kernel_the_cell_fails_with_the_guard_errors_traceback(kernel:
     assert out.errors[0]["ename"] == "GuardIndexError"
     assert "nn.Embedding(10, 4) at emb" in "\n".join(out.errors[0]["traceback"])
     assert kernel.execute("print(emb.weight.shape)").stream.strip() == "torch.Size([10, 4])"
+
+
+def test_a_guard_error_is_not_diagnosed_as_a_cuda_error(ip: Any) -> None:
+    from nb_cudaguard._extension import current_state
+
+    ip.run_cell("%%cudacheck\nemb(torch.tensor([10]))")
+    state = current_state(ip)
+    assert state is not None and state.last_diagnosis is None
