@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
     from ._diagnose import diagnose
     from ._diagnosis import CAUSES, AssertLine, ContextState, CudaError, Diagnosis
+    from ._guard import guard
+    from ._guard_error import GuardError, GuardIndexError
     from ._probe import probe_context
 
 __version__ = "0.1.0"
@@ -28,6 +30,9 @@ _LAZY: dict[str, str] = {
     "Diagnosis": "._diagnosis",
     "diagnose": "._diagnose",
     "probe_context": "._probe",
+    "GuardError": "._guard_error",
+    "GuardIndexError": "._guard_error",
+    "guard": "._guard",  # imports torch, on first use only
 }
 
 __all__ = [*_LAZY, "__version__", "load_ipython_extension", "unload_ipython_extension"]

@@ -50,9 +50,10 @@ class CudaGuardExtension:
         self._unregister_magics()
 
     def _register_magics(self) -> None:
+        from ._guard_magics import CudaCheckMagics
         from ._magics import CudaGuardMagics
 
-        for magics_class in (CudaGuardMagics,):
+        for magics_class in (CudaGuardMagics, CudaCheckMagics):
             instance = magics_class(self.shell)
             for kind in ("line", "cell"):
                 self._magic_names[kind].extend(instance.magics[kind])
@@ -67,6 +68,10 @@ class CudaGuardExtension:
                 # Only remove what is still ours: another extension may have redefined the name.
                 if getattr(bound, "__self__", None) in self._registered_magics:
                     del table[kind][name]
+        for instance in self._registered_magics:
+            close = getattr(instance, "close", None)  # e.g. %cudacheck on: its guard and hooks
+            if close is not None:
+                close()
         self._magic_names = {"line": [], "cell": []}
         self._registered_magics = []
 

@@ -1,0 +1,85 @@
+"""On a real GPU: a caught violation leaves the CUDA context healthy; the same input unguarded
+poisons it. Each case runs in a fresh process, because a poisoned context never recovers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import kernel_env
+
+pytestmark = pytest.mark.gpu
+
+# Each op gets bad inputs that only the device can catch (no host-side check on CUDA).
+CASES = {
+    "embedding": "F.embedding(torch.tensor([3, 10], device=dev), torch.randn(10, 4, device=dev))",
+    "cross_entropy": (
+        "F.cross_entropy(torch.randn(4, 5, device=dev), torch.tensor([0, 1, 5, 2], device=dev))"
+    ),
+    "nll_loss_2d": (
+        "F.nll_loss(torch.randn(1, 3, 2, 2, device=dev), torch.full((1, 2, 2), 3, device=dev))"
+    ),
+    "gather": "torch.randn(3, 4, device=dev).gather(1, torch.tensor([[4]], device=dev))",
+    "index_select": "torch.randn(3, 4, device=dev).index_select(0, torch.tensor([3], device=dev))",
+    "getitem": "torch.randn(3, 4, device=dev)[torch.tensor([0, 7], device=dev)]",
+    "binary_cross_entropy": (
+        "F.binary_cross_entropy(torch.tensor([1.5], device=dev), torch.ones(1, device=dev))"
+    ),
+    "multinomial": ("torch.multinomial(torch.tensor([0.5, float('nan')], device=dev), 1)"),
+    "ctc_loss": (
+        "F.ctc_loss(torch.randn(6, 1, 5, device=dev).log_softmax(2), "
+        "torch.tensor([[1, 999]], device=dev), (6,), (2,))"
+    ),
+}
+
+SCRIPT = """
+import torch, torch.nn.functional as F
+import nb_cudaguard
+dev = "cuda"
+torch.ones(1, device=dev).sum().item()  # create the context first
+guarded = {guarded}
+try:
+    if guarded:
+        with nb_cudaguard.guard():
+            {op}
+    else:
+        {op}
+    torch.cuda.synchronize()
+    print("RAISED: nothing")
+except nb_cudaguard.GuardError:
+    print("RAISED: GuardError")
+except Exception as error:
+    print("RAISED:", type(error).__name__, str(error).splitlines()[0])
+try:
+    print("AFTER:", torch.arange(3, device=dev).sum().item())
+except Exception as error:
+    print("AFTER: failed", str(error).splitlines()[0])
+"""
+
+
+def run(op: str, guarded: bool) -> str:
+    code = textwrap.dedent(SCRIPT).format(op=op, guarded=guarded)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=kernel_env(), capture_output=True, text=True, timeout=180
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_caught_violation_leaves_the_cuda_context_healthy(name: str) -> None:
+    out = run(CASES[name], guarded=True)
+    assert "RAISED: GuardError" in out and "AFTER: 3" in out, out
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "ctc_loss"])
+def test_without_the_guard_the_same_input_poisons_the_context(name: str) -> None:
+    out = run(CASES[name], guarded=False)
+    assert "AFTER: failed" in out, out
+
+
+def test_without_the_guard_a_bad_ctc_target_breaks_the_context_or_the_result() -> None:
+    # CUDA does not check CTC targets: an out-of-range read may fault or return garbage
+    out = run(CASES["ctc_loss"], guarded=False)
+    assert "RAISED: GuardError" not in out, out
