@@ -83,6 +83,7 @@ class _CheckMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
         if kwargs is None:
             kwargs = {}
         check = self._checks.get(func)
@@ -129,6 +130,7 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
 def _raise(
     check: OpCheck, func: Any, finding: Finding, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
+    __tracebackhide__ = True
     frames = _outer_frames()
     users = [f for f in frames if not _is_library(f.f_code.co_filename)]
     user, outer = (users[0], users[-1]) if users else (None, None)
