@@ -5,7 +5,10 @@ Usage::
     python demo_notebooks/run.py [NOTEBOOK ...]
 
 Executed copies are written to demo_notebooks/executed/ (open them in JupyterLab to see the panels
-as a user does). Exits non-zero if a notebook that fails a CUDA cell got no panel.
+as a user does). Each notebook says in its metadata what it demonstrates
+(``nb_cudaguard_demo.expect``): ``panel``, a CUDA error explained under its cell, or ``guard``, a
+bad input stopped by ``%%cudacheck`` before it reached the GPU. Exits non-zero where a notebook did
+not show what it should.
 """
 
 from __future__ import annotations
@@ -30,32 +33,52 @@ def run(path: Path) -> nbformat.NotebookNode:
     return notebook
 
 
+def outputs(notebook: nbformat.NotebookNode, output_type: str) -> list[nbformat.NotebookNode]:
+    return [
+        output
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == output_type
+    ]
+
+
 def panels(notebook: nbformat.NotebookNode) -> list[str]:
     return [
         output["data"]["text/plain"]
-        for cell in notebook.cells
-        for output in cell.get("outputs", [])
-        if output.get("output_type") == "display_data"
-        and "nb-cudaguard" in output.get("data", {}).get("text/html", "")
+        for output in outputs(notebook, "display_data")
+        if "nb-cudaguard" in output.get("data", {}).get("text/html", "")
     ]
+
+
+def guard_errors(notebook: nbformat.NotebookNode) -> list[str]:
+    return [
+        f"{output['ename']}: {output['evalue']}"
+        for output in outputs(notebook, "error")
+        if output["ename"].startswith("Guard")
+    ]
+
+
+def shown(notebook: nbformat.NotebookNode) -> list[str]:
+    """What the notebook demonstrates, as text; empty if it failed to."""
+    expect = notebook.metadata.get("nb_cudaguard_demo", {}).get("expect", "panel")
+    return panels(notebook) if expect == "panel" else guard_errors(notebook)
 
 
 def main(argv: list[str]) -> int:
     paths = [Path(a) for a in argv] or sorted(HERE.glob("*.ipynb"))
     out_dir = HERE / "executed"
     out_dir.mkdir(exist_ok=True)
-    missing = []
+    failed = []
     for path in paths:
         notebook = run(path)
         nbformat.write(notebook, out_dir / path.name)
-        shown = panels(notebook)
-        print(f"=== {path.name}: {len(shown)} nb_cudaguard display(s)")
-        for text in shown:
-            print(text)
-        if not shown:
-            missing.append(path.name)
-    if missing:
-        print("no nb_cudaguard output in:", ", ".join(missing), file=sys.stderr)
+        texts = shown(notebook)
+        print(f"=== {path.name}: {len(texts)} nb_cudaguard output(s)")
+        print(*texts, sep="\n\n")
+        if not texts:
+            failed.append(path.name)
+    if failed:
+        print("no nb_cudaguard output in:", ", ".join(failed), file=sys.stderr)
         return 1
     return 0
 
