@@ -26,6 +26,7 @@ __all__ = [
     "diagnose",
     "load_ipython_extension",
     "probe_context",
+    "restart_kernel",
     "unload_ipython_extension",
 ]
 
@@ -47,3 +48,13 @@ def probe_context(torch: Any = None) -> ContextState:
     from ._probe import probe_context as probe
 
     return probe(torch)
+
+
+def restart_kernel(blocking: bool = True) -> Any:
+    """Restart this kernel; with ``blocking``, only its next process gets CUDA_LAUNCH_BLOCKING=1.
+
+    Returns the plan at once; the kernel goes away a moment later. Re-run from the top afterwards.
+    """
+    from ._restart import restart_kernel as restart
+
+    return restart(blocking=blocking)

@@ -10,6 +10,12 @@ def show_diagnosis(diagnosis: Diagnosis) -> None:
     from IPython.display import display
 
     display(Panel(diagnosis))
+    if diagnosis.sticky:
+        from ._extension import current_state
+        from ._panel import restart_actions
+
+        state = current_state()
+        display(restart_actions(state.poisoned_in_cell if state is not None else None))
 
 
 def show_fallout(first_cell: int | None, message: str) -> None:

@@ -38,6 +38,9 @@ class CudaGuardExtension:
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self._register_magics()
         self.loaded = True
+        from ._panel import on_load
+
+        on_load()
 
     def unload(self) -> None:
         if not self.loaded:
