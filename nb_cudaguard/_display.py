@@ -11,11 +11,10 @@ def show_diagnosis(diagnosis: Diagnosis) -> None:
 
     display(Panel(diagnosis))
     if diagnosis.sticky:
-        from ._extension import current_state
         from ._panel import restart_actions
+        from ._restart import crash_cell
 
-        state = current_state()
-        display(restart_actions(state.poisoned_in_cell if state is not None else None))
+        display(restart_actions(crash_cell()))
 
 
 def show_fallout(first_cell: int | None, message: str) -> None:

@@ -28,6 +28,7 @@ class CudaGuardExtension:
         self.poisoned_in_cell: int | None = None  # the cell whose error first broke the context
         self.poisoned_since: Diagnosis | None = None
         self.last_diagnosis: Diagnosis | None = None
+        self.last_sticky_cell: int | None = None  # the cell the last sticky diagnosis was shown under
         self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
         self._registered_magics: list[Any] = []
 
@@ -99,6 +100,7 @@ class CudaGuardExtension:
             return  # out of memory & co.: IPython's traceback says it all, the kernel lives on
         diagnosis = _with_context(diagnosis, context)
         self.last_diagnosis = diagnosis
+        self.last_sticky_cell = cell
         if context is ContextState.POISONED:
             self.poisoned_in_cell, self.poisoned_since = cell, diagnosis
         from ._display import show_diagnosis

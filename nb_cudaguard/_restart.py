@@ -292,11 +292,14 @@ def _profile() -> tuple[str, str] | None:
     return shell.profile_dir.location, shell.profile_dir.startup_dir
 
 
-def _crash_cell() -> int | None:
+def crash_cell() -> int | None:
     from ._extension import current_state
 
     state = current_state()
-    return state.poisoned_in_cell if state is not None else None
+    if state is None:
+        return None
+    # The probe may not have seen the context broken (it could not tell): the panel still did.
+    return state.poisoned_in_cell if state.poisoned_in_cell is not None else state.last_sticky_cell
 
 
 def restart_kernel(
@@ -314,7 +317,7 @@ def restart_kernel(
     """
     plan = plan_restart() if plan is None else plan
     if after_cell is None:
-        after_cell = _crash_cell()
+        after_cell = crash_cell()
     if plan.method is not Method.EXECVE:
         profile = _profile()
         if profile is None or plan.connection_file is None:

@@ -65,7 +65,9 @@ class JupyterServer:
             f"--ServerApp.root_dir={self.root}",
             f"--IdentityProvider.token={token}",
             "--ServerApp.password=",
-            "--ServerApp.disable_check_xsrf=False",
+            # A tokenless server refuses API writes without the browser's XSRF cookie; this
+            # harness has none, so such a server must accept them (the kernel still sees no token).
+            f"--ServerApp.disable_check_xsrf={not token}",
         ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
             args.append("--allow-root")
@@ -93,7 +95,9 @@ class JupyterServer:
             time.sleep(0.1)
         raise TimeoutError("Jupyter server did not start")
 
-    def request(self, method: str, path: str, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = 30
+    ) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
         if method == "POST" and data is None:
             data = b""
@@ -138,6 +142,7 @@ class Reply:
 
     status: str
     messages: list[dict[str, Any]] = field(default_factory=list)
+    execution_count: int | None = None
 
     @property
     def stream(self) -> str:
@@ -193,6 +198,7 @@ class KernelSocket:
         """iopub messages of one request until it goes idle, and the shell reply's status."""
         deadline = time.monotonic() + timeout
         status: str | None = None
+        count: int | None = None
         idle = False
         messages: list[dict[str, Any]] = []
         while not (idle and status is not None):
@@ -205,11 +211,12 @@ class KernelSocket:
                 continue
             if msg["channel"] == "shell":
                 status = msg["content"].get("status", "ok")
+                count = msg["content"].get("execution_count")
             elif msg["msg_type"] == "status":
                 idle = msg["content"]["execution_state"] == "idle"
             elif msg["channel"] == "iopub":
                 messages.append(msg)
-        return Reply(status, messages)
+        return Reply(status, messages, count)
 
     def execute(self, code: str, timeout: float = 30) -> Reply:
         msg_id = self.send(
