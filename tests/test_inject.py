@@ -127,7 +127,7 @@ def test_cancel_disarms_a_pending_injection(profile):
     assert not data.exists() and not script.exists()
 
 
-# --- a real kernel, restarted by its kernel manager ------------------------------------------------
+# --- a real kernel, restarted by its kernel manager ----------------------------------------
 
 
 def _start(tmp_path):

@@ -1,14 +1,12 @@
-"""Restarting a kernel of a real Jupyter server, from inside the kernel, as a frontend would see it."""
+"""Restarting a kernel of a real Jupyter server from inside the kernel, as a frontend sees it."""
 
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 import pytest
-from jupyter_harness import JupyterServer, probe, wait_for_new_process
+from jupyter_harness import JupyterServer, wait_for_new_process
 
 from nb_cudaguard._environment import Environment
 from nb_cudaguard._panel import BLOCKING_LABEL
@@ -19,8 +17,8 @@ pytest.importorskip("jupyter_server")
 
 ASSERT_TEXT = (
     "CUDA error: device-side assert triggered\n"
-    "Search for `cudaErrorAssert' in "
-    "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\n"
+    "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+    "group__CUDART__TYPES.html for more information.\n"
     "CUDA kernel errors might be asynchronously reported at some other API call, so the "
     "stacktrace below might be incorrect.\n"
     "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
