@@ -194,10 +194,10 @@ class KernelSocket:
         )
         return msg_id
 
-    def collect(self, msg_id: str, timeout: float) -> Reply:
+    def collect(self, msg_id: str, timeout: float, reply: bool = True) -> Reply:
         """iopub messages of one request until it goes idle, and the shell reply's status."""
         deadline = time.monotonic() + timeout
-        status: str | None = None
+        status: str | None = None if reply else "none"
         count: int | None = None
         idle = False
         messages: list[dict[str, Any]] = []
@@ -224,9 +224,9 @@ class KernelSocket:
         )
         return self.collect(msg_id, timeout)
 
-    def click(self, comm_id: str) -> None:
-        """What a widget frontend sends when a Button is clicked."""
-        self.send(
+    def click(self, comm_id: str) -> str:
+        """What a widget frontend sends when a Button is clicked (a comm_msg has no reply)."""
+        return self.send(
             "shell",
             "comm_msg",
             {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}},

@@ -106,6 +106,28 @@ def test_the_buttons_click_handler_restarts_with_the_variable(server, kernel):
     assert value == "1"
 
 
+def test_a_click_disables_the_buttons_and_says_what_to_do_before_the_kernel_goes(server, kernel):
+    kid, pid = kernel
+    sock = server.connect(kid)
+    try:
+        sock.execute("%load_ext nb_cudaguard")
+        failed = sock.execute(f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})")
+        button = next(
+            c["comm_id"]
+            for c in failed.comm_opens()
+            if c["data"]["state"].get("description") == BLOCKING_LABEL
+        )
+        updates = sock.collect(sock.click(button), timeout=10, reply=False).messages
+    finally:
+        sock.close()
+    states = [m["content"]["data"].get("state", {}) for m in updates if m["msg_type"] == "comm_msg"]
+    assert sum(1 for s in states if s.get("disabled") is True) == 2
+    said = " ".join(s["value"] for s in states if "value" in s)
+    assert "re-run the notebook from the top" in said
+    assert "CUDA_LAUNCH_BLOCKING=1" in said
+    wait_for_new_process(server, kid, pid)
+
+
 def test_the_new_kernel_shows_the_banner_naming_the_crashing_cell(server, kernel):
     kid, pid = kernel
     sock = server.connect(kid)
