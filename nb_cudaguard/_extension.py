@@ -28,7 +28,7 @@ class CudaGuardExtension:
         self.poisoned_in_cell: int | None = None  # the cell whose error first broke the context
         self.poisoned_since: Diagnosis | None = None
         self.last_diagnosis: Diagnosis | None = None
-        self.last_sticky_cell: int | None = None  # the cell the last sticky diagnosis was shown under
+        self.last_sticky_cell: int | None = None  # the cell last shown a sticky diagnosis
         self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
         self._registered_magics: list[Any] = []
 
