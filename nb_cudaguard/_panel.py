@@ -55,8 +55,10 @@ class RestartActions:
         import ipywidgets as widgets
 
         if restart is None:
-            from ._restart import restart_kernel as restart
-        self._restart = restart
+            from ._restart import restart_kernel
+
+            restart = restart_kernel
+        self._restart: Restarter = restart
         self.after_cell = after_cell
         self.blocking_button = widgets.Button(
             description=BLOCKING_LABEL,

@@ -286,7 +286,7 @@ def _execve_in_place(env: dict[str, str]) -> None:
 
 def _profile() -> tuple[str, str] | None:
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+    shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
         return None
     return shell.profile_dir.location, shell.profile_dir.startup_dir

@@ -64,7 +64,7 @@ def blocking_state(cuda_initialised: bool | None) -> Blocking:
     if not on:
         if _seen_at_cuda_init and _seen_at_cuda_init[0] not in (None, "", "0"):
             return Blocking(value, True, "it was set when CUDA started and stays in force")
-        return Blocking(value, False, "not set: CUDA launches are asynchronous")
+        return Blocking(value, False, "CUDA launches are asynchronous")
     if not cuda_initialised:
         return Blocking(value, True, "set, and CUDA has not started yet: it will apply")
     if _seen_at_cuda_init:
@@ -126,9 +126,11 @@ class Status:
         out.append(f"CUDA context: {self.context.value}")
         value = "unset" if self.blocking.value is None else repr(self.blocking.value)
         verdict = {True: "effective", False: "not effective", None: "effect unknown"}
-        out.append(
-            f"{VARIABLE}: {value}, {verdict[self.blocking.effective]} ({self.blocking.reason})"
-        )
+        if self.blocking.value is None and self.blocking.effective is False:
+            out.append(f"{VARIABLE}: unset ({self.blocking.reason})")
+        else:
+            verdict_text = verdict[self.blocking.effective]
+            out.append(f"{VARIABLE}: {value}, {verdict_text} ({self.blocking.reason})")
         if self.blocking.too_late:
             out.append(
                 f"WARNING: {VARIABLE} was set too late. Run `%cudaguard restart`: the next kernel "
