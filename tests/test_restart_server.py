@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,18 @@ def test_the_new_kernel_shows_the_banner_naming_the_crashing_cell(server, kernel
     banners = [d["text/plain"] for d in shown if "blocking mode is on" in d.get("text/plain", "")]
     assert len(banners) == 1
     assert f"cell [{failed.execution_count}]" in banners[0]
+
+
+def test_a_hanging_atexit_handler_does_not_delay_the_restart(server, kernel):
+    # Stands in for CUDA's teardown hanging after a sticky error: the server would wait for the
+    # polite shutdown before killing the kernel.
+    kid, pid = kernel
+    _run(server, kid, "import atexit, time; atexit.register(time.sleep, 30)")
+    started = time.monotonic()
+    _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value == "1"
+    assert time.monotonic() - started < 2.5  # ~1 s; ~3.5 s when the server must kill it
 
 
 def test_a_second_kernel_of_the_same_server_never_gets_it(server, kernel):
