@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._guard import guard
     from ._guard_error import GuardError, GuardIndexError
     from ._probe import probe_context
+    from ._restart import restart_kernel
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ _LAZY: dict[str, str] = {
     "GuardError": "._guard_error",
     "GuardIndexError": "._guard_error",
     "guard": "._guard",  # imports torch, on first use only
+    "restart_kernel": "._restart",
 }
 
 __all__ = [*_LAZY, "__version__", "load_ipython_extension", "unload_ipython_extension"]

@@ -10,6 +10,13 @@ def show_diagnosis(diagnosis: Diagnosis) -> None:
     from IPython.display import display
 
     display(Panel(diagnosis))
+    if diagnosis.sticky:
+        from ._panel import restart_actions
+        from ._restart import crash_cell
+
+        actions = restart_actions(crash_cell())
+        if actions is not None:
+            display(actions)
 
 
 def show_fallout(first_cell: int | None, message: str) -> None:

@@ -28,6 +28,7 @@ class CudaGuardExtension:
         self.poisoned_in_cell: int | None = None  # the cell whose error first broke the context
         self.poisoned_since: Diagnosis | None = None
         self.last_diagnosis: Diagnosis | None = None
+        self.last_sticky_cell: int | None = None  # the cell last shown a sticky diagnosis
         self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
         self._registered_magics: list[Any] = []
 
@@ -38,6 +39,12 @@ class CudaGuardExtension:
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self._register_magics()
         self.loaded = True
+        try:
+            from ._panel import on_load
+
+            on_load()  # the blocking-mode banner after our own restart
+        except Exception as internal:  # a banner is never worth a failed %load_ext
+            print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
 
     def unload(self) -> None:
         if not self.loaded:
@@ -101,6 +108,7 @@ class CudaGuardExtension:
             return  # out of memory & co.: IPython's traceback says it all, the kernel lives on
         diagnosis = _with_context(diagnosis, context)
         self.last_diagnosis = diagnosis
+        self.last_sticky_cell = cell
         if context is ContextState.POISONED:
             self.poisoned_in_cell, self.poisoned_since = cell, diagnosis
         from ._display import show_diagnosis

@@ -40,9 +40,13 @@ def test_cuda_error_demo_shows_a_panel_under_the_failing_cell(path: Path):
     kinds = [o.get("output_type") for o in failing[0].outputs]
     # The standard traceback first, then our static panel with both representations.
     assert kinds.index("error") < kinds.index("display_data")
-    (panel,) = [o for o in failing[0].outputs if o.get("output_type") == "display_data"]
+    panel, actions = [o for o in failing[0].outputs if o.get("output_type") == "display_data"]
     assert "nb-cudaguard-panel" in panel["data"]["text/html"]
     assert panel["data"]["text/plain"].strip().startswith("nb_cudaguard:")
+    # The restart buttons are a widget; a saved notebook or a frontend without widgets shows
+    # the equivalent command instead.
+    assert "application/vnd.jupyter.widget-view+json" in actions["data"]
+    assert "%cudaguard restart" in actions["data"]["text/plain"]
 
 
 @pytest.mark.parametrize("path", GUARD_DEMOS, ids=[p.name for p in GUARD_DEMOS])

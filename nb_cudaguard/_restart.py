@@ -1,0 +1,348 @@
+"""Restart this kernel from inside it, optionally with CUDA_LAUNCH_BLOCKING=1 in the new process.
+
+The only cure for a poisoned CUDA context is a new process (FIELD_NOTES §2). How to get one
+depends on who manages the kernel (FIELD_NOTES §6), tried in this order:
+
+1. ``REST``: the Jupyter server that started this kernel (``jpserver-<pid>.json`` whose pid is an
+   ancestor of this process) is asked ``POST /api/kernels/<id>/restart`` with its token, from a
+   thread after a short delay: the call blocks until this process is gone.
+2. ``KILL`` (Colab) / ``EXIT`` (Kaggle, a tokenless or unreachable server, a plain kernel manager):
+   the process ends with ``os._exit`` and the manager's auto-restarter starts a new one.
+3. ``EXECVE`` (VS Code, which never restarts a dead kernel): the kernel is replaced in place, same
+   PID, ports and connection file, with the new environment.
+
+``exit()`` and ``kernel.do_shutdown`` are never used: they run atexit handlers, and CUDA's teardown
+can hang after a sticky error, so the kernel would never come back. For the same reason a REST
+restart, which asks the kernel to shut down politely, finds an atexit handler of ours registered
+last (so it runs first) that ends the process at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import _inject
+from ._environment import Environment, connection_file, detect, kernel_id, launch_args
+
+DELAY_S = 0.3  # lets the reply, the widget update and fd output reach the frontend first
+PROBE_TIMEOUT_S = 1.0
+POST_TIMEOUT_S = 60.0
+
+
+class Method(str, enum.Enum):
+    REST = "rest"
+    KILL = "kill"
+    EXIT = "exit"
+    EXECVE = "execve"
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running Jupyter server, as its runtime file describes it. The token is never shown."""
+
+    pid: int
+    url: str
+    token: str = field(repr=False)
+    source: str = ""  # the runtime file it was read from
+
+    def api(self, path: str) -> str:
+        return self.url.rstrip("/") + "/api/" + path.lstrip("/")
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """How this kernel will be restarted, and what to tell the user about it."""
+
+    method: Method
+    environment: Environment
+    connection_file: str | None
+    kernel_id: str | None = None
+    server: Server | None = None
+    note: str = ""  # why this method (a fallback says what it fell back from)
+
+    def describe(self, blocking: bool) -> str:
+        how = {
+            Method.REST: "through its Jupyter server",
+            Method.KILL: "by ending it; Colab starts a new one (it will say the session crashed)",
+            Method.EXIT: "by ending it; the notebook server starts a new one (it may say the "
+            "kernel died or is restarting)",
+            Method.EXECVE: "in place (same process id and connection)",
+        }[self.method]
+        mode = (
+            "The new kernel starts with CUDA_LAUNCH_BLOCKING=1 (this restart only): every CUDA "
+            "launch is slower, and errors point at the line that caused them."
+            if blocking
+            else "The new kernel starts with the normal environment."
+        )
+        return (
+            f"Restarting this kernel {how}. {mode} All variables are lost: when the kernel is "
+            "back, re-run the notebook from the top."
+        )
+
+
+class RestartError(RuntimeError):
+    """This process cannot be restarted from inside (not a kernel)."""
+
+
+# --- finding the Jupyter server -------------------------------------------------------------------
+
+
+def ancestors(pid: int | None = None, limit: int = 32) -> list[int]:
+    """Parent, grandparent, ... of ``pid`` (Linux /proc; elsewhere just the parent)."""
+    pid = os.getpid() if pid is None else pid
+    chain: list[int] = []
+    current = pid
+    for _ in range(limit):
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+            # Field 4 is the ppid; the command name (field 2) may contain spaces and parentheses.
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            if current == os.getpid() and not chain:
+                chain.append(os.getppid())
+            break
+        if parent <= 0:
+            break
+        chain.append(parent)
+        current = parent
+    return chain
+
+
+def runtime_dirs(connection: str | None) -> list[Path]:
+    """Where server runtime files live: next to the kernel's connection file, and Jupyter's
+    runtime directory (read from the environment or jupyter_core, never jupyter_server: slow)."""
+    found: list[Path] = []
+    if connection:
+        found.append(Path(connection).resolve().parent)
+    if os.environ.get("JUPYTER_RUNTIME_DIR"):
+        found.append(Path(os.environ["JUPYTER_RUNTIME_DIR"]))
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        found.append(Path(jupyter_runtime_dir()))
+    except Exception:
+        pass
+    unique: list[Path] = []
+    for path in found:
+        if path not in unique:
+            unique.append(path)
+    return unique
+
+
+def find_server(directories: Iterable[Path], candidate_pids: Sequence[int]) -> Server | None:
+    """The server among ``candidate_pids`` (nearest ancestor first) with a runtime file."""
+    servers: dict[int, Server] = {}
+    for directory in directories:
+        for path in [*directory.glob("jpserver-*.json"), *directory.glob("nbserver-*.json")]:
+            try:
+                info = json.loads(path.read_text(encoding="utf-8"))
+                pid, url = int(info["pid"]), str(info["url"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            servers.setdefault(pid, Server(pid, url, str(info.get("token") or ""), str(path)))
+    for pid in candidate_pids:
+        if pid in servers:
+            return servers[pid]
+    return None
+
+
+def _request(server: Server, path: str, method: str, timeout: float) -> int:
+    request = urllib.request.Request(
+        server.api(path),
+        method=method,
+        data=b"" if method == "POST" else None,
+        headers={"Authorization": f"token {server.token}"},
+    )
+    # The server is local: never route this through http(s)_proxy.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=timeout) as response:
+        return int(response.status)
+
+
+def server_knows_kernel(server: Server, kid: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    if not server.token:
+        return False  # a tokenless server refuses API writes (403): don't even try
+    try:
+        return _request(server, f"kernels/{kid}", "GET", timeout) == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+# --- choosing and doing --------------------------------------------------------------------------
+
+
+def plan_restart(
+    environment: Environment | None = None,
+    connection: str | None = None,
+    candidate_pids: Sequence[int] | None = None,
+    directories: Iterable[Path] | None = None,
+) -> RestartPlan:
+    environment = detect() if environment is None else environment
+    if connection is None:
+        connection = connection_file(launch_args())
+    if environment is Environment.TERMINAL:
+        raise RestartError(
+            "this is not a Jupyter kernel (terminal IPython or a script): nothing to restart"
+        )
+    if environment is Environment.VSCODE:
+        return RestartPlan(
+            Method.EXECVE, environment, connection, note="VS Code never restarts a dead kernel"
+        )
+    kid = kernel_id(connection) if connection else None
+    note = "no Jupyter server found among this kernel's parents"
+    if kid is not None:
+        pids = ancestors() if candidate_pids is None else candidate_pids
+        dirs = runtime_dirs(connection) if directories is None else directories
+        server = find_server(dirs, pids)
+        if server is not None:
+            if server_knows_kernel(server, kid):
+                return RestartPlan(Method.REST, environment, connection, kid, server)
+            note = (
+                "the Jupyter server has no token"
+                if not server.token
+                else "the Jupyter server did not answer"
+            )
+    method = Method.KILL if environment is Environment.COLAB else Method.EXIT
+    return RestartPlan(method, environment, connection, kid, note=note)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _end_process(method: Method) -> None:
+    _flush()
+    time.sleep(0.05)  # ipykernel forwards flushed text from a thread: give it a moment
+    if method is Method.KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(1)
+
+
+def _exit_now() -> None:
+    _flush()
+    os._exit(0)
+
+
+def _rest_restart(plan: RestartPlan) -> None:
+    assert plan.server is not None and plan.kernel_id is not None
+    # The server asks the kernel to shut down: skip the atexit handlers (CUDA teardown can hang).
+    atexit.register(_exit_now)
+    try:
+        _request(plan.server, f"kernels/{plan.kernel_id}/restart", "POST", POST_TIMEOUT_S)
+    except Exception:
+        # Reached only if the server failed us while we still live: let it auto-restart us.
+        _end_process(Method.EXIT)
+
+
+def _execve_environment(blocking: bool, after_cell: int | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if _inject.MARKER in env:  # blocking mode came from us: it ends now
+        env.pop(_inject.MARKER)
+        for name in _inject.BLOCKING:
+            env.pop(name, None)
+    if blocking:
+        env.update(_inject.BLOCKING)
+        env[_inject.MARKER] = "" if after_cell is None else str(after_cell)
+    return env
+
+
+def _execve_in_place(env: dict[str, str]) -> None:
+    _flush()
+    import multiprocessing
+
+    for child in multiprocessing.active_children():  # DataLoader workers & co.
+        with contextlib.suppress(Exception):
+            child.terminate()
+    # ipykernel points fd 1/2 at pipes it reads from a thread that will not survive exec: put the
+    # originals back, or the new kernel's C-level output is lost.
+    for fd, stream in ((1, sys.__stdout__), (2, sys.__stderr__), (1, sys.stdout), (2, sys.stderr)):
+        original = getattr(stream, "_original_stdstream_copy", None)
+        if isinstance(original, int):
+            with contextlib.suppress(OSError):
+                os.dup2(original, fd)
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) > 2:
+                with contextlib.suppress(OSError):
+                    os.set_inheritable(int(name), False)
+    args = launch_args()
+    os.execve(sys.executable, [sys.executable, *args[1:]], env)
+
+
+def _profile() -> tuple[str, str] | None:
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return None
+    return shell.profile_dir.location, shell.profile_dir.startup_dir
+
+
+def crash_cell() -> int | None:
+    from ._extension import current_state
+
+    state = current_state()
+    if state is None:
+        return None
+    # The probe may not have seen the context broken (it could not tell): the panel still did.
+    return state.poisoned_in_cell if state.poisoned_in_cell is not None else state.last_sticky_cell
+
+
+def restart_kernel(
+    blocking: bool = True,
+    *,
+    after_cell: int | None = None,
+    plan: RestartPlan | None = None,
+    delay: float = DELAY_S,
+) -> RestartPlan:
+    """Restart this kernel; with ``blocking``, its next process alone gets CUDA_LAUNCH_BLOCKING=1.
+
+    Returns at once with the plan; the kernel goes away ``delay`` seconds later, so that this
+    cell's output and reply still reach the frontend. Re-run the notebook from the top afterwards.
+    Raises ``RestartError`` where there is no kernel to restart.
+    """
+    plan = plan_restart() if plan is None else plan
+    if after_cell is None:
+        after_cell = crash_cell()
+    if plan.method is not Method.EXECVE:
+        profile = _profile()
+        if profile is None or plan.connection_file is None:
+            if blocking:
+                raise RestartError("cannot find this kernel's IPython profile or connection file")
+        else:
+            key = _inject.kernel_key(plan.connection_file)
+            if blocking:
+                _inject.write_pending(*profile, plan.connection_file, after_cell=after_cell)
+            else:
+                _inject.cancel(*profile, key)
+
+    action: Callable[[], None]
+    if plan.method is Method.REST:
+        action = lambda: _rest_restart(plan)  # noqa: E731
+    elif plan.method is Method.EXECVE:
+        env = _execve_environment(blocking, after_cell)
+        action = lambda: _execve_in_place(env)  # noqa: E731
+    else:
+        action = lambda: _end_process(plan.method)  # noqa: E731
+
+    def later() -> None:
+        time.sleep(delay)
+        action()
+
+    _flush()
+    threading.Thread(target=later, name="nb_cudaguard-restart", daemon=True).start()
+    return plan

@@ -1,0 +1,266 @@
+"""A real Jupyter server on 127.0.0.1 and a minimal frontend over its kernel websocket.
+
+Shared by the restart tests, the browser test and the restart benchmark. Everything a server
+writes (runtime files, IPython profile, notebooks) lives under one temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def isolated_env(base: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.update(
+        JUPYTER_RUNTIME_DIR=str(base / "runtime"),
+        IPYTHONDIR=str(base / "ipython"),
+        JUPYTER_CONFIG_DIR=str(base / "config"),
+        JUPYTER_NO_CONFIG="1",
+        PYDEVD_DISABLE_FILE_VALIDATION="1",
+    )
+    env.pop("CUDA_LAUNCH_BLOCKING", None)
+    env.update(extra)
+    return env
+
+
+class JupyterServer:
+    """``jupyter server`` (or ``jupyter lab``) as a subprocess; always stop() it."""
+
+    def __init__(self, base: Path, token: str = "test-token", app: str = "jupyter_server") -> None:
+        self.base = base
+        self.token = token
+        self.port = free_port()
+        for sub in ("runtime", "ipython", "config", "root"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        self.root = base / "root"
+        self.env = isolated_env(base)
+        args = [
+            sys.executable,
+            "-m",
+            app,
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--ServerApp.root_dir={self.root}",
+            f"--IdentityProvider.token={token}",
+            "--ServerApp.password=",
+            # A tokenless server refuses API writes without the browser's XSRF cookie; this
+            # harness has none, so such a server must accept them (the kernel still sees no token).
+            f"--ServerApp.disable_check_xsrf={not token}",
+        ]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
+            args.append("--allow-root")
+        self.log = open(base / "server.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            args, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        try:
+            self._wait_ready(60)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {(self.base / 'server.log').read_text()}")
+            try:
+                if self.request("GET", "/api/status")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("Jupyter server did not start")
+
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = 30
+    ) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        if method == "POST" and data is None:
+            data = b""
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"token {self.token}"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(req, timeout=timeout) as response:
+                raw = response.read()
+                return response.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as error:
+            return error.code, None
+
+    def start_kernel(self) -> str:
+        status, info = self.request("POST", "/api/kernels", {"name": "python3"})
+        assert status == 201, status
+        return str(info["id"])
+
+    def restart_kernel(self, kid: str) -> None:
+        status, _ = self.request("POST", f"/api/kernels/{kid}/restart")
+        assert status == 200, status
+
+    def connect(self, kid: str) -> KernelSocket:
+        return KernelSocket(self, kid)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.log.close()
+
+
+@dataclass
+class Reply:
+    """What one execute_request produced."""
+
+    status: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    execution_count: int | None = None
+
+    @property
+    def stream(self) -> str:
+        return "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream")
+
+    @property
+    def displays(self) -> list[dict[str, Any]]:
+        return [
+            m["content"]["data"]
+            for m in self.messages
+            if m["msg_type"] in ("display_data", "execute_result")
+        ]
+
+    def comm_opens(self) -> list[dict[str, Any]]:
+        return [m["content"] for m in self.messages if m["msg_type"] == "comm_open"]
+
+
+class KernelSocket:
+    """A frontend's view of one kernel: its websocket channel, JSON protocol."""
+
+    def __init__(self, server: JupyterServer, kid: str, timeout: float = 10) -> None:
+        import websocket
+
+        self.session = uuid.uuid4().hex
+        url = f"ws://127.0.0.1:{server.port}/api/kernels/{kid}/channels?session_id={self.session}"
+        header = [f"Authorization: token {server.token}"] if server.token else []
+        self.ws = websocket.create_connection(url, timeout=timeout, header=header)
+
+    def send(self, channel: str, msg_type: str, content: dict[str, Any]) -> str:
+        msg_id = uuid.uuid4().hex
+        self.ws.send(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "username": "test",
+                        "session": self.session,
+                        "msg_type": msg_type,
+                        "version": "5.3",
+                        "date": "",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": content,
+                    "channel": channel,
+                    "buffers": [],
+                }
+            )
+        )
+        return msg_id
+
+    def collect(self, msg_id: str, timeout: float, reply: bool = True) -> Reply:
+        """iopub messages of one request until it goes idle, and the shell reply's status."""
+        deadline = time.monotonic() + timeout
+        status: str | None = None if reply else "none"
+        count: int | None = None
+        idle = False
+        messages: list[dict[str, Any]] = []
+        while not (idle and status is not None):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no complete reply to {msg_id}")
+            self.ws.settimeout(remaining)
+            msg = json.loads(self.ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg["channel"] == "shell":
+                status = msg["content"].get("status", "ok")
+                count = msg["content"].get("execution_count")
+            elif msg["msg_type"] == "status":
+                idle = msg["content"]["execution_state"] == "idle"
+            elif msg["channel"] == "iopub":
+                messages.append(msg)
+        return Reply(status, messages, count)
+
+    def execute(self, code: str, timeout: float = 30) -> Reply:
+        msg_id = self.send(
+            "shell", "execute_request", {"code": code, "silent": False, "store_history": True}
+        )
+        return self.collect(msg_id, timeout)
+
+    def click(self, comm_id: str) -> str:
+        """What a widget frontend sends when a Button is clicked (a comm_msg has no reply)."""
+        return self.send(
+            "shell",
+            "comm_msg",
+            {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}},
+        )
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+PROBE = "import os; print(os.getpid(), os.environ.get('CUDA_LAUNCH_BLOCKING'))"
+
+
+def probe(server: JupyterServer, kid: str, timeout: float = 5) -> tuple[int, str | None]:
+    """(pid, CUDA_LAUNCH_BLOCKING) of the kernel's current process, over a fresh websocket."""
+    sock = server.connect(kid)
+    try:
+        out = sock.execute(PROBE, timeout=timeout).stream.split()
+    finally:
+        sock.close()
+    return int(out[0]), None if out[1] == "None" else out[1]
+
+
+def wait_for_new_process(
+    server: JupyterServer, kid: str, old_pid: int, timeout: float = 30
+) -> tuple[int, str | None]:
+    """Poll until the kernel answers from a process other than ``old_pid``."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            pid, value = probe(server, kid, timeout=max(0.5, min(5, deadline - time.monotonic())))
+            if pid != old_pid:
+                return pid, value
+        except Exception as error:  # restarting: refused, closed or no reply yet
+            last = error
+        time.sleep(0.05)
+    raise TimeoutError(f"kernel {kid} did not come back in a new process ({last!r})")
