@@ -8,6 +8,7 @@ values, and it touches torch only through ``sys.modules`` (it never imports it).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ _LABEL_NAMES = ("labels", "label", "targets", "target", "y", "y_true", "yb", "ma
 _ID_NAMES = ("input_ids", "ids", "tokens", "token_ids", "x", "xb", "inputs", "input")
 _PROB_NAMES = ("probs", "preds", "pred", "outputs", "output", "out", "y_pred", "scores", "p")
 _MAX_MODULES = 5000
+_HEAD = re.compile(r"classifier|score|head|fc|out|logits|cls", re.IGNORECASE)
 _MAX_NUMEL = 50_000_000
 
 
@@ -187,10 +189,17 @@ def _values(tensor: Any, limit: int = 5) -> list[int]:
 
 
 # --- per family ----------------------------------------------------------------------------------
+def _classifier(found: _Found) -> tuple[str, int] | None:
+    """The output layer: a Linear named like a head, else the last Linear found."""
+    heads = [lin for lin in found.linears if _HEAD.search(lin[0].rsplit(".", 1)[-1])]
+    return (heads or found.linears or [None])[-1]
+
+
 def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
     num_labels = _config_attr(found, "num_labels")
-    classes = found.linears[-1][1] if found.linears else num_labels
-    source = f"the classifier `{found.linears[-1][0]}` has" if found.linears else "the config has"
+    head = _classifier(found)
+    classes = head[1] if head else num_labels
+    source = f"the classifier `{head[0]}` has" if head else "the config has"
     if classes is None:
         return Evidence((), tuple(likely))
     ignore = found.ignore_index if found.ignore_index is not None else -100
@@ -215,7 +224,7 @@ def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
             hints.append("255")
         if hi >= classes:
             hints.append("fewer outputs")
-    if num_labels is not None and found.linears and num_labels != classes:
+    if num_labels is not None and head and num_labels != classes:
         sentences.append(f"config.num_labels is {num_labels} but the classifier has {classes} outputs.")
     return Evidence(tuple(sentences), _rank(likely, hints))
 
