@@ -107,13 +107,12 @@ def where_sentence(
     own = tracker.launched.get(cell) if cell is not None else None
     earlier = tracker.last_launching_cell(before=cell)
     innocent = line is not None and _CANNOT_ASSERT.search(line) is not None
-    if own is False or (own is None and innocent and earlier is not None):
-        if earlier is not None:
-            return (
-                f"It surfaced in {here} at `{line}`, which did no CUDA work of its own: the "
-                f"failing kernel was most likely launched in cell [{earlier}], the last cell "
-                "that launched CUDA work."
-            )
+    if own is False and earlier is not None:
+        return (
+            f"It surfaced in {here} at `{line}`, in a cell that did no CUDA work of its own: "
+            f"the failing kernel was most likely launched in cell [{earlier}], the last cell "
+            "that launched CUDA work."
+        )
     if innocent:
         tail = f" or in cell [{earlier}]" if earlier is not None else ""
         return (
