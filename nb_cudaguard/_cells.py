@@ -143,7 +143,12 @@ def _sync_call(value: ast.expr) -> ast.expr:
     module = ast.Call(
         func=ast.Name(id="__import__", ctx=ast.Load()),
         args=[ast.Constant(_SYNC_MODULE)],
-        keywords=[ast.keyword(arg="fromlist", value=ast.List(elts=[ast.Constant("sync_after_cell")], ctx=ast.Load()))],
+        keywords=[
+            ast.keyword(
+                arg="fromlist",
+                value=ast.List(elts=[ast.Constant("sync_after_cell")], ctx=ast.Load()),
+            )
+        ],
     )
     return ast.Call(
         func=ast.Attribute(value=module, attr="sync_after_cell", ctx=ast.Load()),

@@ -122,6 +122,7 @@ def _with_evidence(
     if not frames and namespace is None:
         return diagnosis
     matched = match_rules(diagnosis.assert_lines)
+    ops: tuple[str, ...]
     if matched is not None:
         ops = (matched[0].op,)
     elif diagnosis.cause == "unknown-assert":

@@ -66,12 +66,20 @@ def _is_cpu_tensor(torch: Any, value: Any) -> bool:
         return False
 
 
-def _candidates(frames: Sequence[Mapping[str, Any]], namespace: Mapping[str, Any] | None) -> Iterator[tuple[str, Any]]:
+def _candidates(
+    frames: Sequence[Mapping[str, Any]], namespace: Mapping[str, Any] | None
+) -> Iterator[tuple[str, Any]]:
     for scope in frames:
         yield from list(scope.items())
     if namespace is not None:
         for name, value in list(namespace.items()):
-            if not name.startswith("_") and name not in ("In", "Out", "get_ipython", "exit", "quit"):
+            if not name.startswith("_") and name not in (
+                "In",
+                "Out",
+                "get_ipython",
+                "exit",
+                "quit",
+            ):
                 yield name, value
 
 
@@ -82,7 +90,7 @@ def _scan_module(torch: Any, found: _Found, name: str, module: Any) -> None:
         if count > _MAX_MODULES:
             break
         qualified = f"{name}.{sub_name}" if sub_name else name
-        if isinstance(sub, nn.Embedding) or isinstance(sub, nn.EmbeddingBag):
+        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
             entry = (qualified, int(sub.num_embeddings), getattr(sub, "padding_idx", None))
             if entry not in found.embeddings:
                 found.embeddings.append(entry)
@@ -192,7 +200,8 @@ def _values(tensor: Any, limit: int = 5) -> list[int]:
 def _classifier(found: _Found) -> tuple[str, int] | None:
     """The output layer: a Linear named like a head, else the last Linear found."""
     heads = [lin for lin in found.linears if _HEAD.search(lin[0].rsplit(".", 1)[-1])]
-    return (heads or found.linears or [None])[-1]
+    candidates = heads or found.linears
+    return candidates[-1] if candidates else None
 
 
 def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
@@ -225,7 +234,9 @@ def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
         if hi >= classes:
             hints.append("fewer outputs")
     if num_labels is not None and head and num_labels != classes:
-        sentences.append(f"config.num_labels is {num_labels} but the classifier has {classes} outputs.")
+        sentences.append(
+            f"config.num_labels is {num_labels} but the classifier has {classes} outputs."
+        )
     return Evidence(tuple(sentences), _rank(likely, hints))
 
 
@@ -272,7 +283,9 @@ def _token_ids(found: _Found, likely: Sequence[str]) -> Evidence:
             if length + offset > max_pos:
                 sentences.append(
                     f"`{name}` has sequence length {length} but max_position_embeddings is "
-                    f"{max_pos}" + (f" ({max_pos - offset} usable positions)" if offset else "") + "."
+                    f"{max_pos}"
+                    + (f" ({max_pos - offset} usable positions)" if offset else "")
+                    + "."
                 )
                 hints.append("longer than")
     types = _config_attr(found, "type_vocab_size")

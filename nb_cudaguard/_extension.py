@@ -8,6 +8,7 @@ deliberately left untouched: it has one slot per shell and Colab already uses it
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -53,10 +54,8 @@ class CudaGuardExtension:
             ("pre_run_cell", self.pre_run_cell),
             ("post_run_cell", self.post_run_cell),
         ):
-            try:
+            with contextlib.suppress(ValueError):  # someone already removed it
                 self.shell.events.unregister(event, callback)
-            except ValueError:  # someone already removed it
-                pass
         self.set_sync(False)
         self.tee.close()
         self._unregister_magics()

@@ -147,8 +147,14 @@ RULES: tuple[Rule, ...] = (
     # --- class targets ----------------------------------------------------------------------------
     Rule(
         cause="label-out-of-range",
-        files=("Loss.cu", "NLLLoss2d.cu", "ClassNLLCriterion.cu", "SpatialClassNLLCriterion.cu",
-               "CrossEntropy*.cu", "SoftMax.cu"),
+        files=(
+            "Loss.cu",
+            "NLLLoss2d.cu",
+            "ClassNLLCriterion.cu",
+            "SpatialClassNLLCriterion.cu",
+            "CrossEntropy*.cu",
+            "SoftMax.cu",
+        ),
         condition=r"\b(?:t|cur_target|target_val|target)\s*(?:>=\s*0\s*&&\s*\w+\s*)?<\s*"
         r"(?:n_classes|classes|nClasses)\b",
         source="aten/src/ATen/native/cuda/Loss.cu and NLLLoss2d.cu (nll_loss, nll_loss2d, "
@@ -164,8 +170,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="label-out-of-range",
-        files=("MultiMarginLoss.cu", "MultiMarginCriterion.cu", "MultiLabelMarginLoss.cu",
-               "MultiLabelMarginCriterion.cu"),
+        files=(
+            "MultiMarginLoss.cu",
+            "MultiMarginCriterion.cu",
+            "MultiLabelMarginLoss.cu",
+            "MultiLabelMarginCriterion.cu",
+        ),
         condition=r"target(?:_k|_idx)?\s*(?:>=\s*0\s*&&\s*\w+\s*)?<\s*dim|target index is out of",
         source="aten/src/ATen/native/cuda/MultiMarginLoss.cu (multi_margin_loss), "
         "MultiLabelMarginCriterion.cu",
@@ -225,12 +235,19 @@ RULES: tuple[Rule, ...] = (
         ),
         op="bce-target",
     ),
-    # --- indices into an embedding / index_select / index_add ... ----------------------------------
+    # --- indices into an embedding / index_select / index_add ... ---------------------------------
     Rule(
         cause="index-out-of-range",
-        files=("IndexKernelUtils.cu", "Indexing.cu", "THCTensorIndex.cu", "Embedding.cu",
-               "EmbeddingBag.cu", "EmbeddingBackwardKernel.cu", "LookupTable.cu",
-               "LookupTableBag.cu"),
+        files=(
+            "IndexKernelUtils.cu",
+            "Indexing.cu",
+            "THCTensorIndex.cu",
+            "Embedding.cu",
+            "EmbeddingBag.cu",
+            "EmbeddingBackwardKernel.cu",
+            "LookupTable.cu",
+            "LookupTableBag.cu",
+        ),
         condition=r"\b(?:srcIndex|ind|input_idx|idx|index)\s*<\s*\w*(?:SelectDimSize|ind_dim_size"
         r"|numRows|num_embeddings|numel|size)\b|vectorized gather kernel index out of bounds",
         source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups) "
@@ -266,7 +283,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         cause="index-out-of-range",
         files=("IndexKernel.cu", "Indexing.cu", "THCTensorIndex.cu", "TensorAdvancedIndexing.cu"),
-        condition=r"index out of bounds|out of range|-?sizes\[i\]\s*<=\s*index|\bidx\s*>=\s*-?numel",
+        condition=r"index out of bounds|out of range"
+        r"|-?sizes\[i\]\s*<=\s*index|\bidx\s*>=\s*-?numel",
         source="aten/src/ATen/native/cuda/IndexKernel.cu (advanced indexing x[idx], "
         "index_put_, take, put_)",
         title="An index is out of range in tensor indexing",
@@ -332,8 +350,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="nan-detected",
-        files=("MultinomialKernel.cu", "THCTensorRandom.cuh", "THCTensorRandom.cu",
-               "Multinomial.cu"),
+        files=(
+            "MultinomialKernel.cu",
+            "THCTensorRandom.cuh",
+            "THCTensorRandom.cu",
+            "Multinomial.cu",
+        ),
         condition=r"isnan|isinf",
         source="aten/src/ATen/native/cuda/MultinomialKernel.cu (sampleMultinomialOnce)",
         title="multinomial got NaN or inf probabilities",
@@ -344,8 +366,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="probability-out-of-range",
-        files=("MultinomialKernel.cu", "THCTensorRandom.cuh", "THCTensorRandom.cu",
-               "Multinomial.cu"),
+        files=(
+            "MultinomialKernel.cu",
+            "THCTensorRandom.cuh",
+            "THCTensorRandom.cu",
+            "Multinomial.cu",
+        ),
         condition=r"val\s*>=\s*zero|!\s*\(\s*val\s*<\s*zero\s*\)|ge\(val,\s*zero\)"
         r"|sum\s*>\s*(?:acc)?[Zz]ero|cumdist\[size\s*-\s*1\]\s*>",
         source="aten/src/ATen/native/cuda/MultinomialKernel.cu (renormRows, "
@@ -367,8 +393,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="probability-out-of-range",
-        files=("DistributionTemplates.h", "Distributions.cu", "DistributionBernoulli.cu",
-               "THCTensorRandom.cu"),
+        files=(
+            "DistributionTemplates.h",
+            "Distributions.cu",
+            "DistributionBernoulli.cu",
+            "THCTensorRandom.cu",
+        ),
         condition=r"0\s*<=\s*p\d?\s*&&\s*p\d?\s*<=\s*1",
         source="aten/src/ATen/native/cuda/DistributionTemplates.h (bernoulli_tensor_cuda_kernel)",
         title="bernoulli got a probability outside [0, 1]",
@@ -435,7 +465,9 @@ RULES: tuple[Rule, ...] = (
             "reduced axis (negative lengths, or a sum different from the data size)."
         ),
         likely_causes=("lengths computed for another batch or before filtering",),
-        fixes=("Check on CPU: `assert (lengths >= 0).all() and lengths.sum() == data.shape[axis]`.",),
+        fixes=(
+            "Check on CPU: `assert (lengths >= 0).all() and lengths.sum() == data.shape[axis]`.",
+        ),
         op="segment-reduce",
     ),
     Rule(
@@ -457,8 +489,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="nan-detected",
-        files=("FractionalMaxPool2d.cu", "FractionalMaxPool3d.cu",
-               "SpatialFractionalMaxPooling.cu", "VolumetricFractionalMaxPooling.cu"),
+        files=(
+            "FractionalMaxPool2d.cu",
+            "FractionalMaxPool3d.cu",
+            "SpatialFractionalMaxPooling.cu",
+            "VolumetricFractionalMaxPooling.cu",
+        ),
         condition=r"maxIndex\s*!=\s*-1|lower_bound|maxVal",
         source="aten/src/ATen/native/cuda/FractionalMaxPool2d.cu / 3d.cu",
         title="fractional_max_pool found no maximum in a window",
@@ -551,8 +587,10 @@ RULES: tuple[Rule, ...] = (
             "gradients that became NaN (diverged step, too-high learning rate, fp16 overflow)",
             "uninitialised buffers (torch.empty) sent to a collective",
         ),
-        fixes=("Find the first NaN: `torch.autograd.set_detect_anomaly(True)` on a small run, "
-               "lower the learning rate, use bf16 or a GradScaler.",),
+        fixes=(
+            "Find the first NaN: `torch.autograd.set_detect_anomaly(True)` on a small run, "
+            "lower the learning rate, use bf16 or a GradScaler.",
+        ),
         op="nccl-nan",
     ),
     # --- compiled code ----------------------------------------------------------------------------
@@ -569,8 +607,7 @@ RULES: tuple[Rule, ...] = (
         ),
         likely_causes=_INDEX_CAUSES,
         fixes=(
-            "Run the same step without torch.compile on CPU: the eager error names the "
-            "operation.",
+            "Run the same step without torch.compile on CPU: the eager error names the operation.",
             *_INDEX_FIXES,
         ),
         op="inductor-index",
@@ -596,20 +633,40 @@ RULES: tuple[Rule, ...] = (
         condition=r"index out of bounds|out of bounds|out of range",
         source="an index bounds check in a CUDA kernel",
         title="An index is out of range inside a GPU kernel",
-        explanation="A kernel checked an index against the size it reads from and found it out of range.",
+        explanation=(
+            "A kernel checked an index against the size it reads from and found it out of range."
+        ),
         likely_causes=_INDEX_CAUSES[3:] + _INDEX_CAUSES[:1],
         fixes=("Replay the step on CPU: the CPU kernel names the operation and the bad index.",),
         op="index",
     ),
-    # --- files that only hold internal machinery ---------------------------------------------------
+    # --- files that only hold internal machinery --------------------------------------------------
     Rule(
         cause="pytorch-internal",
-        files=("CUDALoops.cuh", "MemoryAccess.cuh", "Loops.cuh", "Reduce.cuh",
-               "OffsetCalculator.cuh", "thread_constants.h", "CUDAApplyUtils.cuh",
-               "ScanUtils.cuh", "SortUtils.cuh", "block_reduce.cuh", "TensorInfo.cuh",
-               "KernelUtils.cuh", "PersistentSoftmax.cuh", "CUDAGraphsUtils.cuh",
-               "IntegerDivider.cuh", "DeviceSqrt.cuh", "Sort.cu", "SortStable.cu",
-               "Sorting.cu", "SortingRadixSelect.cuh", "jit_utils.cpp", "CUDAJitLoops.cuh"),
+        files=(
+            "CUDALoops.cuh",
+            "MemoryAccess.cuh",
+            "Loops.cuh",
+            "Reduce.cuh",
+            "OffsetCalculator.cuh",
+            "thread_constants.h",
+            "CUDAApplyUtils.cuh",
+            "ScanUtils.cuh",
+            "SortUtils.cuh",
+            "block_reduce.cuh",
+            "TensorInfo.cuh",
+            "KernelUtils.cuh",
+            "PersistentSoftmax.cuh",
+            "CUDAGraphsUtils.cuh",
+            "IntegerDivider.cuh",
+            "DeviceSqrt.cuh",
+            "Sort.cu",
+            "SortStable.cu",
+            "Sorting.cu",
+            "SortingRadixSelect.cuh",
+            "jit_utils.cpp",
+            "CUDAJitLoops.cuh",
+        ),
         condition=r".",
         source="PyTorch's shared CUDA kernel machinery",
         title=_INTERNAL_TITLE,

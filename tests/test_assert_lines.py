@@ -116,7 +116,7 @@ def test_lines_glued_without_newline_are_both_found():
 def test_verbose_printf_detail_glued_before_the_path_does_not_hide_the_file():
     text = "Expected 0 <= idx_dim < index_size (3), but got idx_dim = 5" + (
         "/pytorch/aten/src/ATen/native/cuda/ScatterGatherKernel.cu:367: operator(): block: "
-        "[0,0,0], thread: [0,0,0] Assertion `idx_dim >= 0 && idx_dim < index_size && \"index "
+        '[0,0,0], thread: [0,0,0] Assertion `idx_dim >= 0 && idx_dim < index_size && "index '
         'out of bounds"` failed.'
     )
     (line,) = parse_assert_lines(text)

@@ -16,7 +16,8 @@ DEVICE = (
 ASSERT_TEXT = (
     "CUDA error: device-side assert triggered\n"
     "Search for `cudaErrorAssert' in "
-    "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\n"
+    "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html"
+    " for more information.\n"
     "CUDA kernel errors might be asynchronously reported at some other API call, so the "
     "stacktrace below might be incorrect.\n"
     "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
@@ -160,3 +161,46 @@ def test_unload_gives_fd2_back(kernel):
     )
     # The cell that unloads started with our tee on fd 2 and ends with ipykernel's pipe again.
     assert "True" in out.stream
+
+
+def _in_child(body: str) -> str:
+    code = "import os\nfrom nb_cudaguard._capture import FdTee\n" + textwrap.dedent(body)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def test_a_redirector_that_stops_before_us_keeps_its_restore():
+    # wurlitzer-style: starts before our pre_run_cell and restores fd 2 before our post_run_cell.
+    out = _in_child(
+        """
+        original = os.fstat(2).st_ino
+        theirs_saved = os.dup(2)
+        r, w = os.pipe()
+        os.dup2(w, 2)
+        tee = FdTee(2)
+        tee.start()
+        os.dup2(theirs_saved, 2)
+        tee.stop()
+        print(os.fstat(2).st_ino == original)
+        """
+    )
+    assert out.strip() == "True"
+
+
+def test_fd2_left_on_our_pipe_by_another_redirector_does_not_loop():
+    out = _in_child(
+        """
+        import time
+        tee = FdTee(2)
+        tee.start()
+        theirs_saved = os.dup(2)  # another redirector starts inside our cell ...
+        tee.stop()
+        os.dup2(theirs_saved, 2)  # ... and restores fd 2 to our pipe after our stop
+        tee.start()
+        os.write(2, b"once\\n")
+        tee.stop()
+        time.sleep(0.2)
+        print(tee.text().count("once"))
+        """
+    )
+    assert out.strip() == "1"

@@ -27,9 +27,7 @@ def _error_from_cell(shell, code: str) -> BaseException:
 def poisoned_item(shell, tmp_path, monkeypatch):
     """A function from a library file that raises the CUDA error, as `.item()` does."""
     (tmp_path / "fake_lib_for_cells.py").write_text(
-        "import torch\n"
-        "def launch(t):\n"
-        f"    raise torch.AcceleratorError({ASSERT_TEXT!r})\n"
+        f"import torch\ndef launch(t):\n    raise torch.AcceleratorError({ASSERT_TEXT!r})\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     shell.run_cell("import fake_lib_for_cells")

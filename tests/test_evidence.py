@@ -68,7 +68,9 @@ def test_label_equal_to_class_count_is_reported_with_the_valid_range():
     model = TinyBert(TinyBertConfig())
     labels = torch.tensor([0, 1, 2, 1])
     d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "labels": labels})
-    assert "`labels` contains 2 but the classifier `model.classifier` has 2 outputs " in d.evidence[0]
+    assert (
+        "`labels` contains 2 but the classifier `model.classifier` has 2 outputs " in d.evidence[0]
+    )
     assert "(valid: 0..1 or -100)" in d.evidence[0]
 
 
@@ -129,7 +131,9 @@ def test_added_tokens_without_resize_are_named():
 def test_sequence_longer_than_max_position_embeddings_is_named_and_ranked_first():
     model = TinyBert(TinyBertConfig(max_position_embeddings=16))
     input_ids = torch.ones(1, 40, dtype=torch.long)
-    d = diagnose(HEADLINE, device_output=INDEX_SELECT, namespace={"model": model, "input_ids": input_ids})
+    d = diagnose(
+        HEADLINE, device_output=INDEX_SELECT, namespace={"model": model, "input_ids": input_ids}
+    )
     assert any("sequence length 40 but max_position_embeddings is 16" in s for s in d.evidence)
     assert "longer than" in d.likely_causes[0]
 

@@ -197,7 +197,10 @@ def test_lines_folded_from_hundreds_of_threads_still_map():
 
 
 def test_rocm_file_extension_matches_the_cuda_rule():
-    device = "/r/aten/src/ATen/native/hip/Loss.hip:250: k: Device-side assertion `t >= 0 && t < n_classes' failed."
+    device = (
+        "/r/aten/src/ATen/native/hip/Loss.hip:250: k: "
+        "Device-side assertion `t >= 0 && t < n_classes' failed."
+    )
     diagnosis = diagnose(HEADLINE, device_output=device)
     assert diagnosis is not None
     assert diagnosis.cause == "label-out-of-range"
