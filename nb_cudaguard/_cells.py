@@ -11,7 +11,7 @@ counts as "unknown".
 ``SyncAfterCell`` is the opt-in setting that makes each cell wait for its own GPU work, so errors
 surface in the cell that launched them. It rewrites the cell's last statement ``x`` into
 ``sync_after_cell(x)`` (the value, and so the cell's displayed result, is unchanged); a cell
-ending in a statement gets ``sync_after_cell(None)`` appended. The synchronise then raises
+ending in a statement gets ``if sync_after_cell(None): pass`` appended. The synchronise then raises
 inside the cell itself, which is marked failed as it should be.
 """
 
@@ -21,7 +21,9 @@ import ast
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+_Node = TypeVar("_Node", bound=ast.AST)
 
 # The operations where an earlier kernel's error typically surfaces: copies and syncs only.
 _CANNOT_ASSERT = re.compile(
@@ -165,10 +167,22 @@ class SyncAfterCell(ast.NodeTransformer):
             return node
         last = node.body[-1]
         if isinstance(last, ast.Expr):
-            last.value = _sync_call(last.value)
+            last.value = _located(_sync_call(last.value), last)
         else:
-            node.body.append(ast.Expr(_sync_call(ast.Constant(None))))
-        return ast.fix_missing_locations(node)
+            # A statement, not an expression: an appended expression would make IPython run
+            # it in 'single' mode through the display hook.
+            test = _sync_call(ast.Constant(None))
+            node.body.append(_located(ast.If(test=test, body=[ast.Pass()], orelse=[]), last))
+        return node
+
+
+def _located(new: _Node, like: ast.stmt) -> _Node:
+    """Give our new nodes the last statement's position (cheaper than fix_missing_locations
+    over the whole cell, which IPython runs once more anyway)."""
+    for child in ast.walk(new):
+        if "lineno" in child._attributes and not hasattr(child, "lineno"):
+            ast.copy_location(child, like)
+    return new
 
 
 def is_sync_frame(error: BaseException) -> bool:
