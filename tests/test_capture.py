@@ -204,3 +204,22 @@ def test_fd2_left_on_our_pipe_by_another_redirector_does_not_loop():
         """
     )
     assert out.strip() == "1"
+
+
+def test_evidence_from_the_notebook_variables_reaches_the_panel(kernel):
+    kernel.execute("%load_ext nb_cudaguard")
+    kernel.execute(
+        "import torch\nfrom torch import nn\n"
+        "model = nn.Sequential(nn.Linear(4, 8), nn.ReLU())\nmodel.classifier = nn.Linear(8, 3)\n"
+        "labels = torch.tensor([1, 2, 3, 3])"
+    )
+    out = kernel.execute(
+        f"import os\nos.write(2, {_device_lines(4)!r})\n"
+        f"loss_value = 0.0\nprint(float(loss_value)) or (_ for _ in ()).throw("
+        f"torch.AcceleratorError({ASSERT_TEXT!r}))"
+    )
+    panel = next(d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", ""))
+    text = panel["text/plain"]
+    assert "`labels` contains 3 but the classifier `model.classifier` has 3 outputs" in text
+    assert "labels are numbered 1..C" in text.split("Likely causes")[1].splitlines()[1]
+    assert "cannot assert" in text  # surfaced at print(float(...)): it says so
