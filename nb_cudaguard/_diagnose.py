@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 from ._assert_lines import parse_assert_lines
 from ._classify import classify_exception, classify_text
@@ -49,6 +52,16 @@ _STICKY_KINDS: dict[str, tuple[str, str, str]] = {
         "custom or vectorised kernel given a tensor with an unusual offset or stride.",
     ),
 }
+# Without the device lines: the causes of real reports, most frequent first.
+_ANY_ASSERT_CAUSES = (
+    "a class label outside 0..C-1 in cross_entropy / nll_loss (labels 1..C, -1 or the pad id "
+    "instead of -100, a 255 'void' label, num_labels left at 2)",
+    "a token id >= the vocabulary size (tokens added without "
+    "model.resize_token_embeddings(len(tokenizer))), a sequence longer than "
+    "max_position_embeddings, or token_type_ids on a RoBERTa-style model",
+    "BCELoss on logits instead of BCEWithLogitsLoss (input outside [0, 1])",
+    "NaN/inf logits when sampling (multinomial, generate(do_sample=True) in fp16)",
+)
 _OTHER_STICKY = (
     "other-sticky",
     "The GPU reported an error that corrupts the CUDA context",
@@ -91,7 +104,40 @@ def _sticky_diagnosis(error: CudaError, lines: tuple[AssertLine, ...]) -> Diagno
         fixes=fixes,
         assert_lines=lines,
         error=error,
+        likely_causes=_ANY_ASSERT_CAUSES if error.name == "cudaErrorAssert" else (),
     )
+
+
+def _with_evidence(
+    diagnosis: Diagnosis,
+    error: BaseException | str,
+    frames: Sequence[Mapping[str, Any]] | None,
+    namespace: Mapping[str, Any] | None,
+) -> Diagnosis:
+    """Add sentences read from Python objects and CPU tensors, and rank the likely causes."""
+    from ._evidence import frames_of, gather_evidence
+
+    if frames is None:
+        frames = frames_of(error) if isinstance(error, BaseException) else []
+    if not frames and namespace is None:
+        return diagnosis
+    matched = match_rules(diagnosis.assert_lines)
+    ops: tuple[str, ...]
+    if matched is not None:
+        ops = (matched[0].op,)
+    elif diagnosis.cause == "unknown-assert":
+        # No device lines: ask every family; only what is found is reported.
+        ops = ("class-target", "embedding", "bce-input", "multinomial")
+    else:
+        return diagnosis
+    sentences: list[str] = []
+    ranked = diagnosis.likely_causes
+    for op in ops:
+        found = gather_evidence(op, ranked, frames=frames, namespace=namespace)
+        sentences.extend(s for s in found.sentences if s not in sentences)
+        if matched is not None:
+            ranked = found.ranked_causes
+    return replace(diagnosis, evidence=(*diagnosis.evidence, *sentences), likely_causes=ranked)
 
 
 def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
@@ -107,13 +153,26 @@ def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
     )
 
 
-def diagnose(error: BaseException | str, *, device_output: str = "") -> Diagnosis | None:
+def diagnose(
+    error: BaseException | str,
+    *,
+    device_output: str = "",
+    namespace: Mapping[str, Any] | None = None,
+    frames: Sequence[Mapping[str, Any]] | None = None,
+    where: str | None = None,
+) -> Diagnosis | None:
     """Explain a CUDA error.
 
     ``error`` is an exception or a text (an error message, a log, a traceback; it may include the
     device assert lines). ``device_output`` is extra text captured from the process's fd 2, where
     the CUDA runtime prints those lines. Returns None for anything that is not a CUDA error; a
     CUDA error that leaves the context usable gives ``sticky=False``.
+
+    With ``namespace`` (the user's variables) or ``frames`` (local variables of the failing
+    frames, innermost first; taken from the exception's traceback when only ``namespace`` is
+    given), the diagnosis adds evidence read from Python objects and CPU tensors, never from CUDA
+    memory. ``where`` says where the error surfaced and where it was most likely launched.
+    Without them, diagnose() is pure: it reads only the texts.
     """
     if isinstance(error, BaseException):
         cuda_error = classify_exception(error)
@@ -126,4 +185,9 @@ def diagnose(error: BaseException | str, *, device_output: str = "") -> Diagnosi
     if not cuda_error.sticky:
         return _not_sticky_diagnosis(cuda_error)
     lines = parse_assert_lines(f"{device_output}\n{text}" if device_output else text)
-    return _sticky_diagnosis(cuda_error, lines)
+    diagnosis = _sticky_diagnosis(cuda_error, lines)
+    if namespace is not None or frames is not None:
+        diagnosis = _with_evidence(diagnosis, error, frames, namespace)
+    if where:
+        diagnosis = replace(diagnosis, where=where)
+    return diagnosis

@@ -8,9 +8,12 @@ deliberately left untouched: it has one slot per shell and Colab already uses it
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ._capture import FdTee
+from ._cells import CellTracker, SyncAfterCell, is_sync_frame, where_sentence
 from ._diagnose import diagnose
 from ._diagnosis import ContextState, Diagnosis
 from ._probe import probe_context
@@ -31,11 +34,15 @@ class CudaGuardExtension:
         self.last_sticky_cell: int | None = None  # the cell last shown a sticky diagnosis
         self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
         self._registered_magics: list[Any] = []
+        self.tee = FdTee(2)  # device assert lines: shown as before, and kept for the diagnosis
+        self.cells = CellTracker()
+        self._sync: SyncAfterCell | None = None
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
         if self.loaded:
             return
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self._register_magics()
         self.loaded = True
@@ -50,11 +57,30 @@ class CudaGuardExtension:
         if not self.loaded:
             return
         self.loaded = False
-        try:
-            self.shell.events.unregister("post_run_cell", self.post_run_cell)
-        except ValueError:  # someone already removed it
-            pass
+        for event, callback in (
+            ("pre_run_cell", self.pre_run_cell),
+            ("post_run_cell", self.post_run_cell),
+        ):
+            with contextlib.suppress(ValueError):  # someone already removed it
+                self.shell.events.unregister(event, callback)
+        self.set_sync(False)
+        self.tee.close()
         self._unregister_magics()
+
+    def set_sync(self, on: bool) -> None:
+        """Synchronise CUDA at the end of every cell (``%cudaguard sync on``), or stop."""
+        transformers = self.shell.ast_transformers
+        if on and self._sync is None:
+            self._sync = SyncAfterCell()
+            transformers.append(self._sync)
+        elif not on and self._sync is not None:
+            if self._sync in transformers:
+                transformers.remove(self._sync)
+            self._sync = None
+
+    @property
+    def sync(self) -> bool:
+        return self._sync is not None
 
     def _register_magics(self) -> None:
         from ._guard_magics import CudaCheckMagics
@@ -83,7 +109,19 @@ class CudaGuardExtension:
         self._registered_magics = []
 
     # --- the hook ------------------------------------------------------------------------------
+    def pre_run_cell(self, *_info: Any) -> None:
+        try:
+            self.tee.start()
+            self.cells.start()
+        except Exception as internal:  # fd games can fail (closed fd 2): never break the cell
+            print(f"nb_cudaguard: not capturing device output ({internal}).", file=sys.stderr)
+
     def post_run_cell(self, result: ExecutionResult) -> None:
+        try:
+            self.tee.stop()
+            self.cells.finish(result.execution_count)
+        except Exception:
+            pass
         error = result.error_in_exec
         if error is None:
             return
@@ -97,7 +135,10 @@ class CudaGuardExtension:
             )
 
     def _explain(self, error: BaseException, cell: int | None) -> None:
-        diagnosis = diagnose(error)
+        where = where_sentence(error, cell, self.cells, synced=is_sync_frame(error))
+        diagnosis = diagnose(
+            error, device_output=self.tee.text(), namespace=self.shell.user_ns, where=where
+        )
         if diagnosis is None:
             return
         if self.poisoned_since is not None:

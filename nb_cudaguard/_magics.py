@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 
-def _status(args: argparse.Namespace) -> None:
+def _status(shell: Any, args: argparse.Namespace) -> None:
     from ._status import gather
 
     print(gather().text())
 
 
-def _restart(args: argparse.Namespace) -> None:
+def _restart(shell: Any, args: argparse.Namespace) -> None:
     from ._restart import RestartError, restart_kernel
 
     blocking = not args.no_blocking
@@ -27,10 +28,22 @@ def _restart(args: argparse.Namespace) -> None:
     print(f"nb_cudaguard: {plan.describe(blocking)}", flush=True)
 
 
-# One entry per subcommand: adding a command is adding an entry (and its choice below).
-COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
+def _sync(shell: Any, args: argparse.Namespace) -> None:
+    from ._extension import current_state
+
+    state = current_state(shell)
+    if state is None:
+        raise UsageError("load the extension first: %load_ext nb_cudaguard")
+    if args.value is not None:
+        state.set_sync(args.value == "on")
+    print(f"nb_cudaguard: end-of-cell CUDA synchronise is {'on' if state.sync else 'off'}.")
+
+
+# One entry per subcommand: adding a command is adding an entry.
+COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "status": _status,
     "restart": _restart,
+    "sync": _sync,
 }
 
 
@@ -42,8 +55,12 @@ class CudaGuardMagics(Magics):
         choices=list(COMMANDS),
         help="status: torch and CUDA state of this kernel, whether its CUDA context is healthy, "
         "and whether CUDA_LAUNCH_BLOCKING is set and effective. "
-        "restart: a new kernel process, with CUDA_LAUNCH_BLOCKING=1 for that one start.",
+        "restart: a new kernel process, with CUDA_LAUNCH_BLOCKING=1 for that one start. "
+        "sync on|off: synchronise CUDA at the end of every cell, so an asynchronous error "
+        "surfaces in the cell that launched it (off by default: it waits for the GPU after "
+        "every cell).",
     )
+    @argument("value", nargs="?", choices=["on", "off"], help="for sync: on or off")
     @argument(
         "--no-blocking",
         action="store_true",
@@ -58,8 +75,12 @@ class CudaGuardMagics(Magics):
             %cudaguard status
             %cudaguard restart                # next kernel starts with CUDA_LAUNCH_BLOCKING=1
             %cudaguard restart --no-blocking  # plain restart
+            %cudaguard sync on                # errors surface in the cell that launched them
+            %cudaguard sync off
 
         After a restart, re-run the notebook from the top: all variables are gone.
         """
         args = parse_argstring(self.cudaguard, line)
-        COMMANDS[args.command](args)
+        if args.value is not None and args.command != "sync":
+            raise UsageError(f"%cudaguard {args.command} takes no on/off")
+        COMMANDS[args.command](self.shell, args)

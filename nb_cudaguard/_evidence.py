@@ -1,0 +1,356 @@
+"""Evidence from what a poisoned process can still read: Python objects and CPU tensors.
+
+After a sticky error every CUDA call re-raises (FIELD_NOTES §2), so this module reads only
+attributes of modules and configs (plain ints), ``len(tokenizer)``, tensor *metadata* (dtype,
+device, shape) and the values of tensors whose device is the CPU. It never reads a CUDA tensor's
+values, and it touches torch only through ``sys.modules`` (it never imports it).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_LABEL_NAMES = ("labels", "label", "targets", "target", "y", "y_true", "yb", "masks", "mask", "gt")
+_ID_NAMES = ("input_ids", "ids", "tokens", "token_ids", "x", "xb", "inputs", "input")
+_PROB_NAMES = ("probs", "preds", "pred", "outputs", "output", "out", "y_pred", "scores", "p")
+_MAX_MODULES = 5000
+_HEAD = re.compile(r"classifier|score|head|fc|out|logits|cls", re.IGNORECASE)
+_MAX_NUMEL = 50_000_000
+
+
+@dataclass(frozen=True)
+class Evidence:
+    sentences: tuple[str, ...] = ()
+    ranked_causes: tuple[str, ...] = ()  # the rule's likely causes, reordered by what was found
+
+
+def frames_of(error: BaseException) -> list[Mapping[str, Any]]:
+    """The local variables of the failing traceback's frames, innermost first."""
+    frames: list[Mapping[str, Any]] = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_locals)
+        tb = tb.tb_next
+    return frames[::-1]
+
+
+@dataclass
+class _Found:
+    """Objects found in the frames and the namespace, by kind."""
+
+    embeddings: list[tuple[str, int, int | None]] = field(default_factory=list)
+    linears: list[tuple[str, int]] = field(default_factory=list)
+    ignore_index: int | None = None
+    bce_loss: bool = False
+    ends_in_sigmoid: bool = False
+    half_model: bool = False
+    configs: list[Any] = field(default_factory=list)
+    tokenizers: list[Any] = field(default_factory=list)
+    tensors: dict[str, Any] = field(default_factory=dict)  # name -> CPU tensor
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _is_cpu_tensor(torch: Any, value: Any) -> bool:
+    if torch is None or not isinstance(value, torch.Tensor):
+        return False
+    try:
+        return bool(value.device.type == "cpu") and value.numel() <= _MAX_NUMEL
+    except Exception:
+        return False
+
+
+def _candidates(
+    frames: Sequence[Mapping[str, Any]], namespace: Mapping[str, Any] | None
+) -> Iterator[tuple[str, Any]]:
+    for scope in frames:
+        yield from list(scope.items())
+    if namespace is not None:
+        for name, value in list(namespace.items()):
+            if not name.startswith("_") and name not in (
+                "In",
+                "Out",
+                "get_ipython",
+                "exit",
+                "quit",
+            ):
+                yield name, value
+
+
+def _scan_module(torch: Any, found: _Found, name: str, module: Any) -> None:
+    nn = torch.nn
+    last: Any = None
+    for count, (sub_name, sub) in enumerate(module.named_modules()):
+        if count > _MAX_MODULES:
+            break
+        qualified = f"{name}.{sub_name}" if sub_name else name
+        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
+            entry = (qualified, int(sub.num_embeddings), getattr(sub, "padding_idx", None))
+            if entry not in found.embeddings:
+                found.embeddings.append(entry)
+        elif isinstance(sub, nn.Linear):
+            found.linears.append((qualified, int(sub.out_features)))
+        elif isinstance(sub, (nn.CrossEntropyLoss, nn.NLLLoss)):
+            found.ignore_index = int(sub.ignore_index)
+        elif isinstance(sub, nn.BCELoss):
+            found.bce_loss = True
+        if not list(sub.children()):
+            last = sub
+    if last is not None and isinstance(last, nn.Sigmoid):
+        found.ends_in_sigmoid = True
+    config = getattr(module, "config", None)
+    if config is not None and _is_config(config) and config not in found.configs:
+        found.configs.append(config)
+    try:
+        first = next(module.parameters(), None)
+        if first is not None and first.dtype == torch.float16:  # metadata only
+            found.half_model = True
+    except Exception:
+        pass
+
+
+def _is_config(value: Any) -> bool:
+    return type(value).__name__.endswith("Config") and any(
+        hasattr(value, attr) for attr in ("vocab_size", "num_labels", "max_position_embeddings")
+    )
+
+
+def _is_tokenizer(value: Any) -> bool:
+    return "Tokenizer" in type(value).__name__ and hasattr(value, "__len__")
+
+
+def collect(frames: Sequence[Mapping[str, Any]], namespace: Mapping[str, Any] | None) -> _Found:
+    torch = _torch()
+    found = _Found()
+    seen: set[int] = set()
+    for name, value in _candidates(frames, namespace):
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        try:
+            if torch is not None and isinstance(value, torch.nn.Module):
+                _scan_module(torch, found, name, value)
+            elif _is_config(value):
+                found.configs.append(value)
+            elif _is_tokenizer(value):
+                found.tokenizers.append(value)
+            elif _is_cpu_tensor(torch, value):
+                found.tensors.setdefault(name, value)
+            elif isinstance(value, Mapping) and len(value) < 64:
+                for key, item in list(value.items()):
+                    if isinstance(key, str) and _is_cpu_tensor(torch, item):
+                        found.tensors.setdefault(f"{name}[{key!r}]", item)
+        except Exception:  # a strange object must not cost the diagnosis
+            continue
+    return found
+
+
+def _key(name: str) -> str:
+    """`batch['labels']` -> labels; `labels` -> labels."""
+    if name.endswith("']"):
+        return name.rsplit("['", 1)[-1][:-2]
+    return name
+
+
+def _named(found: _Found, names: Iterable[str], *, integer: bool) -> list[tuple[str, Any]]:
+    torch = _torch()
+    wanted = tuple(names)
+    out = []
+    for name, tensor in found.tensors.items():
+        if _key(name) not in wanted or tensor.numel() == 0:
+            continue
+        is_float = tensor.is_floating_point()
+        if integer and (is_float or tensor.dtype == torch.bool):
+            continue
+        if not integer and not is_float:
+            continue
+        out.append((name, tensor))
+    out.sort(key=lambda item: wanted.index(_key(item[0])))
+    return out
+
+
+def _config_attr(found: _Found, attr: str) -> int | None:
+    for config in found.configs:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _rank(likely: Sequence[str], first: Iterable[str]) -> tuple[str, ...]:
+    """Move the likely causes that start with any of ``first`` (in that order) to the front."""
+    ordered: list[str] = []
+    for prefix in first:
+        ordered.extend(c for c in likely if prefix in c and c not in ordered)
+    ordered.extend(c for c in likely if c not in ordered)
+    return tuple(ordered)
+
+
+def _values(tensor: Any, limit: int = 5) -> list[int]:
+    return [int(v) for v in tensor.flatten().unique()[:limit].tolist()]
+
+
+# --- per family ----------------------------------------------------------------------------------
+def _classifier(found: _Found) -> tuple[str, int] | None:
+    """The output layer: a Linear named like a head, else the last Linear found."""
+    heads = [lin for lin in found.linears if _HEAD.search(lin[0].rsplit(".", 1)[-1])]
+    candidates = heads or found.linears
+    return candidates[-1] if candidates else None
+
+
+def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
+    num_labels = _config_attr(found, "num_labels")
+    head = _classifier(found)
+    classes = head[1] if head else num_labels
+    source = f"the classifier `{head[0]}` has" if head else "the config has"
+    if classes is None:
+        return Evidence((), tuple(likely))
+    ignore = found.ignore_index if found.ignore_index is not None else -100
+    sentences: list[str] = []
+    hints: list[str] = []
+    for name, labels in _named(found, _LABEL_NAMES, integer=True):
+        bad = labels[((labels < 0) | (labels >= classes)) & (labels != ignore)]
+        if bad.numel() == 0:
+            continue
+        values = _values(bad)
+        shown = ", ".join(str(v) for v in values)
+        sentences.append(
+            f"`{name}` contains {shown} but {source} {classes} outputs "
+            f"(valid: 0..{classes - 1} or {ignore})."
+        )
+        lo, hi = int(labels[labels != ignore].min()), int(labels[labels != ignore].max())
+        if lo >= 1 and hi == classes:
+            hints.append("1..C")
+        if -1 in values or any(v == _config_attr(found, "pad_token_id") for v in values):
+            hints.append("-1 or the tokenizer")
+        if 255 in values:
+            hints.append("255")
+        if hi >= classes:
+            hints.append("fewer outputs")
+    if num_labels is not None and head and num_labels != classes:
+        sentences.append(
+            f"config.num_labels is {num_labels} but the classifier has {classes} outputs."
+        )
+    return Evidence(tuple(sentences), _rank(likely, hints))
+
+
+def _token_ids(found: _Found, likely: Sequence[str]) -> Evidence:
+    sentences: list[str] = []
+    hints: list[str] = []
+    vocab = _config_attr(found, "vocab_size")
+    words = max(found.embeddings, key=lambda e: e[1]) if found.embeddings else None
+    size = words[1] if words else vocab
+    tokenizer_len = None
+    for tokenizer in found.tokenizers:
+        try:
+            tokenizer_len = len(tokenizer)
+            break
+        except Exception:
+            continue
+    added = tokenizer_len is not None and size is not None and tokenizer_len > size
+    if added:
+        sentences.append(
+            f"len(tokenizer) is {tokenizer_len} but the embedding has {size} rows: tokens were "
+            "added without model.resize_token_embeddings(len(tokenizer))."
+        )
+        hints.append("token id >=")
+    for name, ids in _named(found, ("input_ids", *_ID_NAMES[1:]), integer=True):
+        if size is None:
+            break
+        top, low = int(ids.max()), int(ids.min())
+        if top >= size:
+            reason = (
+                ": tokens were added without model.resize_token_embeddings(len(tokenizer))"
+                if added
+                else ": the tokenizer does not match the model"
+            )
+            sentences.append(f"token id {top} in `{name}` >= vocab size {size}{reason}.")
+            hints.append("token id >=")
+        if low < 0:
+            sentences.append(f"`{name}` contains the negative id {low}.")
+            hints.append("negative index")
+        max_pos = _config_attr(found, "max_position_embeddings")
+        if max_pos is not None and ids.dim() >= 1:
+            length = int(ids.shape[-1])
+            model_type = str(getattr(found.configs[0], "model_type", "")) if found.configs else ""
+            offset = 2 if "roberta" in model_type or model_type == "camembert" else 0
+            if length + offset > max_pos:
+                sentences.append(
+                    f"`{name}` has sequence length {length} but max_position_embeddings is "
+                    f"{max_pos}"
+                    + (f" ({max_pos - offset} usable positions)" if offset else "")
+                    + "."
+                )
+                hints.append("longer than")
+    types = _config_attr(found, "type_vocab_size")
+    for name, tti in _named(found, ("token_type_ids",), integer=True):
+        if types is not None and int(tti.max()) >= types:
+            sentences.append(
+                f"`{name}` contains {int(tti.max())} but type_vocab_size is {types}: this model "
+                "has one token type; drop token_type_ids."
+            )
+            hints.append("token_type_ids")
+    return Evidence(tuple(sentences), _rank(likely, hints))
+
+
+def _bce(found: _Found, likely: Sequence[str], *, target: bool) -> Evidence:
+    sentences: list[str] = []
+    hints: list[str] = []
+    names = _LABEL_NAMES if target else _PROB_NAMES
+    for name, tensor in _named(found, names, integer=False):
+        outside = tensor[(tensor < 0) | (tensor > 1) | tensor.isnan()]
+        if outside.numel():
+            lo, hi = float(tensor.nan_to_num().min()), float(tensor.nan_to_num().max())
+            sentences.append(f"`{name}` has values outside [0, 1] (min {lo:.4g}, max {hi:.4g}).")
+            hints.append("NaN" if bool(tensor.isnan().any()) else "logits")
+    if not target and found.bce_loss and not found.ends_in_sigmoid:
+        sentences.append("nn.BCELoss is in use, and the model's last layer is not a Sigmoid.")
+        hints.insert(0, "logits")
+    return Evidence(tuple(sentences), _rank(likely, hints))
+
+
+def _sampling(found: _Found, likely: Sequence[str]) -> Evidence:
+    sentences: list[str] = []
+    hints: list[str] = []
+    if found.half_model:
+        sentences.append("The model's parameters are float16: logits can overflow to inf/NaN.")
+        hints.append("fp16")
+    for name, tensor in _named(found, ("logits", *_PROB_NAMES), integer=False):
+        if bool((~tensor.isfinite()).any()):
+            sentences.append(f"`{name}` contains NaN or inf.")
+            hints.append("NaN")
+        elif bool((tensor < 0).any()):
+            sentences.append(f"`{name}` contains negative values.")
+            hints.append("negative")
+    return Evidence(tuple(sentences), _rank(likely, hints))
+
+
+def gather_evidence(
+    op: str,
+    likely: Sequence[str],
+    *,
+    frames: Sequence[Mapping[str, Any]] = (),
+    namespace: Mapping[str, Any] | None = None,
+) -> Evidence:
+    """Sentences and a ranking of ``likely`` for the assert family ``op`` (see Rule.op)."""
+    if not frames and namespace is None:
+        return Evidence((), tuple(likely))
+    try:
+        found = collect(frames, namespace)
+        if op == "class-target":
+            return _labels(found, likely)
+        if op in ("embedding", "inductor-index", "index"):
+            return _token_ids(found, likely)
+        if op in ("bce-input", "bce-target"):
+            return _bce(found, likely, target=op == "bce-target")
+        if op in ("multinomial", "bernoulli"):
+            return _sampling(found, likely)
+    except Exception:  # evidence is a bonus: never let it cost the diagnosis
+        pass
+    return Evidence((), tuple(likely))

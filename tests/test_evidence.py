@@ -1,0 +1,201 @@
+"""Evidence read from real modules, configs, tokenizers and CPU tensors; never from CUDA memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from nb_cudaguard import diagnose
+
+HEADLINE = "CUDA error: device-side assert triggered\n"
+
+
+def device_line(file: str, cond: str) -> str:
+    return (
+        f"/pytorch/aten/src/ATen/native/cuda/{file}:250: kernel: block: [0,0,0], "
+        f"thread: [5,0,0] Assertion `{cond}` failed."
+    )
+
+
+NLL = device_line("Loss.cu", "t >= 0 && t < n_classes")
+INDEX_SELECT = device_line(
+    "IndexKernelUtils.cu",
+    'ind >=0 && ind < ind_dim_size && "vectorized gather kernel index out of bounds"',
+)
+BCE = device_line("Loss.cu", "input_val >= zero && input_val <= one")
+MULTINOMIAL = device_line(
+    "TensorCompare.cu", "probability tensor contains either `inf`, `nan` or element < 0"
+)
+
+
+# Named like Hugging Face's classes: the evidence code recognises configs and tokenizers by
+# their class name and attributes, as it must without importing transformers.
+@dataclass
+class TinyBertConfig:
+    vocab_size: int = 100
+    num_labels: int = 2
+    max_position_embeddings: int = 16
+    type_vocab_size: int = 2
+    pad_token_id: int = 0
+    model_type: str = "bert"
+
+
+class TinyTokenizer:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+class TinyBert(nn.Module):
+    def __init__(self, config: TinyBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.word_embeddings = nn.Embedding(config.vocab_size, 8, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, 8)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, 8)
+        self.classifier = nn.Linear(8, config.num_labels)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.word_embeddings(input_ids).mean(1))
+
+
+def test_label_equal_to_class_count_is_reported_with_the_valid_range():
+    model = TinyBert(TinyBertConfig())
+    labels = torch.tensor([0, 1, 2, 1])
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "labels": labels})
+    assert (
+        "`labels` contains 2 but the classifier `model.classifier` has 2 outputs " in d.evidence[0]
+    )
+    assert "(valid: 0..1 or -100)" in d.evidence[0]
+
+
+def test_one_based_labels_rank_the_off_by_one_cause_first():
+    model = TinyBert(TinyBertConfig(num_labels=3))
+    labels = torch.tensor([1, 2, 3, 3])
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "labels": labels})
+    assert d.likely_causes[0].startswith("labels are numbered 1..C")
+
+
+def test_minus_one_padding_labels_rank_the_ignore_index_cause_first():
+    model = TinyBert(TinyBertConfig(num_labels=3))
+    labels = torch.tensor([0, 2, -1, -1])
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "labels": labels})
+    assert "-1" in d.evidence[0]
+    assert d.likely_causes[0].startswith("padding labels are -1")
+
+
+def test_void_label_255_ranks_the_segmentation_cause_first():
+    head = nn.Conv2d(3, 21, 1)
+    loss_fn = nn.CrossEntropyLoss()
+    classifier = nn.Linear(4, 21)
+    masks = torch.tensor([[0, 5, 255], [20, 255, 1]])
+    ns = {"head": head, "classifier": classifier, "loss_fn": loss_fn, "masks": masks}
+    d = diagnose(HEADLINE, device_output=NLL, namespace=ns)
+    assert "255" in d.evidence[0]
+    assert "255" in d.likely_causes[0]
+
+
+def test_labels_in_a_batch_dict_are_read():
+    model = TinyBert(TinyBertConfig())
+    batch = {"input_ids": torch.tensor([[1, 2]]), "labels": torch.tensor([5])}
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "batch": batch})
+    assert "`batch['labels']` contains 5" in d.evidence[0]
+
+
+def test_valid_labels_give_no_evidence_sentence():
+    model = TinyBert(TinyBertConfig())
+    d = diagnose(
+        HEADLINE, device_output=NLL, namespace={"model": model, "labels": torch.tensor([0, 1])}
+    )
+    assert d.evidence == ()
+
+
+def test_added_tokens_without_resize_are_named():
+    config = TinyBertConfig(vocab_size=100)
+    model = TinyBert(config)
+    tokenizer = TinyTokenizer(102)
+    input_ids = torch.tensor([[5, 100, 101]])
+    ns = {"model": model, "tokenizer": tokenizer, "input_ids": input_ids}
+    d = diagnose(HEADLINE, device_output=INDEX_SELECT, namespace=ns)
+    text = " ".join(d.evidence)
+    assert "token id 101 in `input_ids` >= vocab size 100" in text
+    assert "model.resize_token_embeddings(len(tokenizer))" in text
+    assert d.likely_causes[0].startswith("a token id >=")
+
+
+def test_sequence_longer_than_max_position_embeddings_is_named_and_ranked_first():
+    model = TinyBert(TinyBertConfig(max_position_embeddings=16))
+    input_ids = torch.ones(1, 40, dtype=torch.long)
+    d = diagnose(
+        HEADLINE, device_output=INDEX_SELECT, namespace={"model": model, "input_ids": input_ids}
+    )
+    assert any("sequence length 40 but max_position_embeddings is 16" in s for s in d.evidence)
+    assert "longer than" in d.likely_causes[0]
+
+
+def test_token_type_ids_on_a_one_type_model_are_named_and_ranked_first():
+    model = TinyBert(TinyBertConfig(type_vocab_size=1, model_type="roberta"))
+    batch = {"input_ids": torch.tensor([[0, 5, 2]]), "token_type_ids": torch.tensor([[0, 0, 1]])}
+    d = diagnose(HEADLINE, device_output=INDEX_SELECT, namespace={"model": model, "batch": batch})
+    assert any("type_vocab_size is 1" in s for s in d.evidence)
+    assert "token_type_ids" in d.likely_causes[0]
+
+
+def test_bce_loss_on_logits_is_named_and_ranked_first():
+    model = nn.Sequential(nn.Linear(4, 1))
+    ns = {"model": model, "criterion": nn.BCELoss(), "outputs": torch.tensor([-2.0, 0.5, 3.0])}
+    d = diagnose(HEADLINE, device_output=BCE, namespace=ns)
+    assert any("outside [0, 1]" in s for s in d.evidence)
+    assert any("not a Sigmoid" in s for s in d.evidence)
+    assert d.likely_causes[0].startswith("BCELoss applied to logits")
+
+
+def test_half_precision_model_ranks_fp16_overflow_first_for_sampling():
+    model = nn.Linear(4, 4).half()
+    d = diagnose(HEADLINE, device_output=MULTINOMIAL, namespace={"model": model})
+    assert any("float16" in s for s in d.evidence)
+    assert "fp16" in d.likely_causes[0]
+
+
+def test_evidence_comes_from_the_failing_frames_too():
+    def train_step(labels):
+        raise RuntimeError(HEADLINE)
+
+    model = TinyBert(TinyBertConfig())
+    try:
+        train_step(torch.tensor([7]))
+    except RuntimeError as error:
+        d = diagnose(error, device_output=NLL, namespace={"model": model})
+    assert "`labels` contains 7" in d.evidence[0]
+
+
+def test_non_cpu_tensors_are_never_read():
+    # A meta tensor has no values: reading one raises, as a CUDA tensor does after a sticky error.
+    model = TinyBert(TinyBertConfig())
+    labels = torch.empty(4, dtype=torch.long, device="meta")
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "labels": labels})
+    assert d.cause == "label-out-of-range"
+    assert d.evidence == ()
+
+
+def test_without_namespace_diagnose_reads_only_the_texts():
+    d = diagnose(HEADLINE, device_output=NLL)
+    assert d.evidence == ()
+
+
+@pytest.mark.parametrize("value", [object(), {"labels": "not a tensor"}, TinyTokenizer(-1)])
+def test_strange_objects_do_not_break_the_diagnosis(value):
+    d = diagnose(HEADLINE, device_output=INDEX_SELECT, namespace={"thing": value})
+    assert d.cause == "index-out-of-range"
+
+
+def test_unknown_assert_without_device_lines_still_reports_found_evidence():
+    model = TinyBert(TinyBertConfig())
+    d = diagnose(HEADLINE, namespace={"model": model, "labels": torch.tensor([0, 2])})
+    assert d.cause == "unknown-assert"
+    assert any("`labels` contains 2" in s for s in d.evidence)
