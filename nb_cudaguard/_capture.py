@@ -117,8 +117,10 @@ class FdTee:
             if forward is not None:
                 os.close(forward)
 
-    def stop(self) -> None:
-        """Give ``fd`` back; return once everything the cell wrote was forwarded and kept."""
+    def stop(self, drain: bool = True) -> None:
+        """Give ``fd`` back; with ``drain``, return once everything the cell wrote was forwarded
+        and kept. Without it (a cell that succeeded: nothing to diagnose now) the reader catches
+        up on its own, which spares every cell a round trip through the reader thread."""
         if self._depth > 0:
             self._depth -= 1
         if self._depth > 0 or self._saved is None:
@@ -133,9 +135,10 @@ class FdTee:
         # The pipe is first-in first-out: once the reader meets our marker, every byte written
         # before the swap has been forwarded and kept. Children started in the cell may still
         # write into the pipe later; the reader keeps forwarding that to ``saved``.
-        self._drained.clear()
-        os.write(self._write_end, self._marker)
-        self._drained.wait(timeout=2)
+        if drain:
+            self._drained.clear()
+            os.write(self._write_end, self._marker)
+            self._drained.wait(timeout=2)
 
     def close(self) -> None:
         """Stop, and release the pipe (the reader ends once no process holds it any more)."""

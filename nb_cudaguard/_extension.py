@@ -117,12 +117,12 @@ class CudaGuardExtension:
             print(f"nb_cudaguard: not capturing device output ({internal}).", file=sys.stderr)
 
     def post_run_cell(self, result: ExecutionResult) -> None:
+        error = result.error_in_exec
         try:
-            self.tee.stop()
+            self.tee.stop(drain=error is not None)
             self.cells.finish(result.execution_count)
         except Exception:
             pass
-        error = result.error_in_exec
         if error is None:
             return
         try:
