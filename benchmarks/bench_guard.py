@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,17 +29,33 @@ from torch import nn
 import nb_cudaguard
 from nb_cudaguard._guard import STATS
 
-VOCAB, CLASSES, DIM, SEQ, BATCH = 1000, 10, 64, 32, 16
+CLASSES = 10
+
+
+@dataclass(frozen=True)
+class Size:
+    vocab: int
+    dim: int
+    heads: int
+    seq: int
+    batch: int
+
+
+# "tiny": a toy step (~10 ms on 2 CPU cores) where the mode's fixed per-call cost shows most;
+# "small": BERT-tiny's shape (2 layers, d=128, 2 heads) on 64-token sequences, batch 32.
+SIZES = {"tiny": Size(1000, 64, 4, 32, 16), "small": Size(8000, 128, 2, 64, 32)}
 
 
 class Classifier(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, size: Size) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM, padding_idx=0)
-        self.position = nn.Parameter(torch.zeros(SEQ, DIM))
-        layer = nn.TransformerEncoderLayer(DIM, 4, 2 * DIM, dropout=0.1, batch_first=True)
+        self.embed = nn.Embedding(size.vocab, size.dim, padding_idx=0)
+        self.position = nn.Parameter(torch.zeros(size.seq, size.dim))
+        layer = nn.TransformerEncoderLayer(
+            size.dim, size.heads, 4 * size.dim, dropout=0.1, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(DIM, CLASSES)
+        self.head = nn.Linear(size.dim, CLASSES)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pad = ids == 0
@@ -47,13 +64,16 @@ class Classifier(nn.Module):
         return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1))
 
 
-def make(device: str) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+def make(
+    device: str, size: Size = SIZES["tiny"]
+) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
-    model = Classifier().to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(1, VOCAB, (BATCH, SEQ), device=device)
+    model = Classifier(size).to(device)
+    # foreach=True: the implementation PyTorch picks by default on a GPU.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    ids = torch.randint(1, size.vocab, (size.batch, size.seq), device=device)
     ids[:, -4:] = 0  # padding
-    labels = torch.randint(0, CLASSES, (BATCH,), device=device)
+    labels = torch.randint(0, CLASSES, (size.batch,), device=device)
     labels[0] = -100  # an ignored example, as in real data
     return model, optimizer, ids, labels
 
@@ -83,8 +103,10 @@ def block(device: str, parts: tuple, steps: int, guarded: bool) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def measure(device: str, reps: int, steps: int, modes: tuple[str, ...]) -> dict[str, float]:
-    parts = make(device)
+def measure(
+    device: str, size: Size, reps: int, steps: int, modes: tuple[str, ...]
+) -> dict[str, float]:
+    parts = make(device, size)
     for mode in modes:  # warm-up: allocator, autograd, lazy init
         block(device, parts, 3, mode == "guarded")
     times: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -99,52 +121,66 @@ def main() -> None:
     parser.add_argument("--cuda", action="store_true")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--size", choices=[*SIZES, "all"], default="all")
     parser.add_argument("--bare-only-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = "cuda" if args.cuda else "cpu"
 
+    sizes = list(SIZES) if args.size == "all" else [args.size]
     if args.bare_only_json:  # the CUDA_LAUNCH_BLOCKING=1 child
-        print(json.dumps(measure(device, args.reps, args.steps, ("bare",))))
+        print(
+            json.dumps(
+                {
+                    n: measure(device, SIZES[n], args.reps, args.steps, ("bare",))["bare"]
+                    for n in sizes
+                }
+            )
+        )
         return
 
-    result = measure(device, args.reps, args.steps, ("bare", "guarded"))
-    STATS.clear()
-    block(device, make(device), 1, guarded=True)
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
         f"torch {torch.__version__}, device {device}"
         + (f" ({torch.cuda.get_device_name()})" if args.cuda else "")
     )
-    print(
-        f"checked calls per step: {STATS['calls']}, host transfers per step: {STATS['transfers']}"
-    )
-    bare, guarded = result["bare"], result["guarded"]
-    print(f"bare    {bare * 1e3:8.3f} ms/step")
-    print(f"guarded {guarded * 1e3:8.3f} ms/step   ratio {guarded / bare:.3f}")
+    results = {}
+    for name in sizes:
+        results[name] = measure(device, SIZES[name], args.reps, args.steps, ("bare", "guarded"))
+        STATS.clear()
+        block(device, make(device, SIZES[name]), 1, guarded=True)
+        bare, guarded = results[name]["bare"], results[name]["guarded"]
+        print(
+            f"[{name}] {SIZES[name]}: checked calls per step {STATS['calls']}, "
+            f"host transfers per step {STATS['transfers']}"
+        )
+        print(f"[{name}] bare    {bare * 1e3:8.3f} ms/step")
+        print(
+            f"[{name}] guarded {guarded * 1e3:8.3f} ms/step   ratio {guarded / bare:.3f} "
+            f"(+{(guarded - bare) * 1e3:.2f} ms/step)"
+        )
 
     if args.cuda:
         env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
-        child = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--cuda",
-                "--bare-only-json",
-                "--reps",
-                str(args.reps),
-                "--steps",
-                str(args.steps),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        blocking = json.loads(child.stdout.strip().splitlines()[-1])["bare"]
-        print(
-            f"CUDA_LAUNCH_BLOCKING=1 {blocking * 1e3:8.3f} ms/step   ratio {blocking / bare:.3f}"
-            " (separate process)"
-        )
+        command = [
+            sys.executable,
+            __file__,
+            "--cuda",
+            "--bare-only-json",
+            "--reps",
+            str(args.reps),
+            "--steps",
+            str(args.steps),
+            "--size",
+            args.size,
+        ]
+        child = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        blocking = json.loads(child.stdout.strip().splitlines()[-1])
+        for name in sizes:
+            bare = results[name]["bare"]
+            print(
+                f"[{name}] CUDA_LAUNCH_BLOCKING=1 {blocking[name] * 1e3:8.3f} ms/step   "
+                f"ratio {blocking[name] / bare:.3f} (separate process)"
+            )
 
 
 if __name__ == "__main__":
