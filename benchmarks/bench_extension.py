@@ -69,7 +69,11 @@ def import_ms(before: str, runs: int) -> float:
     samples = [
         float(
             subprocess.run(
-                [sys.executable, "-c", statement], check=True, cwd=ROOT, capture_output=True, text=True
+                [sys.executable, "-c", statement],
+                check=True,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
             ).stdout
         )
         for _ in range(runs)
@@ -84,8 +88,10 @@ def main() -> None:
     args = parser.parse_args()
 
     bare, loaded = per_cell(args.cells)
-    print(f"per cell, nothing fails: unloaded {bare:.1f} µs, loaded {loaded:.1f} µs, "
-          f"added {loaded - bare:+.1f} µs (ratio {loaded / bare:.3f}; target <= +50 µs)")
+    print(
+        f"per cell, nothing fails: unloaded {bare:.1f} µs, loaded {loaded:.1f} µs, "
+        f"added {loaded - bare:+.1f} µs (ratio {loaded / bare:.3f}; target <= +50 µs)"
+    )
     print(f"post_run_cell hook alone on a successful cell: {hook_only():.3f} µs")
 
     cold = import_ms("", args.imports)
@@ -93,9 +99,16 @@ def main() -> None:
     print(f"import nb_cudaguard, fresh interpreter: {cold:.2f} ms (target <= 30 ms)")
     print(f"import nb_cudaguard after IPython (as in a kernel): {warm:.2f} ms")
     leaked = subprocess.run(
-        [sys.executable, "-c", "import sys, nb_cudaguard; "
-         "print([m for m in ('torch', 'IPython', 'ipywidgets') if m in sys.modules])"],
-        capture_output=True, text=True, cwd=ROOT, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, nb_cudaguard; "
+            "print([m for m in ('torch', 'IPython', 'ipywidgets') if m in sys.modules])",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
     ).stdout.strip()
     print(f"heavy modules imported by `import nb_cudaguard`: {leaked}")
 

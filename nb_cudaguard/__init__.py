@@ -37,7 +37,22 @@ _LAZY: dict[str, str] = {
     "restart_kernel": "._restart",
 }
 
-__all__ = [*_LAZY, "__version__", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = [
+    "CAUSES",
+    "AssertLine",
+    "ContextState",
+    "CudaError",
+    "Diagnosis",
+    "GuardError",
+    "GuardIndexError",
+    "__version__",
+    "diagnose",
+    "guard",
+    "load_ipython_extension",
+    "probe_context",
+    "restart_kernel",
+    "unload_ipython_extension",
+]
 
 
 def __getattr__(name: str) -> Any:

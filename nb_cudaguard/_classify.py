@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator
 
 from ._diagnosis import CudaError
 
-# cudaGetErrorString texts (driver_types.h). (name, code, legacy code before CUDA 10.1, text, sticky)
+# cudaGetErrorString texts (driver_types.h), lower case:
+# (name, code, legacy code before CUDA 10.1, text, sticky)
 _RUNTIME_ERRORS: tuple[tuple[str, int, int | None, str, bool], ...] = (
     # Sticky: NVIDIA documents that the process "must be terminated and relaunched".
     ("cudaErrorAssert", 710, 59, "device-side assert triggered", True),
@@ -45,7 +46,13 @@ _RUNTIME_ERRORS: tuple[tuple[str, int, int | None, str, bool], ...] = (
         "an async error has occured in external entity outside of cuda",
         True,
     ),
-    ("cudaErrorMpsClientTerminated", 810, None, "the mps client has been terminated by the server", True),
+    (
+        "cudaErrorMpsClientTerminated",
+        810,
+        None,
+        "the mps client has been terminated by the server",
+        True,
+    ),
     # Not sticky: the process can go on.
     ("cudaErrorMemoryAllocation", 2, None, "out of memory", False),
     ("cudaErrorInvalidValue", 1, 11, "invalid argument", False),
@@ -76,8 +83,20 @@ _RUNTIME_ERRORS: tuple[tuple[str, int, int | None, str, bool], ...] = (
         "operation not permitted when stream is capturing",
         False,
     ),
-    ("cudaErrorDevicesUnavailable", 46, None, "cuda-capable device(s) is/are busy or unavailable", False),
-    ("cudaErrorDevicesUnavailable", 46, None, "all cuda-capable devices are busy or unavailable", False),
+    (
+        "cudaErrorDevicesUnavailable",
+        46,
+        None,
+        "cuda-capable device(s) is/are busy or unavailable",
+        False,
+    ),
+    (
+        "cudaErrorDevicesUnavailable",
+        46,
+        None,
+        "all cuda-capable devices are busy or unavailable",
+        False,
+    ),
     (
         "cudaErrorUnsupportedPtxVersion",
         222,
@@ -87,10 +106,18 @@ _RUNTIME_ERRORS: tuple[tuple[str, int, int | None, str, bool], ...] = (
     ),
     ("cudaErrorNotSupported", 801, None, "operation not supported", False),
     ("cudaErrorInvalidResourceHandle", 400, 33, "invalid resource handle", False),
-    ("cudaErrorPeerAccessUnsupported", 217, None, "peer access is not supported between these two devices", False),
+    (
+        "cudaErrorPeerAccessUnsupported",
+        217,
+        None,
+        "peer access is not supported between these two devices",
+        False,
+    ),
     ("cudaErrorUnknown", 999, 30, "unknown error", False),
 )
-_BY_NAME = {name: (name, code, legacy, text, sticky) for name, code, legacy, text, sticky in _RUNTIME_ERRORS}
+_BY_NAME = {
+    name: (name, code, legacy, text, sticky) for name, code, legacy, text, sticky in _RUNTIME_ERRORS
+}
 
 # Lines PyTorch appends to CUDA errors. They mention CUDA but say nothing about which error it was.
 _BOILERPLATE = re.compile(
@@ -107,10 +134,14 @@ _BOILERPLATE = re.compile(
 # Headline forms, newest first. Each captures the cudaGetErrorString text as `text`.
 _HEADLINES: tuple[re.Pattern[str], ...] = (
     # 1.5+ (and HIP builds, and the CUDA driver API, and wrappers: what():, NCCL watchdog, Triton).
-    re.compile(r"\b(?:CUDA|HIP)(?: driver)? error: (?:(?P<name>(?:cuda|hip)Error\w+): )?(?P<text>.+)"),
+    re.compile(
+        r"\b(?:CUDA|HIP)(?: driver)? error: (?:(?P<name>(?:cuda|hip)Error\w+): )?(?P<text>.+)"
+    ),
     re.compile(r"Triton Error \[(?:CUDA|HIP)\]: (?P<text>.+)"),
     # <= 1.4: "cuda runtime error (59) : device-side assert triggered at /pytorch/aten/...cu:26"
-    re.compile(r"\bcuda runtime error \((?P<code>\d+)\) : (?P<text>.+?)(?: at \S+:\d+)?$", re.IGNORECASE),
+    re.compile(
+        r"\bcuda runtime error \((?P<code>\d+)\) : (?P<text>.+?)(?: at \S+:\d+)?$", re.IGNORECASE
+    ),
     # THC: "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=383 error=59 : ..."
     re.compile(r"\bTHCudaCheck FAIL file=\S+ line=\d+ error=(?P<code>\d+) : (?P<text>.+)"),
     # Thrust/CUB: "reduce failed to synchronize: device-side assert triggered",

@@ -266,7 +266,7 @@ class Guard:
         if _STATE.mode is None:
             mode = _CheckMode(_TABLE)
             try:
-                mode.__enter__()  # type: ignore[no-untyped-call]
+                mode.__enter__()
             except BaseException:
                 _STATE.configs.pop()
                 self._entered = False
@@ -296,7 +296,7 @@ class Guard:
 def _leave(mode: _CheckMode) -> None:
     from torch.overrides import _get_current_function_mode
 
-    if _get_current_function_mode() is mode:  # type: ignore[no-untyped-call]
+    if _get_current_function_mode() is mode:
         mode.__exit__(None, None, None)
     else:  # someone pushed a mode inside our block and left it: popping would remove theirs
         print(
@@ -308,7 +308,7 @@ def _leave(mode: _CheckMode) -> None:
 
 def _synchronize() -> None:
     """Surface an asynchronous CUDA error of this block here, not in a later cell."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
 

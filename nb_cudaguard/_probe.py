@@ -1,4 +1,5 @@
-"""Is this process's CUDA context poisoned? Ask without initialising CUDA, hanging, or reading tensors.
+"""Is this process's CUDA context poisoned? Ask without initialising CUDA, hanging or reading
+tensors.
 
 After a sticky error every CUDA runtime call returns the same error (FIELD_NOTES §2), so one
 non-blocking call is enough: ``cudaStreamQuery`` on the current stream (``Stream.query()``) never
@@ -23,7 +24,9 @@ def _query(torch: Any) -> None:
     torch.cuda.current_stream().query()
 
 
-def probe_context(torch: ModuleType | Any | None = None, timeout: float = PROBE_TIMEOUT_S) -> ContextState:
+def probe_context(
+    torch: ModuleType | Any | None = None, timeout: float = PROBE_TIMEOUT_S
+) -> ContextState:
     """Probe the CUDA context of this process.
 
     ``torch`` defaults to the already imported module: torch is never imported here, and CUDA is
@@ -45,7 +48,7 @@ def probe_context(torch: ModuleType | Any | None = None, timeout: float = PROBE_
         try:
             _query(torch)
             outcome.append(None)
-        except BaseException as error:  # noqa: BLE001 - reported to the caller, not raised
+        except BaseException as error:
             outcome.append(error)
 
     worker = threading.Thread(target=run, name="nb_cudaguard-probe", daemon=True)

@@ -113,7 +113,10 @@ def to_html(diagnosis: Diagnosis) -> str:
             parts.append(f"<div>{_inline(items[0])}</div>")
         else:
             parts.append(_html_list(items, ordered=heading.startswith("Likely")))
-    parts.append(f"<div style='margin-top:6px;color:#666;font-size:0.85em'>{html.escape(_footer(diagnosis))}</div>")
+    parts.append(
+        "<div style='margin-top:6px;color:#666;font-size:0.85em'>"
+        f"{html.escape(_footer(diagnosis))}</div>"
+    )
     parts.append("</div>")
     return "".join(parts)
 

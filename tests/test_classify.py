@@ -1,4 +1,7 @@
-"""Recognition of CUDA errors by their headline, in the texts of every PyTorch era (FIELD_NOTES §1-2)."""
+"""Recognition of CUDA errors by their headline, in the texts of every PyTorch era.
+
+FIELD_NOTES §1-2 list the texts.
+"""
 
 from __future__ import annotations
 
@@ -63,7 +66,10 @@ ASSERT_TEXTS = {
         "[PG 3 Rank 0] Process group watchdog thread terminated with exception: CUDA error: "
         "device-side assert triggered" + ASYNC_2_0
     ),
-    "HIP build": "HIP error: device-side assert triggered\nHIP kernel errors might be asynchronously reported",
+    "HIP build": (
+        "HIP error: device-side assert triggered\n"
+        "HIP kernel errors might be asynchronously reported"
+    ),
     "driver API": "CUDA driver error: device-side assert triggered",
     "Triton launcher": "Triton Error [CUDA]: device-side assert triggered",
 }
@@ -84,7 +90,11 @@ def test_device_side_assert_without_known_condition_is_unknown_assert(text):
 
 
 STICKY = [
-    ("an illegal memory access was encountered", "cudaErrorIllegalAddress", "illegal-memory-access"),
+    (
+        "an illegal memory access was encountered",
+        "cudaErrorIllegalAddress",
+        "illegal-memory-access",
+    ),
     ("unspecified launch failure", "cudaErrorLaunchFailure", "launch-failure"),
     ("misaligned address", "cudaErrorMisalignedAddress", "misaligned-address"),
     ("an illegal instruction was encountered", "cudaErrorIllegalInstruction", "other-sticky"),
@@ -107,7 +117,11 @@ STICKY = [
         "cudaErrorExternalDevice",
         "other-sticky",
     ),
-    ("the MPS client has been terminated by the server", "cudaErrorMpsClientTerminated", "other-sticky"),
+    (
+        "the MPS client has been terminated by the server",
+        "cudaErrorMpsClientTerminated",
+        "other-sticky",
+    ),
 ]
 
 
@@ -134,16 +148,15 @@ NOT_STICKY = {
         "14.63 GiB already allocated; 4.75 MiB free; 14.70 GiB reserved in total by PyTorch)"
     ),
     "invalid device ordinal": "CUDA error: invalid device ordinal" + ASYNC_2_0,
-    "no kernel image": "CUDA error: no kernel image is available for execution on the device" + ASYNC_2_0,
+    "no kernel image": "CUDA error: no kernel image is available for execution on the device"
+    + ASYNC_2_0,
     "invalid argument": "CUDA error: invalid argument" + ASYNC_2_0,
     "invalid configuration": "CUDA error: invalid configuration argument" + ASYNC_2_0,
     "old driver": (
         "CUDA error: CUDA driver version is insufficient for CUDA runtime version" + ASYNC_2_0
     ),
     "stream capture": "CUDA error: operation not permitted when stream is capturing" + ASYNC_2_0,
-    "cuBLAS": (
-        "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"
-    ),
+    "cuBLAS": ("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"),
     "cuDNN": "cuDNN error: CUDNN_STATUS_MAPPING_ERROR",
 }
 
@@ -215,7 +228,7 @@ def test_text_with_device_lines_and_exception_finds_the_assert_and_its_lines():
     text = (
         "../aten/src/ATen/native/cuda/Loss.cu:242: nll_loss_forward_reduce_cuda_kernel_2d: "
         "block: [0,0,0], thread: [1,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
-        "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
+        'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
         "    print(loss.item())\ntorch.AcceleratorError: CUDA error: device-side assert triggered"
         + ASYNC_2_9
     )

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "demo_notebooks"))
-import run as demo  # noqa: E402
+import run as demo
 
 NOTEBOOKS = sorted((ROOT / "demo_notebooks").glob("*.ipynb"))
 

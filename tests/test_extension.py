@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 import torch
+from conftest import ROOT
 from IPython.utils.capture import capture_output
 
 import nb_cudaguard
@@ -78,7 +79,9 @@ def test_sticky_error_keeps_the_cell_failed_and_shows_one_panel(shell):
     assert isinstance(result.error_in_exec, torch.AcceleratorError)
     assert "AcceleratorError" in captured.stdout + captured.stderr  # IPython's own traceback
     (panel,) = panels(captured)
-    assert panel["text/plain"].splitlines()[2].startswith("The GPU context of this kernel is broken")
+    assert (
+        panel["text/plain"].splitlines()[2].startswith("The GPU context of this kernel is broken")
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,7 +89,7 @@ def test_sticky_error_keeps_the_cell_failed_and_shows_one_panel(shell):
     [
         "1/0",
         "raise IndexError('Target 3 is out of bounds.')",
-        "import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+        "import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')",
         "import torch\nraise RuntimeError('CUDA error: invalid device ordinal')",
     ],
     ids=["ZeroDivisionError", "IndexError", "OutOfMemoryError", "invalid-device-ordinal"],
@@ -149,7 +152,8 @@ def test_our_own_failure_is_one_line_and_the_traceback_stays(shell, monkeypatch)
     assert not result.success
     ours = [line for line in captured.stderr.splitlines() if "nb_cudaguard" in line]
     assert ours == [
-        "nb_cudaguard: could not analyse this error (KeyError: 'boom'); the traceback above is complete."
+        "nb_cudaguard: could not analyse this error (KeyError: 'boom'); "
+        "the traceback above is complete."
     ]
     assert "AcceleratorError" in captured.stdout + captured.stderr
     assert "Error in callback" not in captured.stdout + captured.stderr
@@ -228,26 +232,34 @@ def test_follow_on_library_error_in_poisoned_context_is_fallout(shell, monkeypat
     ]
 
 
+TERMINAL_ARGV = [
+    "--simple-prompt",
+    "--colors=NoColor",
+    "--no-banner",
+    "--HistoryManager.enabled=False",
+]
+
+
 def _run_terminal_ipython(script: str, *pre: str) -> subprocess.CompletedProcess[str]:
-    code = "\n".join([*pre, "from IPython import start_ipython", "start_ipython(argv=["
-                      "'--simple-prompt', '--colors=NoColor', '--no-banner', '--HistoryManager.enabled=False'])"])
+    """A real terminal IPython reading `script` from its standard input."""
+    start = f"from IPython import start_ipython; start_ipython(argv={TERMINAL_ARGV!r})"
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", "\n".join([*pre, start])],
         input=script,
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=str(_ROOT),
+        cwd=str(ROOT),
     )
 
 
-from conftest import ROOT as _ROOT  # noqa: E402
-
-
 def test_terminal_ipython_prints_the_text_panel_after_the_traceback():
-    script = "%load_ext nb_cudaguard\n" + "import torch\n" + (
-        f"raise torch.AcceleratorError({ASSERT!r})\n"
-    ) + "exit\n"
+    script = (
+        "%load_ext nb_cudaguard\n"
+        + "import torch\n"
+        + (f"raise torch.AcceleratorError({ASSERT!r})\n")
+        + "exit\n"
+    )
     proc = _run_terminal_ipython(script)
     out = proc.stdout
     assert "AcceleratorError" in out

@@ -1,4 +1,4 @@
-"""On a real GPU: a real device-side assert in a fresh kernel, the probe, the panel, the fallout note.
+"""On a real GPU: a real device-side assert in a fresh kernel, the probe, the panel, the fallout.
 
 Each poisoning runs in its own kernel process: a poisoned context cannot be reused.
 """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 ASSERT_TEXT = (
     "CUDA error: device-side assert triggered\n"
-    "Search for `cudaErrorAssert' in "
-    "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\n"
+    "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+    "group__CUDART__TYPES.html for more information.\n"
     "CUDA kernel errors might be asynchronously reported at some other API call, so the "
     "stacktrace below might be incorrect.\n"
     "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
