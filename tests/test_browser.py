@@ -14,21 +14,13 @@ import time
 
 import pytest
 from jupyter_harness import JupyterServer, probe, wait_for_new_process
+from pytorch_texts import ASSERT_2_9 as ASSERT_TEXT
 
 from nb_cudaguard._panel import BLOCKING_LABEL
 
 CHROMIUM = os.environ.get("NB_CUDAGUARD_CHROMIUM") or shutil.which("chromium") or ""
 SCREENSHOT = os.environ.get("NB_CUDAGUARD_SCREENSHOT", "/tmp/nb_cudaguard_panel.png")
 
-ASSERT_TEXT = (
-    "CUDA error: device-side assert triggered\n"
-    "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
-    "group__CUDART__TYPES.html for more information.\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
-)
 CELLS = [
     "%load_ext nb_cudaguard",
     f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})",

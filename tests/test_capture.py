@@ -7,21 +7,13 @@ import subprocess
 import sys
 import textwrap
 
+from pytorch_texts import ASSERT_2_9 as ASSERT_TEXT
+
 from nb_cudaguard._capture import FdTee
 
 DEVICE = (
     "/pytorch/aten/src/ATen/native/cuda/Loss.cu:250: nll_loss_forward_reduce_cuda_kernel_2d: "
     "block: [0,0,0], thread: [{i},0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
-)
-ASSERT_TEXT = (
-    "CUDA error: device-side assert triggered\n"
-    "Search for `cudaErrorAssert' in "
-    "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html"
-    " for more information.\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
 )
 
 

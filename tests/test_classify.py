@@ -7,26 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pytorch_texts import HINT_1_10 as ASYNC_1_10
+from pytorch_texts import HINT_2_0 as ASYNC_2_0
+from pytorch_texts import HINT_2_9 as ASYNC_2_9
 
 from nb_cudaguard import diagnose
 from nb_cudaguard._classify import classify_exception, classify_text
-
-ASYNC_1_10 = (
-    "\nCUDA kernel errors might be asynchronously reported at some other API call,so the "
-    "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1."
-)
-ASYNC_2_0 = (
-    "\nCUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1."
-    "\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
-)
-ASYNC_2_9 = (
-    "\nSearch for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
-    "group__CUDART__TYPES.html for more information.\nCUDA kernel errors might be asynchronously "
-    "reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging "
-    "consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable "
-    "device-side assertions.\n"
-)
 
 # The device-side assert as each era prints it.
 ASSERT_TEXTS = {

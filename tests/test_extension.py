@@ -10,17 +10,11 @@ import pytest
 import torch
 from conftest import ROOT
 from IPython.utils.capture import capture_output
+from pytorch_texts import ASSERT_2_0 as ASSERT
+from pytorch_texts import RAISE_ASSERT
 
 import nb_cudaguard
 from nb_cudaguard import _extension
-
-ASSERT = (
-    "CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
-    "reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging "
-    "consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable "
-    "device-side assertions.\n"
-)
-RAISE_ASSERT = f"import torch\nraise torch.AcceleratorError({ASSERT!r})"
 
 
 def panels(captured) -> list[dict[str, str]]:

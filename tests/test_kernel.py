@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-ASSERT_TEXT = (
-    "CUDA error: device-side assert triggered\n"
-    "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
-    "group__CUDART__TYPES.html for more information.\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
-)
+from pytorch_texts import RAISE_ASSERT
 
 
 def test_accelerator_error_gets_the_standard_error_and_our_panel(kernel):
     kernel.execute("%load_ext nb_cudaguard")
-    out = kernel.execute(f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})")
+    out = kernel.execute(RAISE_ASSERT)
     assert out.reply["status"] == "error"
     assert out.errors and out.errors[0]["ename"] == "AcceleratorError"
     panels = [d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", "")]

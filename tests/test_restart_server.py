@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_harness import JupyterServer, wait_for_new_process
+from pytorch_texts import ASSERT_2_9 as ASSERT_TEXT
 
 from nb_cudaguard._environment import Environment
 from nb_cudaguard._panel import BLOCKING_LABEL
@@ -16,15 +17,6 @@ from nb_cudaguard._restart import Method, plan_restart
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
 
-ASSERT_TEXT = (
-    "CUDA error: device-side assert triggered\n"
-    "Search for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
-    "group__CUDART__TYPES.html for more information.\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
-)
 PLAN = "from nb_cudaguard._restart import plan_restart; print(plan_restart().method.value)"
 
 

@@ -7,18 +7,11 @@ CUDA_KERNEL_ASSERT_MSG prints the message), several releases where they changed.
 from __future__ import annotations
 
 import pytest
+from pytorch_texts import ASSERT_2_0 as HEADLINE
 
 import nb_cudaguard
 from nb_cudaguard import CAUSES, diagnose
 from nb_cudaguard._rules import RULES
-
-HEADLINE = (
-    "CUDA error: device-side assert triggered\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
-)
 
 # (file, condition or message, cause)
 CASES: list[tuple[str, str, str]] = [

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import pytest
 from conftest import Kernel, kernel_env
+from pytorch_texts import ASSERT_2_0 as ASSERT_TEXT
 
 from nb_cudaguard._environment import Environment
 from nb_cudaguard._panel import BLOCKING_LABEL, WIDGET_MIME
 from nb_cudaguard._restart import RestartError, plan_restart
-
-ASSERT_TEXT = (
-    "CUDA error: device-side assert triggered\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
-)
 
 
 def _status(kernel) -> str:
