@@ -192,7 +192,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         cause="probability-out-of-range",
         files=("Loss.cu", "BCECriterion.cu"),
-        condition=r"\b(?:input_val|input|x)\s*>=\s*(?:zero|0\.?)\s*&&\s*\w+\s*<=\s*(?:one|1\.?)",
+        # THCUNN dereferences: `*input >= 0. && *input <= 1.`
+        condition=r"\b(?:input_val|input|x)\s*>=\s*(?:zero|0\.?)\s*&&\s*\*?\w+\s*<=\s*(?:one|1\.?)",
         source="aten/src/ATen/native/cuda/Loss.cu (binary_cross_entropy forward/backward); "
         "THCUNN BCECriterion.cu",
         title="BCELoss got an input outside [0, 1]",
@@ -216,7 +217,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         cause="probability-out-of-range",
         files=("Loss.cu", "BCECriterion.cu"),
-        condition=r"\b(?:target_val|target|y)\s*>=\s*(?:zero|0\.?)\s*&&\s*\w+\s*<=\s*(?:one|1\.?)",
+        condition=r"\b(?:target_val|target|y)\s*>=\s*(?:zero|0\.?)\s*&&\s*\*?\w+\s*<=\s*(?:one|1\.?)",
         source="aten/src/ATen/native/cuda/Loss.cu (binary_cross_entropy target check)",
         title="BCELoss got a target outside [0, 1]",
         explanation=(
@@ -248,7 +249,8 @@ RULES: tuple[Rule, ...] = (
             "LookupTable.cu",
             "LookupTableBag.cu",
         ),
-        condition=r"\b(?:srcIndex|ind|input_idx|idx|index)\s*<\s*\w*(?:SelectDimSize|ind_dim_size"
+        # EmbeddingBag.cu: `input[emb] < numRows`
+        condition=r"\b(?:srcIndex|ind|input_idx|idx|index|input\[\w+\])\s*<\s*\w*(?:SelectDimSize|ind_dim_size"
         r"|numRows|num_embeddings|numel|size)\b|vectorized gather kernel index out of bounds",
         source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups) "
         "and IndexKernelUtils.cu (vectorized gather); EmbeddingBag.cu",

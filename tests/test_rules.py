@@ -23,6 +23,10 @@ CASES: list[tuple[str, str, str]] = [
     ("ClassNLLCriterion.cu", "t >= 0 && t < n_classes", "label-out-of-range"),
     ("SpatialClassNLLCriterion.cu", "t >= 0 && t < n_classes", "label-out-of-range"),
     ("ClassNLLCriterion.cu", "cur_target  >= 0 && cur_target  < n_classes", "label-out-of-range"),
+    # THCUNN BCE (< 1.8) dereferences its pointers
+    ("BCECriterion.cu", "*input >= 0. && *input <= 1.", "probability-out-of-range"),
+    # EmbeddingBag forward (sum/mean and max kernels)
+    ("EmbeddingBag.cu", "input[emb] < numRows", "index-out-of-range"),
     # multi_margin_loss
     (
         "MultiMarginLoss.cu",
