@@ -209,17 +209,37 @@ def _headline_candidates(text: str) -> Iterator[str]:
             yield line
 
 
+def _embedded_headlines(text: str) -> list[str]:
+    """The exception lines of tracebacks quoted inside a message.
+
+    Errors re-raised from another thread or process quote the original traceback:
+    ``nn.DataParallel`` ("Caught RuntimeError in replica 0 on device 0.\nOriginal Traceback ..."),
+    DataLoader workers, ``torch.multiprocessing.spawn`` ("-- Process 0 terminated with the
+    following error:\nTraceback ..."), Ray. The original error is the first unindented line
+    after the frames; its continuation lines follow it.
+    """
+    headlines: list[str] = []
+    for quoted in text.split("Traceback (most recent call last):")[1:]:
+        lines = [line for line in quoted.splitlines() if line.strip()]
+        for index, line in enumerate(lines):
+            if not line[0].isspace():
+                headlines.extend(lines[index : index + 2])
+                break
+    return headlines
+
+
 def classify_text(text: str, *, first_line_only: bool = False) -> CudaError | None:
     """Classify an error text.
 
     With ``first_line_only`` (an exception's message), only its first non-blank line counts, plus
-    the ``what():`` line of a C++ ``terminate called ...`` wrapper. For a log, every line counts and
-    the first sticky error wins over a non-sticky one.
+    the ``what():`` line of a C++ ``terminate called ...`` wrapper and the exception line of a
+    traceback quoted in the message. For a log, every line counts. Either way the first sticky
+    error wins over a non-sticky one.
     """
     lines = list(_headline_candidates(text))
     if first_line_only and lines:
         wrapped = lines[0].startswith("terminate called after throwing")
-        lines = lines[:2] if wrapped else lines[:1]
+        lines = (lines[:2] if wrapped else lines[:1]) + _embedded_headlines(text)
     first: CudaError | None = None
     for line in lines:
         error = classify_line(line)

@@ -225,3 +225,48 @@ def test_text_with_device_lines_and_exception_finds_the_assert_and_its_lines():
 
 def test_plain_text_without_cuda_error_gives_none():
     assert diagnose("Traceback (most recent call last):\nValueError: bad") is None
+
+
+# Errors re-raised from a replica, a worker or a child process quote the original traceback.
+DATA_PARALLEL = (
+    "Caught RuntimeError in replica 0 on device 0.\n"
+    "Original Traceback (most recent call last):\n"
+    '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/parallel/parallel_apply.py", '
+    "line 64, in _worker\n"
+    "    output = module(*input, **kwargs)\n"
+    '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/sparse.py", line 162, '
+    "in forward\n"
+    "    return F.embedding(\n"
+    "RuntimeError: CUDA error: device-side assert triggered" + ASYNC_2_0
+)
+SPAWN = (
+    "\n\n-- Process 1 terminated with the following error:\n"
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3/dist-packages/torch/multiprocessing/spawn.py", line 90, in _wrap\n'
+    "    fn(i, *args)\n"
+    "torch.AcceleratorError: CUDA error: an illegal memory access was encountered" + ASYNC_2_9
+)
+
+
+def test_data_parallel_replica_error_is_recognised_through_the_quoted_traceback():
+    diagnosis = diagnose(RuntimeError(DATA_PARALLEL))
+    assert diagnosis is not None
+    assert (diagnosis.cause, diagnosis.sticky) == ("unknown-assert", True)
+
+
+def test_spawned_process_error_is_recognised_through_the_quoted_traceback():
+    diagnosis = diagnose(RuntimeError(SPAWN))
+    assert diagnosis is not None
+    assert (diagnosis.cause, diagnosis.sticky) == ("illegal-memory-access", True)
+
+
+def test_cuda_text_in_a_quoted_traceback_frame_is_not_the_error():
+    # Source lines of frames are indented: only the quoted exception line counts.
+    text = (
+        "Caught ValueError in DataLoader worker process 0.\n"
+        "Original Traceback (most recent call last):\n"
+        '  File "data.py", line 3, in __getitem__\n'
+        "    log('CUDA error: device-side assert triggered')\n"
+        "ValueError: bad sample"
+    )
+    assert diagnose(ValueError(text)) is None
