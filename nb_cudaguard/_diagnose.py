@@ -181,7 +181,12 @@ def diagnose(
         cuda_error = classify_text(error)
         text = error
     if cuda_error is None:
-        return None
+        # Device assert lines alone (a pasted log, a wrapper's message) are a device-side assert
+        # too. Only the error's own text counts: captured output may be from an earlier cell.
+        own_lines = parse_assert_lines(text)
+        if not own_lines:
+            return None
+        cuda_error = CudaError("cudaErrorAssert", 710, True, own_lines[0].raw)
     if not cuda_error.sticky:
         return _not_sticky_diagnosis(cuda_error)
     lines = parse_assert_lines(f"{device_output}\n{text}" if device_output else text)

@@ -270,3 +270,21 @@ def test_cuda_text_in_a_quoted_traceback_frame_is_not_the_error():
         "ValueError: bad sample"
     )
     assert diagnose(ValueError(text)) is None
+
+
+def test_device_assert_lines_alone_are_a_device_side_assert():
+    text = (
+        "/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: "
+        "block: [0,0,0], thread: [0,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
+    )
+    diagnosis = diagnose(text)
+    assert diagnosis is not None
+    assert (diagnosis.cause, diagnosis.sticky) == ("label-out-of-range", True)
+
+
+def test_captured_assert_lines_do_not_turn_a_non_cuda_error_into_one():
+    earlier = (
+        "/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: "
+        "block: [0,0,0], thread: [0,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
+    )
+    assert diagnose(ZeroDivisionError("division by zero"), device_output=earlier) is None
