@@ -14,7 +14,7 @@ import time
 
 import pytest
 from jupyter_harness import JupyterServer, probe, wait_for_new_process
-from pytorch_texts import ASSERT_2_9 as ASSERT_TEXT
+from pytorch_texts import RAISE_ASSERT
 
 from nb_cudaguard._panel import BLOCKING_LABEL
 
@@ -23,7 +23,7 @@ SCREENSHOT = os.environ.get("NB_CUDAGUARD_SCREENSHOT", "/tmp/nb_cudaguard_panel.
 
 CELLS = [
     "%load_ext nb_cudaguard",
-    f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})",
+    RAISE_ASSERT,
     "import os\nprint('CLB=' + str(os.environ.get('CUDA_LAUNCH_BLOCKING')))",
 ]
 CHROMIUM_ARGS = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_harness import JupyterServer, wait_for_new_process
-from pytorch_texts import ASSERT_2_9 as ASSERT_TEXT
+from pytorch_texts import RAISE_ASSERT
 
 from nb_cudaguard._environment import Environment
 from nb_cudaguard._panel import BLOCKING_LABEL
@@ -80,18 +80,23 @@ def test_the_magic_restarts_with_the_variable(server, kernel):
     assert value == "1"
 
 
+def _blocking_button(failed) -> str:
+    """The comm id of the "Restart with CUDA_LAUNCH_BLOCKING=1" button shown under a failed cell."""
+    return next(
+        c["comm_id"]
+        for c in failed.comm_opens()
+        if c["data"]["state"].get("description") == BLOCKING_LABEL
+    )
+
+
 def test_the_buttons_click_handler_restarts_with_the_variable(server, kernel):
     kid, pid = kernel
     sock = server.connect(kid)
     try:
         sock.execute("%load_ext nb_cudaguard")
-        failed = sock.execute(f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})")
+        failed = sock.execute(RAISE_ASSERT)
         assert failed.status == "error"
-        button = next(
-            c["comm_id"]
-            for c in failed.comm_opens()
-            if c["data"]["state"].get("description") == BLOCKING_LABEL
-        )
+        button = _blocking_button(failed)
         sock.click(button)  # exactly what JupyterLab sends for a click
     finally:
         sock.close()
@@ -104,12 +109,8 @@ def test_a_click_disables_the_buttons_and_says_what_to_do_before_the_kernel_goes
     sock = server.connect(kid)
     try:
         sock.execute("%load_ext nb_cudaguard")
-        failed = sock.execute(f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})")
-        button = next(
-            c["comm_id"]
-            for c in failed.comm_opens()
-            if c["data"]["state"].get("description") == BLOCKING_LABEL
-        )
+        failed = sock.execute(RAISE_ASSERT)
+        button = _blocking_button(failed)
         updates = sock.collect(sock.click(button), timeout=10, reply=False).messages
     finally:
         sock.close()
@@ -126,7 +127,7 @@ def test_the_new_kernel_shows_the_banner_naming_the_crashing_cell(server, kernel
     sock = server.connect(kid)
     try:
         sock.execute("%load_ext nb_cudaguard")
-        failed = sock.execute(f"import torch\nraise torch.AcceleratorError({ASSERT_TEXT!r})")
+        failed = sock.execute(RAISE_ASSERT)
         sock.execute("%cudaguard restart")
     finally:
         sock.close()
