@@ -46,7 +46,7 @@ def panels(notebook: nbformat.NotebookNode) -> list[str]:
     return [
         output["data"]["text/plain"]
         for output in outputs(notebook, "display_data")
-        if "nb-cudaguard" in output.get("data", {}).get("text/html", "")
+        if "nb-cudaguard-panel" in output.get("data", {}).get("text/html", "")
     ]
 
 
