@@ -135,7 +135,7 @@ class FdTee:
         # The pipe is first-in first-out: once the reader meets our marker, every byte written
         # before the swap has been forwarded and kept. Children started in the cell may still
         # write into the pipe later; the reader keeps forwarding that to ``saved``.
-        if drain:
+        if drain and self._reader is not None and self._reader.is_alive():
             self._drained.clear()
             os.write(self._write_end, self._marker)
             self._drained.wait(timeout=2)
