@@ -35,6 +35,7 @@ class CudaGuardExtension:
         self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
         self._registered_magics: list[Any] = []
         self.tee = FdTee(2)  # device assert lines: shown as before, and kept for the diagnosis
+        self._tee_failed = False
         self.cells = CellTracker()
         self._sync: SyncAfterCell | None = None
 
@@ -110,19 +111,23 @@ class CudaGuardExtension:
 
     # --- the hook ------------------------------------------------------------------------------
     def pre_run_cell(self, *_info: Any) -> None:
+        with contextlib.suppress(Exception):  # bookkeeping only: never break the user's cell
+            self.cells.start()
+        if self._tee_failed:
+            return
         try:
             self.tee.start()
-            self.cells.start()
         except Exception as internal:  # fd games can fail (closed fd 2): never break the cell
-            print(f"nb_cudaguard: not capturing device output ({internal}).", file=sys.stderr)
+            self._tee_failed = True  # say it once, not under every cell
+            with contextlib.suppress(OSError):  # sys.stderr may be that very fd
+                print(f"nb_cudaguard: not capturing device output ({internal}).", file=sys.stderr)
 
     def post_run_cell(self, result: ExecutionResult) -> None:
         error = result.error_in_exec
-        try:
+        with contextlib.suppress(Exception):
             self.tee.stop(drain=error is not None)
+        with contextlib.suppress(Exception):
             self.cells.finish(result.execution_count)
-        except Exception:
-            pass
         if error is None:
             return
         try:

@@ -277,3 +277,13 @@ def test_loads_without_torch_and_stays_silent_until_a_cuda_error():
     assert out.count("nb_cudaguard:") == 1
     assert "nb_cudaguard: A GPU kernel hit a device-side assert" in out
     assert "could not analyse" not in out
+
+
+def test_a_process_without_fd_2_runs_its_cells_and_says_so_at_most_once():
+    # Some launchers close fd 2; the extension must not break cells or repeat itself.
+    pre = "import os, sys; sys.stderr = sys.stdout; os.close(2)"
+    script = "%load_ext nb_cudaguard\nx = 1\ny = x + 1\nprint('y =', y)\nexit\n"
+    proc = _run_terminal_ipython(script, pre)
+    assert "y = 2" in proc.stdout
+    assert proc.stdout.count("nb_cudaguard: not capturing device output") <= 1
+    assert "Error in callback" not in proc.stdout
