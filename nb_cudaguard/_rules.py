@@ -305,15 +305,27 @@ RULES: tuple[Rule, ...] = (
     Rule(
         cause="size-mismatch",
         files=("IndexKernel.cu", "THCTensorMasked.cuh", "THCTensorMasked.cu", "Indexing.cu"),
-        condition=r"maskPrefixSum\s*<\s*srcSize|src(?:_index|Index)?\s*<\s*src_?(?:numel|Size|size)",
+        # masked_scatter_size_check: `totalElements <= srcSize` (1.x-2.1), `selected <= source_size`
+        condition=r"maskPrefixSum\s*<\s*srcSize|src(?:_index|Index)?\s*<\s*src_?(?:numel|Size|size)"
+        r"|totalElements\s*<=\s*srcSize|selected\s*<=\s*source_size",
         source="aten/src/ATen/native/cuda/IndexKernel.cu (masked_scatter_)",
         title="masked_scatter_ got a source with fewer elements than the mask selects",
         explanation=(
             "masked_scatter_ copies one source element per True in the mask; the source has "
             "fewer elements than the mask has True values."
         ),
-        likely_causes=("the mask selects more elements than the source provides",),
-        fixes=("Check on CPU: `assert source.numel() >= mask.sum()`.",),
+        likely_causes=(
+            "in a vision-language model: `input_ids` holds more image placeholder tokens than "
+            "the vision encoder produced features (the processor and the model disagree on the "
+            "image size, patches or number of images; or the prompt was truncated mid-image)",
+            "the mask selects more elements than the source provides",
+        ),
+        fixes=(
+            "Check on CPU: `assert source.numel() >= mask.sum()`.",
+            "For a vision-language model, use the model's own processor for both text and "
+            "images, do not truncate prompts that contain images, and compare "
+            "`(input_ids == image_token_id).sum()` with the number of image features.",
+        ),
         op="masked-scatter",
     ),
     # --- gather / scatter -------------------------------------------------------------------------

@@ -25,6 +25,15 @@ CASES: list[tuple[str, str, str]] = [
     ("ClassNLLCriterion.cu", "cur_target  >= 0 && cur_target  < n_classes", "label-out-of-range"),
     # THCUNN BCE (< 1.8) dereferences its pointers
     ("BCECriterion.cu", "*input >= 0. && *input <= 1.", "probability-out-of-range"),
+    # masked_scatter_size_check (plain assert(); older and current wordings)
+    ("IndexKernel.cu", "totalElements <= srcSize", "size-mismatch"),
+    ("IndexKernel.cu", "selected <= source_size", "size-mismatch"),
+    # take / put
+    (
+        "IndexKernel.cu",
+        'idx < numel && idx >= -numel && "cuda_take_put_kernel() index out of bounds"',
+        "index-out-of-range",
+    ),
     # EmbeddingBag forward (sum/mean and max kernels)
     ("EmbeddingBag.cu", "input[emb] < numRows", "index-out-of-range"),
     # multi_margin_loss
