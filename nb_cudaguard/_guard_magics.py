@@ -86,20 +86,18 @@ class CudaCheckMagics(Magics):
             %cudacheck status
         """
         args = parse_argstring(self.cudacheck, line)
-        options = self._options(args)
         if cell is not None:
             if args.state is not None:
                 raise UsageError(
                     "%%cudacheck takes options only; `%cudacheck on|off|status` is the line magic."
                 )
-            self._run_guarded(cell, options)
-            return
-        if args.state == "on":
-            self._turn_on(options)
+            self._run_guarded(cell, self._options(args))
+        elif args.state == "on":
+            self._turn_on(self._options(args))
         elif args.state == "off":
             self._session = None
             print("cudacheck: off")
-        elif args.state == "status" or args.state is None:
+        else:
             print(self.status())
 
     # --- cell ----------------------------------------------------------------------------------
@@ -163,7 +161,12 @@ class CudaCheckMagics(Magics):
 
     @staticmethod
     def _options(args: Any) -> dict[str, Any]:
-        from ._guard import parse_names
+        try:
+            from ._guard import parse_names
+        except ImportError as error:  # the guard checks torch calls: no torch, nothing to guard
+            raise UsageError(
+                f"%cudacheck needs PyTorch, which cannot be imported: {error}"
+            ) from None
 
         try:
             only, skip = parse_names(args.only), parse_names(args.skip)

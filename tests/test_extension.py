@@ -287,3 +287,13 @@ def test_a_process_without_fd_2_runs_its_cells_and_says_so_at_most_once():
     assert "y = 2" in proc.stdout
     assert proc.stdout.count("nb_cudaguard: not capturing device output") <= 1
     assert "Error in callback" not in proc.stdout
+
+
+def test_cudacheck_without_torch_is_a_usage_error_not_a_traceback():
+    blocker = "import sys; sys.modules['torch'] = None"  # `import torch` now raises ImportError
+    proc = _run_terminal_ipython(
+        "%load_ext nb_cudaguard\n%cudacheck on\n%cudacheck status\nexit\n", blocker
+    )
+    assert "UsageError: %cudacheck needs PyTorch, which cannot be imported" in proc.stdout
+    assert "cudacheck: off" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
