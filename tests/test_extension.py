@@ -294,6 +294,7 @@ def test_cudacheck_without_torch_is_a_usage_error_not_a_traceback():
     proc = _run_terminal_ipython(
         "%load_ext nb_cudaguard\n%cudacheck on\n%cudacheck status\nexit\n", blocker
     )
-    assert "UsageError: %cudacheck needs PyTorch, which cannot be imported" in proc.stdout
-    assert "cudacheck: off" in proc.stdout
-    assert "Traceback" not in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "UsageError: %cudacheck needs PyTorch, which cannot be imported" in out
+    assert "cudacheck: off" in out
+    assert "Traceback" not in out
