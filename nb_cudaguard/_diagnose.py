@@ -177,9 +177,11 @@ def diagnose(
     if isinstance(error, BaseException):
         cuda_error = classify_exception(error)
         text = _error_text(error)
-    else:
+    elif isinstance(error, str):
         cuda_error = classify_text(error)
         text = error
+    else:
+        raise TypeError(f"diagnose() takes an exception or a text, not {type(error).__name__}")
     if cuda_error is None:
         # Device assert lines alone (a pasted log, a wrapper's message) are a device-side assert
         # too. Only the error's own text counts: captured output may be from an earlier cell.

@@ -288,3 +288,8 @@ def test_captured_assert_lines_do_not_turn_a_non_cuda_error_into_one():
         "block: [0,0,0], thread: [0,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
     )
     assert diagnose(ZeroDivisionError("division by zero"), device_output=earlier) is None
+
+
+def test_diagnose_rejects_what_is_neither_an_exception_nor_a_text():
+    with pytest.raises(TypeError, match="an exception or a text, not int"):
+        diagnose(710)
