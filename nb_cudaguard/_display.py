@@ -6,15 +6,15 @@ from ._diagnosis import Diagnosis
 from ._render import Fallout, Panel
 
 
-def show_diagnosis(diagnosis: Diagnosis) -> None:
+def show_diagnosis(diagnosis: Diagnosis, cell: int | None = None) -> None:
+    """The panel; under it, for a broken context, the restart actions (naming ``cell``)."""
     from IPython.display import display
 
     display(Panel(diagnosis))
     if diagnosis.sticky:
         from ._panel import restart_actions
-        from ._restart import crash_cell
 
-        actions = restart_actions(crash_cell())
+        actions = restart_actions(cell)
         if actions is not None:
             display(actions)
 

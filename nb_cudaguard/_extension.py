@@ -159,7 +159,7 @@ class CudaGuardExtension:
             self.poisoned_in_cell, self.poisoned_since = cell, diagnosis
         from ._display import show_diagnosis
 
-        show_diagnosis(diagnosis)
+        show_diagnosis(diagnosis, cell)
 
     def _show_fallout(self, diagnosis: Diagnosis) -> None:
         from ._display import show_fallout

@@ -298,8 +298,9 @@ def crash_cell() -> int | None:
     state = current_state()
     if state is None:
         return None
-    # The probe may not have seen the context broken (it could not tell): the panel still did.
-    return state.poisoned_in_cell if state.poisoned_in_cell is not None else state.last_sticky_cell
+    # Once the context is known broken no further panel is shown, so the last panel's cell is
+    # also the one that broke it; where the probe could not tell, the panel still named it.
+    return state.last_sticky_cell
 
 
 def restart_kernel(
