@@ -9,12 +9,12 @@ not printed: VS Code often drops prints from widget callbacks.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ._inject import Marker
+from ._render import inline_html, note_html
 
 BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
@@ -24,11 +24,6 @@ COMMAND_TEXT = (
     "then re-run the notebook from the top."
 )
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
-def _code_html(text: str) -> str:
-    parts = html.escape(text).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
 @dataclass(frozen=True)
@@ -41,7 +36,7 @@ class CommandHint:
         return {
             "text/plain": "nb_cudaguard: " + self.text,
             "text/html": "<div class='nb-cudaguard-restart-hint' style='font-family:sans-serif'>"
-            f"{_code_html(self.text)}</div>",
+            f"{inline_html(self.text)}</div>",
         }
 
 
@@ -84,7 +79,7 @@ class RestartActions:
     def _say(self, text: str, color: str = "#b71c1c") -> None:
         self.status.value = (
             f"<div style='font-family:sans-serif;font-weight:bold;color:{color}'>"
-            f"{_code_html(text)}</div>"
+            f"{inline_html(text)}</div>"
         )
 
     def _clicked(self, button: Any) -> None:
@@ -149,8 +144,7 @@ class Banner:
         text = self.text()
         return {
             "text/plain": text,
-            "text/html": "<div class='nb-cudaguard-banner' style='border-left:4px solid #1565c0;"
-            f"padding:2px 8px;margin:4px 0;font-family:sans-serif'>{_code_html(text)}</div>",
+            "text/html": note_html("nb-cudaguard-banner", "#1565c0", text),
         }
 
 

@@ -83,14 +83,22 @@ def to_text(diagnosis: Diagnosis) -> str:
     return "\n".join(lines)
 
 
-def _inline(text: str) -> str:
+def inline_html(text: str) -> str:
     """Escape user-derived text, then turn `code` spans into <code>."""
     return _CODE.sub(r"<code>\1</code>", html.escape(text))
 
 
+def note_html(css_class: str, color: str, text: str) -> str:
+    """A one-paragraph note with a coloured bar: the fallout line, the blocking-mode banner."""
+    return (
+        f"<div class='{css_class}' style='border-left:4px solid {color};padding:2px 8px;"
+        f"margin:4px 0;font-family:sans-serif'>{inline_html(text)}</div>"
+    )
+
+
 def _html_list(items: Iterable[str], ordered: bool) -> str:
     tag = "ol" if ordered else "ul"
-    body = "".join(f"<li>{_inline(item)}</li>" for item in items)
+    body = "".join(f"<li>{inline_html(item)}</li>" for item in items)
     return f"<{tag} style='margin:2px 0 6px 0'>{body}</{tag}>"
 
 
@@ -101,8 +109,8 @@ def to_html(diagnosis: Diagnosis) -> str:
         f"style='border:2px solid {color};border-radius:6px;padding:8px 12px;margin:6px 0;"
         "font-family:sans-serif;line-height:1.4'>",
         f"<div style='font-weight:bold;color:{color};font-size:1.1em'>"
-        f"&#9888; {_inline(diagnosis.title)}</div>",
-        f"<p style='margin:4px 0;font-weight:bold'>{_inline(lead_sentence(diagnosis))}</p>",
+        f"&#9888; {inline_html(diagnosis.title)}</div>",
+        f"<p style='margin:4px 0;font-weight:bold'>{inline_html(lead_sentence(diagnosis))}</p>",
     ]
     for heading, items, preformatted in _sections(diagnosis):
         parts.append(f"<div style='margin-top:6px;font-weight:bold'>{html.escape(heading)}</div>")
@@ -110,7 +118,7 @@ def to_html(diagnosis: Diagnosis) -> str:
             body = html.escape("\n".join(items))
             parts.append(f"<pre style='white-space:pre-wrap;margin:2px 0'>{body}</pre>")
         elif len(items) == 1:
-            parts.append(f"<div>{_inline(items[0])}</div>")
+            parts.append(f"<div>{inline_html(items[0])}</div>")
         else:
             parts.append(_html_list(items, ordered=heading.startswith("Likely")))
     parts.append(
@@ -150,6 +158,5 @@ class Fallout:
         text = self.text()
         return {
             "text/plain": text,
-            "text/html": "<div class='nb-cudaguard-fallout' style='border-left:4px solid #b71c1c;"
-            f"padding:2px 8px;margin:4px 0;font-family:sans-serif'>{_inline(text)}</div>",
+            "text/html": note_html("nb-cudaguard-fallout", "#b71c1c", text),
         }
