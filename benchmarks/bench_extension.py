@@ -50,7 +50,7 @@ def hook_only(calls: int = 200_000) -> float:
     from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
     from IPython.testing.globalipapp import get_ipython
 
-    from nb_cudaguard._extension import CudaGuardExtension
+    from nb_cudaguard.notebook.extension import CudaGuardExtension
 
     state = CudaGuardExtension(get_ipython())
     result = ExecutionResult(ExecutionInfo("x = 1", False, False, True, None))

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nb_cudaguard
-from nb_cudaguard._guard import STATS
+from nb_cudaguard.input_guard.scope import STATS
 
 CLASSES = 10
 

@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from jupyter_harness import JupyterServer, probe, wait_for_new_process  # noqa: E402
 
-from nb_cudaguard._panel import BLOCKING_LABEL  # noqa: E402
+from nb_cudaguard.notebook.actions import BLOCKING_LABEL  # noqa: E402
 
 ASSERT = "import torch\nraise torch.AcceleratorError('CUDA error: device-side assert triggered\\n')"
 

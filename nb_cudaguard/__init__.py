@@ -13,28 +13,30 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from ._diagnose import diagnose
-    from ._diagnosis import CAUSES, AssertLine, ContextState, CudaError, Diagnosis
-    from ._guard import guard
-    from ._guard_error import GuardError, GuardIndexError
-    from ._probe import probe_context
-    from ._restart import restart_kernel
+    from .diagnosis.engine import diagnose
+    from .diagnosis.model import CAUSES, AssertLine, ContextState, CudaError, Diagnosis
+    from .input_guard.errors import GuardError, GuardIndexError
+    from .input_guard.scope import guard
+    from .notebook.kernel import restart_kernel
+    from .restart.methods import RestartError
+    from .runtime.probe import probe_context
 
 __version__ = "0.1.0"
 
-# public name -> the private module that defines it
+# public name -> the module that defines it
 _LAZY: dict[str, str] = {
-    "CAUSES": "._diagnosis",
-    "AssertLine": "._diagnosis",
-    "ContextState": "._diagnosis",
-    "CudaError": "._diagnosis",
-    "Diagnosis": "._diagnosis",
-    "diagnose": "._diagnose",
-    "probe_context": "._probe",
-    "GuardError": "._guard_error",
-    "GuardIndexError": "._guard_error",
-    "guard": "._guard",  # imports torch, on first use only
-    "restart_kernel": "._restart",
+    "CAUSES": ".diagnosis.model",
+    "AssertLine": ".diagnosis.model",
+    "ContextState": ".diagnosis.model",
+    "CudaError": ".diagnosis.model",
+    "Diagnosis": ".diagnosis.model",
+    "diagnose": ".diagnosis.engine",
+    "probe_context": ".runtime.probe",
+    "GuardError": ".input_guard.errors",
+    "GuardIndexError": ".input_guard.errors",
+    "guard": ".input_guard.scope",  # imports torch, on first use only
+    "restart_kernel": ".notebook.kernel",  # imports IPython, on first use only
+    "RestartError": ".restart.methods",
 }
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "Diagnosis",
     "GuardError",
     "GuardIndexError",
+    "RestartError",
     "__version__",
     "diagnose",
     "guard",
@@ -69,12 +72,12 @@ def __dir__() -> list[str]:
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:
-    from ._extension import load_ipython_extension as load
+    from .notebook.extension import load_ipython_extension as load
 
     load(shell)
 
 
 def unload_ipython_extension(shell: InteractiveShell) -> None:
-    from ._extension import unload_ipython_extension as unload
+    from .notebook.extension import unload_ipython_extension as unload
 
     unload(shell)

@@ -1,0 +1,709 @@
+"""Device-side assert rules: which PyTorch kernel condition means which cause. Rules are data.
+
+Each rule is one condition family: the kernel source files it lives in, a regular expression for
+the condition (or the ``CUDA_KERNEL_ASSERT_MSG`` message) text, the PyTorch source it comes from,
+the plain words, the likely causes (ranked, from real reports) and the fix. A rule never matches
+on a path prefix or a line number: they differ per build and release. File names are compared
+without their extension, so a ROCm build's ``Loss.hip`` matches ``Loss.cu``.
+
+Rules are tried in order: internal invariants first (never blamed on the user's data), then the
+families of user-triggerable asserts, then message-only rules that match in any file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .model import AssertLine
+
+
+def _stem(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+@dataclass(frozen=True)
+class Rule:
+    cause: str  # a stable cause id (see _diagnosis.CAUSES)
+    files: tuple[str, ...]  # kernel source file names or glob patterns; empty matches any file
+    condition: str  # regular expression searched in the condition or message text
+    source: str  # where in PyTorch the assert lives, for the reader
+    title: str
+    explanation: str
+    likely_causes: tuple[str, ...] = ()
+    fixes: tuple[str, ...] = ()
+    op: str = ""  # the operation family, which tells the evidence gatherer what to look for
+    _compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", re.compile(self.condition))
+
+    def matches_file(self, name: str) -> bool:
+        if not self.files:
+            return True
+        for pattern in self.files:
+            if any(ch in pattern for ch in "*?["):
+                if fnmatch.fnmatch(name, pattern):
+                    return True
+            elif _stem(pattern) == _stem(name):
+                return True
+        return False
+
+    def matches(self, line: AssertLine) -> bool:
+        return self.matches_file(line.file) and self._compiled.search(line.condition) is not None
+
+
+# --- shared words -------------------------------------------------------------------------------
+_CPU_CHECK_LABELS = (
+    "Check on CPU before the loss: "
+    "`assert ((labels >= 0) & (labels < logits.shape[1]) | (labels == -100)).all()`."
+)
+_LABEL_CAUSES = (
+    "labels are numbered 1..C instead of 0..C-1 (shift them: `labels - 1`)",
+    "the classifier has fewer outputs than the data has classes (`num_labels` left at its "
+    "default of 2, or `nn.Linear(..., out_features)` too small)",
+    "padding labels are -1 or the tokenizer's pad id instead of -100 (the ignore_index)",
+    "a segmentation mask uses 255 for 'void' pixels without `ignore_index=255`",
+)
+_LABEL_FIXES = (
+    _CPU_CHECK_LABELS,
+    "Size the output layer for every class: `nn.Linear(hidden, num_classes)`, or "
+    "`AutoModelForSequenceClassification.from_pretrained(name, num_labels=num_classes)`.",
+    "Mark labels to skip with -100 (the default ignore_index), e.g. "
+    "`labels[labels == tokenizer.pad_token_id] = -100`, or pass "
+    "`nn.CrossEntropyLoss(ignore_index=255)`.",
+)
+_INDEX_CAUSES = (
+    "a token id >= the embedding's vocabulary size: tokens were added to the tokenizer without "
+    "`model.resize_token_embeddings(len(tokenizer))`, or the tokenizer does not match the model",
+    "a sequence longer than `max_position_embeddings` (position ids past the position table)",
+    "`token_type_ids` with a 1 on a model that has one token type (RoBERTa-style, "
+    "`type_vocab_size=1`)",
+    "a negative index, or an index computed from the wrong dimension",
+)
+_INDEX_FIXES = (
+    "Check on CPU: `assert 0 <= ids.min() and ids.max() < embedding.num_embeddings`.",
+    "After adding tokens: `model.resize_token_embeddings(len(tokenizer))`.",
+    "Truncate to the model's limit: `tokenizer(..., truncation=True, "
+    "max_length=model.config.max_position_embeddings)`; drop `token_type_ids` for models "
+    "with `type_vocab_size == 1`.",
+)
+_GATHER_CAUSES = (
+    "an index tensor holding positions of another (larger) dimension or tensor",
+    "labels used as indices (gather of log-probabilities) with a label >= the number of classes",
+    "negative indices: gather/scatter do not wrap around like Python indexing",
+)
+_GATHER_FIXES = (
+    "Check on CPU: `assert 0 <= index.min() and index.max() < src.shape[dim]` for the `dim` "
+    "you pass.",
+)
+_PROB_NAN_CAUSES = (
+    "NaN or inf logits, typically from fp16/bf16 overflow while sampling "
+    "(`generate(do_sample=True)` in half precision, a too-small temperature)",
+    "weights that became NaN in training (a diverged step, a too-high learning rate)",
+    "a probability row with negative entries (probabilities built by hand, not by softmax)",
+    "a row that is all zeros (every token masked out, top-k/top-p filtering removed everything)",
+)
+_PROB_NAN_FIXES = (
+    "Check the logits on the step before sampling: "
+    "`assert torch.isfinite(logits).all()` (on CPU after a restart, or before the call).",
+    "Sample from `torch.softmax(logits.float(), dim=-1)`, load the model in float32 or "
+    "bfloat16 instead of float16, and keep the temperature reasonable.",
+)
+_RANDOM_FIX = "Validate the parameters before sampling: `assert ((p >= 0) & (p <= 1)).all()`."
+
+_INTERNAL_TITLE = "An internal PyTorch check failed inside a GPU kernel"
+_INTERNAL_EXPLANATION = (
+    "This assert guards PyTorch's own kernel invariants (launch configuration, internal "
+    "bookkeeping), not the values of your data. It points to a PyTorch or driver bug, a "
+    "custom extension, or memory corrupted by an earlier kernel."
+)
+_INTERNAL_CAUSES = (
+    "an earlier kernel corrupted memory (a custom CUDA/Triton kernel or extension)",
+    "a PyTorch bug in this release for this shape/dtype: search the PyTorch issue tracker for "
+    "the file and condition",
+)
+_INTERNAL_FIXES = (
+    "Re-run with CUDA_LAUNCH_BLOCKING=1 to find the failing operation, then try the same step "
+    "on CPU; if it passes there, report it to PyTorch with the condition text.",
+)
+
+RULES: tuple[Rule, ...] = (
+    # --- internal invariants: never the user's data -----------------------------------------------
+    Rule(
+        cause="pytorch-internal",
+        files=(),
+        condition=r"\b(?:blockDim|gridDim|threadIdx|warpSize|C10_WARP_SIZE|sizeof)\b"
+        r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath",
+        source="kernel launch invariants across aten/src/ATen/native/cuda",
+        title=_INTERNAL_TITLE,
+        explanation=_INTERNAL_EXPLANATION,
+        likely_causes=_INTERNAL_CAUSES,
+        fixes=_INTERNAL_FIXES,
+        op="internal",
+    ),
+    # --- class targets ----------------------------------------------------------------------------
+    Rule(
+        cause="label-out-of-range",
+        files=(
+            "Loss.cu",
+            "NLLLoss2d.cu",
+            "ClassNLLCriterion.cu",
+            "SpatialClassNLLCriterion.cu",
+            "CrossEntropy*.cu",
+            "SoftMax.cu",
+        ),
+        condition=r"\b(?:t|cur_target|target_val|target)\s*(?:>=\s*0\s*&&\s*\w+\s*)?<\s*"
+        r"(?:n_classes|classes|nClasses)\b",
+        source="aten/src/ATen/native/cuda/Loss.cu and NLLLoss2d.cu (nll_loss, nll_loss2d, "
+        "forward and backward, used by cross_entropy); THCUNN ClassNLLCriterion.cu before 1.8",
+        title="A class label is outside 0..num_classes-1",
+        explanation=(
+            "cross_entropy / nll_loss got a target class that is negative or not smaller than "
+            "the number of classes the model outputs (and is not ignore_index)."
+        ),
+        likely_causes=_LABEL_CAUSES,
+        fixes=_LABEL_FIXES,
+        op="class-target",
+    ),
+    Rule(
+        cause="label-out-of-range",
+        files=(
+            "MultiMarginLoss.cu",
+            "MultiMarginCriterion.cu",
+            "MultiLabelMarginLoss.cu",
+            "MultiLabelMarginCriterion.cu",
+        ),
+        condition=r"target(?:_k|_idx)?\s*(?:>=\s*0\s*&&\s*\w+\s*)?<\s*dim|target index is out of",
+        source="aten/src/ATen/native/cuda/MultiMarginLoss.cu (multi_margin_loss), "
+        "MultiLabelMarginCriterion.cu",
+        title="A class label is outside 0..num_classes-1 (margin loss)",
+        explanation=(
+            "multi_margin_loss / multilabel_margin_loss got a target class that is negative or "
+            "not smaller than the number of classes in the input."
+        ),
+        likely_causes=_LABEL_CAUSES[:2],
+        fixes=_LABEL_FIXES[:2],
+        op="class-target",
+    ),
+    # --- binary cross entropy ---------------------------------------------------------------------
+    Rule(
+        cause="probability-out-of-range",
+        files=("Loss.cu", "BCECriterion.cu"),
+        # THCUNN dereferences: `*input >= 0. && *input <= 1.`
+        condition=r"\b(?:input_val|input|x)\s*>=\s*(?:zero|0\.?)\s*&&\s*\*?\w+\s*<=\s*(?:one|1\.?)",
+        source="aten/src/ATen/native/cuda/Loss.cu (binary_cross_entropy forward/backward); "
+        "THCUNN BCECriterion.cu",
+        title="BCELoss got an input outside [0, 1]",
+        explanation=(
+            "binary_cross_entropy (nn.BCELoss) takes probabilities: every input value must lie "
+            "in [0, 1]. A value outside means raw scores (logits) or NaN reached it."
+        ),
+        likely_causes=(
+            "BCELoss applied to logits: the model's last layer has no sigmoid (use "
+            "BCEWithLogitsLoss on raw scores instead)",
+            "NaN in the model output (training diverged, fp16 overflow)",
+            "probabilities computed by hand that overshoot by rounding (1.0000001)",
+        ),
+        fixes=(
+            "Use `nn.BCEWithLogitsLoss()` on the raw scores (drop the sigmoid): it is also "
+            "numerically stable.",
+            "Or clamp: `loss = F.binary_cross_entropy(probs.clamp(0, 1), target)`.",
+        ),
+        op="bce-input",
+    ),
+    Rule(
+        cause="probability-out-of-range",
+        files=("Loss.cu", "BCECriterion.cu"),
+        condition=r"\b(?:target_val|target|y)\s*>=\s*(?:zero|0\.?)\s*&&\s*\*?\w+\s*<=\s*(?:one|1\.?)",
+        source="aten/src/ATen/native/cuda/Loss.cu (binary_cross_entropy target check)",
+        title="BCELoss got a target outside [0, 1]",
+        explanation=(
+            "binary_cross_entropy takes targets in [0, 1] (0/1 labels or soft labels); a target "
+            "outside that range was passed."
+        ),
+        likely_causes=(
+            "class indices (0..C-1) passed as BCE targets for a multi-class problem: use "
+            "CrossEntropyLoss with integer labels instead",
+            "labels encoded as -1/1 or 1/2 instead of 0/1",
+            "padding labels (-100, -1) mixed into the targets",
+        ),
+        fixes=(
+            "Check on CPU: `assert ((target >= 0) & (target <= 1)).all()`; map -1/1 labels "
+            "with `(target + 1) / 2`.",
+        ),
+        op="bce-target",
+    ),
+    # --- indices into an embedding / index_select / index_add ... ---------------------------------
+    Rule(
+        cause="index-out-of-range",
+        files=(
+            "IndexKernelUtils.cu",
+            "Indexing.cu",
+            "THCTensorIndex.cu",
+            "Embedding.cu",
+            "EmbeddingBag.cu",
+            "EmbeddingBackwardKernel.cu",
+            "LookupTable.cu",
+            "LookupTableBag.cu",
+        ),
+        # EmbeddingBag.cu: `input[emb] < numRows`
+        condition=r"\b(?:srcIndex|ind|input_idx|idx|index|input\[\w+\])\s*<\s*\w*(?:SelectDimSize|ind_dim_size"
+        r"|numRows|num_embeddings|numel|size)\b|vectorized gather kernel index out of bounds",
+        source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups) "
+        "and IndexKernelUtils.cu (vectorized gather); EmbeddingBag.cu",
+        title="An index is out of range for the tensor it selects from",
+        explanation=(
+            "index_select (which nn.Embedding uses) or an embedding lookup got an index that is "
+            "negative or not smaller than the size of the table it reads from."
+        ),
+        likely_causes=_INDEX_CAUSES,
+        fixes=_INDEX_FIXES,
+        op="embedding",
+    ),
+    Rule(
+        cause="index-out-of-range",
+        files=("Indexing.cu", "THCTensorIndex.cu", "IndexKernel.cu"),
+        condition=r"\bdstIndex\s*<\s*\w*DimSize|index_(?:copy|fill|add|reduce)_?\(?\)?:? ?index "
+        r"out of bounds|\bidx\s*(?:>=\s*-?\w+\s*&&\s*idx\s*)?<\s*self_dim_size",
+        source="aten/src/ATen/native/cuda/Indexing.cu (index_add, index_reduce) and "
+        "IndexKernel.cu (index_copy, index_fill)",
+        title="An index is out of range for index_add / index_copy / index_fill",
+        explanation=(
+            "index_add_ / index_copy_ / index_fill_ / index_reduce_ got an index that is "
+            "negative or not smaller than the size of the destination dimension."
+        ),
+        likely_causes=(
+            "indices computed for a larger tensor (another batch, the unfiltered dataset)",
+            "indices built from labels or ids that start at 1",
+        ),
+        fixes=("Check on CPU: `assert 0 <= index.min() and index.max() < dest.shape[dim]`.",),
+        op="index",
+    ),
+    Rule(
+        cause="index-out-of-range",
+        files=("IndexKernel.cu", "Indexing.cu", "THCTensorIndex.cu", "TensorAdvancedIndexing.cu"),
+        condition=r"index out of bounds|out of range"
+        r"|-?sizes\[i\]\s*<=\s*index|\bidx\s*>=\s*-?numel",
+        source="aten/src/ATen/native/cuda/IndexKernel.cu (advanced indexing x[idx], "
+        "index_put_, take, put_)",
+        title="An index is out of range in tensor indexing",
+        explanation=(
+            "Advanced indexing (`x[idx]`, `x[idx] = v`, index_put_), take or put_ got an index "
+            "outside -size..size-1 for the indexed dimension."
+        ),
+        likely_causes=(
+            "an index tensor built for another tensor or a longer sequence",
+            "labels or ids used as indices with an off-by-one (1-based ids)",
+            "a mask/attention tensor of the wrong length used to index (KV-cache steps)",
+        ),
+        fixes=("Check on CPU: `assert (-x.shape[d] <= idx).all() and (idx < x.shape[d]).all()`.",),
+        op="index",
+    ),
+    Rule(
+        cause="size-mismatch",
+        files=("IndexKernel.cu", "THCTensorMasked.cuh", "THCTensorMasked.cu", "Indexing.cu"),
+        # masked_scatter_size_check: `totalElements <= srcSize` (1.x-2.1), `selected <= source_size`
+        condition=r"maskPrefixSum\s*<\s*srcSize|src(?:_index|Index)?\s*<\s*src_?(?:numel|Size|size)"
+        r"|totalElements\s*<=\s*srcSize|selected\s*<=\s*source_size",
+        source="aten/src/ATen/native/cuda/IndexKernel.cu (masked_scatter_)",
+        title="masked_scatter_ got a source with fewer elements than the mask selects",
+        explanation=(
+            "masked_scatter_ copies one source element per True in the mask; the source has "
+            "fewer elements than the mask has True values."
+        ),
+        likely_causes=(
+            "in a vision-language model: `input_ids` holds more image placeholder tokens than "
+            "the vision encoder produced features (the processor and the model disagree on the "
+            "image size, patches or number of images; or the prompt was truncated mid-image)",
+            "the mask selects more elements than the source provides",
+        ),
+        fixes=(
+            "Check on CPU: `assert source.numel() >= mask.sum()`.",
+            "For a vision-language model, use the model's own processor for both text and "
+            "images, do not truncate prompts that contain images, and compare "
+            "`(input_ids == image_token_id).sum()` with the number of image features.",
+        ),
+        op="masked-scatter",
+    ),
+    # --- gather / scatter -------------------------------------------------------------------------
+    Rule(
+        cause="index-out-of-range",
+        files=("ScatterGatherKernel.cu", "THCTensorScatterGather.cu", "IndexKernelUtils.cu"),
+        condition=r"scatter gather kernel index out of bounds|vectorized scatter"
+        r"|\bidx_dim\s*>=\s*0\s*&&\s*idx_dim\s*<\s*index_size"
+        r"|indexValue\s*>=\s*0\s*&&\s*indexValue\s*<\s*\w+\.sizes\[dim\]",
+        source="aten/src/ATen/native/cuda/ScatterGatherKernel.cu (gather, scatter, scatter_add, "
+        "scatter_reduce); THC THCTensorScatterGather.cu",
+        title="gather / scatter got an index out of range",
+        explanation=(
+            "gather / scatter / scatter_add got an index that is negative or not smaller than "
+            "the size of the dimension it indexes."
+        ),
+        likely_causes=_GATHER_CAUSES,
+        fixes=_GATHER_FIXES,
+        op="gather",
+    ),
+    # --- sampling ---------------------------------------------------------------------------------
+    Rule(
+        cause="probability-out-of-range",
+        files=(),
+        condition=r"probability tensor contains either",
+        source="aten/src/ATen/native/cuda/TensorCompare.cu (_assert_async_msg, used by "
+        "multinomial's input check)",
+        title="multinomial / sampling got an invalid probability tensor",
+        explanation=(
+            "torch.multinomial (used by `generate(do_sample=True)`, samplers and RL policies) "
+            "found inf, NaN or a negative value in the probabilities."
+        ),
+        likely_causes=_PROB_NAN_CAUSES,
+        fixes=_PROB_NAN_FIXES,
+        op="multinomial",
+    ),
+    Rule(
+        cause="nan-detected",
+        files=(
+            "MultinomialKernel.cu",
+            "THCTensorRandom.cuh",
+            "THCTensorRandom.cu",
+            "Multinomial.cu",
+        ),
+        condition=r"isnan|isinf",
+        source="aten/src/ATen/native/cuda/MultinomialKernel.cu (sampleMultinomialOnce)",
+        title="multinomial got NaN or inf probabilities",
+        explanation="torch.multinomial found NaN or inf in the probabilities it samples from.",
+        likely_causes=_PROB_NAN_CAUSES,
+        fixes=_PROB_NAN_FIXES,
+        op="multinomial",
+    ),
+    Rule(
+        cause="probability-out-of-range",
+        files=(
+            "MultinomialKernel.cu",
+            "THCTensorRandom.cuh",
+            "THCTensorRandom.cu",
+            "Multinomial.cu",
+        ),
+        condition=r"val\s*>=\s*zero|!\s*\(\s*val\s*<\s*zero\s*\)|ge\(val,\s*zero\)"
+        r"|sum\s*>\s*(?:acc)?[Zz]ero|cumdist\[size\s*-\s*1\]\s*>",
+        source="aten/src/ATen/native/cuda/MultinomialKernel.cu (renormRows, "
+        "sampleMultinomialOnce, binarySearchForMultinomial)",
+        title="multinomial got negative probabilities or a row that sums to zero",
+        explanation=(
+            "torch.multinomial needs non-negative weights with a positive sum in every row; a "
+            "row had a negative entry or summed to zero (or overflowed)."
+        ),
+        likely_causes=(
+            "a row that is all zeros (every candidate masked out, top-k/top-p removed all)",
+            *_PROB_NAN_CAUSES[:3],
+        ),
+        fixes=(
+            "Check on CPU: `assert (probs >= 0).all() and (probs.sum(-1) > 0).all()`.",
+            *_PROB_NAN_FIXES[1:],
+        ),
+        op="multinomial",
+    ),
+    Rule(
+        cause="probability-out-of-range",
+        files=(
+            "DistributionTemplates.h",
+            "Distributions.cu",
+            "DistributionBernoulli.cu",
+            "THCTensorRandom.cu",
+        ),
+        condition=r"0\s*<=\s*p\d?\s*&&\s*p\d?\s*<=\s*1",
+        source="aten/src/ATen/native/cuda/DistributionTemplates.h (bernoulli_tensor_cuda_kernel)",
+        title="bernoulli got a probability outside [0, 1]",
+        explanation="torch.bernoulli / dropout masks got a probability outside [0, 1] (or NaN).",
+        likely_causes=(
+            "probabilities from raw scores without a sigmoid",
+            "NaN in the probability tensor (diverged training, fp16 overflow)",
+        ),
+        fixes=(_RANDOM_FIX, "Use `torch.sigmoid(scores)` to turn scores into probabilities."),
+        op="bernoulli",
+    ),
+    Rule(
+        cause="probability-out-of-range",
+        files=("Distributions.cu", "Distributions.h"),
+        condition=r"lambda\s*>=\s*0|invalid Poisson rate",
+        source="aten/src/ATen/native/cuda/Distributions.cu (poisson_cuda_kernel)",
+        title="poisson got a negative rate",
+        explanation="torch.poisson needs rates >= 0; a rate was negative or NaN.",
+        likely_causes=("rates from raw scores without exp/softplus", "NaN rates"),
+        fixes=("Check on CPU: `assert (rates >= 0).all()`; use `F.softplus(x)` for rates.",),
+        op="poisson",
+    ),
+    # --- explicit asserts -------------------------------------------------------------------------
+    Rule(
+        cause="user-assert",
+        files=("TensorCompare.cu",),
+        condition=r".",
+        source="aten/src/ATen/native/cuda/TensorCompare.cu (_assert_async)",
+        title="An asynchronous assert (torch._assert_async) failed",
+        explanation=(
+            "A `torch._assert_async(cond)` call (in your code, a library, or a compiled graph's "
+            "runtime check) found its condition false on the GPU."
+        ),
+        likely_causes=(
+            "the condition checked by the code that called torch._assert_async (the message, if "
+            "any, says which)",
+        ),
+        fixes=("Evaluate the same condition on CPU tensors to see which value breaks it.",),
+        op="assert-async",
+    ),
+    # --- shapes, sizes, offsets -------------------------------------------------------------------
+    Rule(
+        cause="size-mismatch",
+        files=("Repeat.cu",),
+        condition=r".",
+        source="aten/src/ATen/native/cuda/Repeat.cu (repeat_interleave)",
+        title="repeat_interleave: repeats do not add up to output_size",
+        explanation=(
+            "repeat_interleave was given an `output_size` that differs from the sum of the "
+            "repeats (or a negative repeat)."
+        ),
+        likely_causes=("`output_size` computed from another tensor than `repeats`",),
+        fixes=("Check on CPU: `assert (repeats >= 0).all() and repeats.sum() == output_size`.",),
+        op="repeat-interleave",
+    ),
+    Rule(
+        cause="size-mismatch",
+        files=("SegmentReduce.cu",),
+        condition=r".",
+        source="aten/src/ATen/native/cuda/SegmentReduce.cu (segment_reduce)",
+        title="segment_reduce: lengths/offsets do not match the data",
+        explanation=(
+            "segment_reduce got lengths or offsets that do not cover the data along the "
+            "reduced axis (negative lengths, or a sum different from the data size)."
+        ),
+        likely_causes=("lengths computed for another batch or before filtering",),
+        fixes=(
+            "Check on CPU: `assert (lengths >= 0).all() and lengths.sum() == data.shape[axis]`.",
+        ),
+        op="segment-reduce",
+    ),
+    Rule(
+        cause="index-out-of-range",
+        files=("MaxUnpooling.cu", "SpatialMaxUnpooling.cu", "VolumetricMaxUnpooling.cu"),
+        condition=r"maxind|index|<",
+        source="aten/src/ATen/native/cuda/MaxUnpooling.cu (max_unpool2d/3d)",
+        title="max_unpool got an index outside the output",
+        explanation=(
+            "max_unpool2d/3d got indices that point outside the output it builds: the indices "
+            "did not come from the matching max_pool call, or output_size is too small."
+        ),
+        likely_causes=(
+            "indices from a max_pool with another kernel/stride/padding, or another tensor",
+            "an output_size smaller than the pooled input's original size",
+        ),
+        fixes=("Pass `output_size=x.shape` of the tensor that was pooled, and its own indices.",),
+        op="max-unpool",
+    ),
+    Rule(
+        cause="nan-detected",
+        files=(
+            "FractionalMaxPool2d.cu",
+            "FractionalMaxPool3d.cu",
+            "SpatialFractionalMaxPooling.cu",
+            "VolumetricFractionalMaxPooling.cu",
+        ),
+        condition=r"maxIndex\s*!=\s*-1|lower_bound|maxVal",
+        source="aten/src/ATen/native/cuda/FractionalMaxPool2d.cu / 3d.cu",
+        title="fractional_max_pool found no maximum in a window",
+        explanation=(
+            "fractional_max_pool found a pooling window without a maximum: the window's values "
+            "are all -inf or NaN."
+        ),
+        likely_causes=("NaN/-inf activations (diverged training, fp16 overflow)",),
+        fixes=("Check `torch.isfinite(x).all()` on the pooled input.",),
+        op="fractional-max-pool",
+    ),
+    Rule(
+        cause="index-out-of-range",
+        files=("FractionalMaxPool2d.cu", "FractionalMaxPool3d.cu"),
+        condition=r"index|<",
+        source="aten/src/ATen/native/cuda/FractionalMaxPool2d.cu / 3d.cu (backward)",
+        title="fractional_max_pool backward got an index outside the input",
+        explanation="The indices given to fractional_max_pool's backward point outside the input.",
+        likely_causes=("indices from another pooling call or another tensor",),
+        fixes=("Use the indices returned by the same fractional_max_pool call.",),
+        op="fractional-max-pool",
+    ),
+    Rule(
+        cause="size-mismatch",
+        files=(),
+        condition=r"expected (?:gemm dimension|ofsets|offsets) to be greater or equal 0"
+        r"|expected input tensor dynamic dimension byte size",
+        source="aten/src/ATen/native/cuda/GroupMMCommon.cuh (torch._grouped_mm offsets)",
+        title="grouped matmul got bad group offsets",
+        explanation=(
+            "torch._grouped_mm / scaled grouped GEMM got `offs` that are not non-decreasing, or "
+            "a group size whose byte size is not a multiple of 16 (TMA alignment)."
+        ),
+        likely_causes=(
+            "offsets that are not a cumulative sum of group sizes (`torch.cumsum(sizes, 0)`)",
+            "group sizes that are not multiples of 16 bytes / 8 bf16 elements",
+        ),
+        fixes=(
+            "Build offsets with `torch.cumsum(group_sizes, 0, dtype=torch.int32)` and pad each "
+            "group to a multiple of 16 bytes.",
+        ),
+        op="grouped-gemm",
+    ),
+    Rule(
+        cause="sparse-invariant",
+        files=("ValidateCompressedIndicesCommon.h", "ValidateCompressedIndicesKernel.cu"),
+        condition=r"cond && message|is not satisfied",
+        source="aten/src/ATen/native/sparse/ValidateCompressedIndicesCommon.h",
+        title="A sparse CSR/CSC/BSR/BSC tensor has invalid compressed indices",
+        explanation=(
+            "Validating a compressed sparse tensor failed: its compressed indices must start at "
+            "0, end at nnz, never decrease, and its plain indices must be in range and sorted "
+            "without duplicates within each row (column)."
+        ),
+        likely_causes=(
+            "crow_indices/col_indices built by hand with an off-by-one or for another shape",
+            "unsorted or duplicate column indices within a row",
+        ),
+        fixes=(
+            "Build it on CPU first: `torch.sparse_csr_tensor(crow, col, values, size)` raises a "
+            "readable error there; or convert from COO with `.to_sparse_csr()`.",
+        ),
+        op="sparse-compressed",
+    ),
+    Rule(
+        cause="sparse-invariant",
+        files=(),
+        condition=r"(?:crow|ccol|col|row)_indices\[.*is not satisfied",
+        source="aten/src/ATen/native/sparse/ValidateCompressedIndicesCommon.h",
+        title="A sparse CSR/CSC/BSR/BSC tensor has invalid compressed indices",
+        explanation=(
+            "A compressed sparse tensor's indices break an invariant (start at 0, end at nnz, "
+            "non-decreasing, plain indices in range, sorted and distinct)."
+        ),
+        likely_causes=("compressed indices built by hand with an off-by-one or for another shape",),
+        fixes=("Build it on CPU first, or convert from COO with `.to_sparse_csr()`.",),
+        op="sparse-compressed",
+    ),
+    Rule(
+        cause="nan-detected",
+        files=("NanCheck.cu",),
+        condition=r"isnan|nan",
+        source="torch/csrc/distributed/c10d/NanCheck.cu (TORCH_NCCL_NAN_CHECK)",
+        title="NCCL NaN check: a collective's input contains NaN",
+        explanation=(
+            "With TORCH_NCCL_NAN_CHECK=1, PyTorch checks every collective's input on the GPU; "
+            "a tensor sent to all_reduce/broadcast/... contained NaN."
+        ),
+        likely_causes=(
+            "gradients that became NaN (diverged step, too-high learning rate, fp16 overflow)",
+            "uninitialised buffers (torch.empty) sent to a collective",
+        ),
+        fixes=(
+            "Find the first NaN: `torch.autograd.set_detect_anomaly(True)` on a small run, "
+            "lower the learning rate, use bf16 or a GradScaler.",
+        ),
+        op="nccl-nan",
+    ),
+    # --- compiled code ----------------------------------------------------------------------------
+    Rule(
+        cause="index-out-of-range",
+        files=("*.py",),
+        condition=r"index out of bounds: 0 <= tmp\d+ < \S+",
+        source="torch/_inductor (the bounds check torch.compile adds to generated Triton kernels)",
+        title="An index is out of range in a torch.compile'd kernel",
+        explanation=(
+            "A kernel generated by torch.compile (Inductor) checked an index against the size "
+            "it reads from and found it out of range: the same bad index would fail in eager "
+            "mode (an embedding lookup, gather or indexing)."
+        ),
+        likely_causes=_INDEX_CAUSES,
+        fixes=(
+            "Run the same step without torch.compile on CPU: the eager error names the operation.",
+            *_INDEX_FIXES,
+        ),
+        op="inductor-index",
+    ),
+    Rule(
+        cause="user-assert",
+        files=("*.py",),
+        condition=r".",
+        source="a Triton kernel's tl.device_assert",
+        title="A Triton kernel's device assert failed",
+        explanation=(
+            "A `tl.device_assert` in a Triton kernel (yours, a library's, or generated by "
+            "torch.compile) found its condition false."
+        ),
+        likely_causes=("the condition printed above, in the kernel named by the file",),
+        fixes=("Run the same step with the kernel's reference (eager, CPU) implementation.",),
+        op="triton-assert",
+    ),
+    # --- message-only shapes, any file ------------------------------------------------------------
+    Rule(
+        cause="index-out-of-range",
+        files=(),
+        condition=r"index out of bounds|out of bounds|out of range",
+        source="an index bounds check in a CUDA kernel",
+        title="An index is out of range inside a GPU kernel",
+        explanation=(
+            "A kernel checked an index against the size it reads from and found it out of range."
+        ),
+        likely_causes=_INDEX_CAUSES[3:] + _INDEX_CAUSES[:1],
+        fixes=("Replay the step on CPU: the CPU kernel names the operation and the bad index.",),
+        op="index",
+    ),
+    # --- files that only hold internal machinery --------------------------------------------------
+    Rule(
+        cause="pytorch-internal",
+        files=(
+            "CUDALoops.cuh",
+            "MemoryAccess.cuh",
+            "Loops.cuh",
+            "Reduce.cuh",
+            "OffsetCalculator.cuh",
+            "thread_constants.h",
+            "CUDAApplyUtils.cuh",
+            "ScanUtils.cuh",
+            "SortUtils.cuh",
+            "block_reduce.cuh",
+            "TensorInfo.cuh",
+            "KernelUtils.cuh",
+            "PersistentSoftmax.cuh",
+            "CUDAGraphsUtils.cuh",
+            "IntegerDivider.cuh",
+            "DeviceSqrt.cuh",
+            "Sort.cu",
+            "SortStable.cu",
+            "Sorting.cu",
+            "SortingRadixSelect.cuh",
+            "jit_utils.cpp",
+            "CUDAJitLoops.cuh",
+        ),
+        condition=r".",
+        source="PyTorch's shared CUDA kernel machinery",
+        title=_INTERNAL_TITLE,
+        explanation=_INTERNAL_EXPLANATION,
+        likely_causes=_INTERNAL_CAUSES,
+        fixes=_INTERNAL_FIXES,
+        op="internal",
+    ),
+)
+
+
+def match_rules(lines: Sequence[AssertLine]) -> tuple[Rule, AssertLine] | None:
+    """The first rule matching any of the assert lines, in the order the lines were printed."""
+    for line in lines:
+        for rule in RULES:
+            if rule.matches(line):
+                return rule, line
+    return None
+
+
+def rule_for(line: AssertLine) -> Rule | None:
+    """The rule for one assert line, or None when no rule knows it."""
+    for rule in RULES:
+        if rule.matches(line):
+            return rule
+    return None

@@ -1,0 +1,591 @@
+"""Which calls the guard checks, and what each one's GPU kernel asserts about its arguments.
+
+One entry per op: the functions a ``TorchFunctionMode`` sees for it (functional form, tensor
+method, in-place method), and how to turn a call's arguments into requirements (pure host work:
+shapes and arguments, no tensor values). The conditions follow PyTorch's own CPU checks, which
+the tests compare against call by call; where CUDA checks nothing at all (ctc_loss targets) the
+condition is the one the kernel silently relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .requirements import (
+    FloatRange,
+    IntRange,
+    Offsets,
+    ProbabilityRows,
+    Repeats,
+    Requirement,
+)
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+Extract = Callable[[Args, Kwargs], list[Requirement]]
+
+_BIG = 1 << 62  # an upper bound no real size reaches
+
+
+def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None) -> Any:
+    if len(args) > index:
+        return args[index]
+    return kwargs.get(name, default)
+
+
+def _is_plain(value: Any) -> bool:
+    """A tensor whose values can be read: not a FakeTensor, DTensor or other subclass, not meta."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta"
+
+
+def _is_index(value: Any) -> bool:
+    return (
+        _is_plain(value)
+        and not value.dtype.is_floating_point
+        and not value.dtype.is_complex
+        and value.dtype != torch.bool
+    )
+
+
+def _size(t: torch.Tensor, dim: Any) -> tuple[int, int] | None:
+    """(normalised dim, size) as the gather/scatter family sees it; a 0-d tensor has size 1."""
+    if not isinstance(dim, int):
+        return None
+    ndim = max(t.dim(), 1)
+    if not -ndim <= dim < ndim:
+        return None  # PyTorch reports a bad dim itself
+    dim %= ndim
+    return dim, (t.shape[dim] if t.dim() else 1)
+
+
+# --- losses -----------------------------------------------------------------------------------
+def _class_targets(args: Args, kwargs: Kwargs, soft_allowed: bool) -> list[Requirement]:
+    logits, target = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "target")
+    if not (_is_plain(logits) and _is_plain(target)) or logits.dim() == 0:
+        return []
+    if soft_allowed and target.dtype.is_floating_point:
+        return []  # probabilities of each class: any values are valid
+    if not _is_index(target):
+        return []
+    ignore = _arg(args, kwargs, 4, "ignore_index", -100)
+    class_dim = 0 if logits.dim() == 1 else 1
+    classes = logits.shape[class_dim]
+    return [
+        IntRange(
+            "target",
+            target,
+            0,
+            classes,
+            f"input.shape[{class_dim}] = {classes}, the number of classes",
+            problem="class index out of range",
+            ignore=int(ignore),
+        )
+    ]
+
+
+def _cross_entropy(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    return _class_targets(args, kwargs, soft_allowed=True)
+
+
+def _nll_loss(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    return _class_targets(args, kwargs, soft_allowed=False)
+
+
+def _multi_margin(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    logits, target = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "target")
+    if not (_is_plain(logits) and _is_index(target)) or logits.dim() == 0:
+        return []
+    classes = logits.shape[-1]
+    source = f"input.shape[-1] = {classes}, the number of classes"
+    return [IntRange("target", target, 0, classes, source, "class index out of range")]
+
+
+def _binary_cross_entropy(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    found: list[Requirement] = []
+    for index, name in ((0, "input"), (1, "target")):
+        value = _arg(args, kwargs, index, name)
+        if _is_plain(value):
+            problem = "probability outside [0, 1]"
+            found.append(FloatRange(name, value, 0.0, 1.0, "", problem))
+    return found
+
+
+def _ctc_loss(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    log_probs, targets = _arg(args, kwargs, 0, "log_probs"), _arg(args, kwargs, 1, "targets")
+    lengths = _arg(args, kwargs, 3, "target_lengths")
+    if not (_is_plain(log_probs) and _is_index(targets)) or log_probs.dim() == 0:
+        return []
+    classes = log_probs.shape[-1]
+    used = _ctc_used_targets(targets, lengths)
+    if used is None:
+        return []
+    source = f"log_probs.shape[-1] = {classes}, the number of classes (blank included)"
+    return [IntRange("targets", used, 0, classes, source, "class index out of range")]
+
+
+def _ctc_used_targets(targets: torch.Tensor, lengths: Any) -> torch.Tensor | None:
+    """Only the first target_lengths[i] entries of each row are read: padding may be anything."""
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.to(targets.device)
+    elif isinstance(lengths, Sequence):
+        lengths = torch.as_tensor(list(lengths), device=targets.device)
+    else:
+        return None
+    if targets.dim() == 2 and lengths.dim() == 1 and lengths.numel() == targets.shape[0]:
+        used = torch.arange(targets.shape[1], device=targets.device) < lengths[:, None]
+        # unread padding becomes 0, a valid class, so one min/max still decides
+        return targets.masked_fill(~used, 0)
+    if targets.dim() == 1 and lengths.device.type == "cpu":
+        return targets[: int(lengths.sum())]
+    return targets if targets.dim() == 1 else None
+
+
+# --- embeddings -------------------------------------------------------------------------------
+def _rows(weight: torch.Tensor) -> str:
+    return f"weight.shape[0] = {weight.shape[0]}, the number of embeddings"
+
+
+def _embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    if not (_is_index(ids) and _is_plain(weight)) or weight.dim() == 0:
+        return []
+    rows = weight.shape[0]
+    return [IntRange("input", ids, 0, rows, _rows(weight), "token id out of range")]
+
+
+def _torch_embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    # torch.embedding(weight, indices, ...) takes its arguments the other way round
+    weight, ids = _arg(args, kwargs, 0, "weight"), _arg(args, kwargs, 1, "indices")
+    return _embedding((ids, weight), {})
+
+
+def _embedding_bag(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    offsets = _arg(args, kwargs, 2, "offsets")
+    found = _embedding((ids, weight), {})
+    if found and ids.dim() == 1 and _is_index(offsets) and offsets.dim() == 1:
+        found.append(Offsets("offsets", offsets, ids.numel()))
+    return found
+
+
+# --- sampling ---------------------------------------------------------------------------------
+def _multinomial(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    probs = _arg(args, kwargs, 0, "input")
+    if not _is_plain(probs) or probs.dim() not in (1, 2):
+        return []
+    return [ProbabilityRows("input", probs)]
+
+
+def _bernoulli(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    # bernoulli(input) draws with probabilities input; bernoulli(input, p=0.5) ignores its values
+    probs, p = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "p")
+    if p is not None or not _is_plain(probs):
+        return []
+    return [FloatRange("input", probs, 0.0, 1.0, "", "probability outside [0, 1]")]
+
+
+def _bernoulli_(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    # self.bernoulli_(p): p (a float is checked by PyTorch on the host) holds the probabilities
+    p = _arg(args, kwargs, 1, "p")
+    if not _is_plain(p):
+        return []
+    return [FloatRange("p", p, 0.0, 1.0, "", "probability outside [0, 1]")]
+
+
+def _poisson(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    rates = _arg(args, kwargs, 0, "input")
+    if not _is_plain(rates):
+        return []
+    return [FloatRange("input", rates, 0.0, float("inf"), "", "negative or NaN Poisson rate")]
+
+
+# --- gather / scatter / index_* ---------------------------------------------------------------
+def _dim_index(negative_ok: bool, index_pos: int = 2) -> Extract:
+    """(self, dim, index, ...): index values address self.size(dim)."""
+
+    def extract(args: Args, kwargs: Kwargs) -> list[Requirement]:
+        x, dim = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim")
+        index = _arg(args, kwargs, index_pos, "index")
+        if not (_is_plain(x) and _is_index(index)):
+            return []
+        found = _size(x, dim)
+        if found is None:
+            return []
+        dim, size = found
+        lo = -size if negative_ok else 0
+        source = f"self.shape[{dim}] = {size}"
+        return [IntRange("index", index, lo, size, source)]
+
+    return extract
+
+
+def _take(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    x, index = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "index")
+    if not (_is_plain(x) and _is_index(index)):
+        return []
+    n = x.numel()
+    return [IntRange("index", index, -n, n, f"self.numel() = {n}, indexing the flattened tensor")]
+
+
+# --- x[idx], x[idx] = v, index_put ------------------------------------------------------------
+def _as_index_tensor(item: Any) -> torch.Tensor | None:
+    if isinstance(item, torch.Tensor):
+        return item if _is_plain(item) else None
+    try:
+        converted = torch.as_tensor(item)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return converted
+
+
+def _index_items(idx: Any) -> tuple[Any, ...] | None:
+    """The items of an indexing expression, or None where no tensor values are involved."""
+    if isinstance(idx, (int, slice)) or idx is None or idx is Ellipsis:
+        return None  # the fast path: PyTorch checks plain ints on the host
+    if isinstance(idx, tuple):
+        items = idx
+    elif isinstance(idx, list) and any(
+        isinstance(i, (torch.Tensor, slice, list, tuple)) or i is None or i is Ellipsis for i in idx
+    ):
+        items = tuple(idx)  # NumPy's legacy rule: such a list is a tuple of indices
+    else:
+        items = (idx,)
+    if not any(
+        not isinstance(i, (int, slice)) and i is not None and i is not Ellipsis for i in items
+    ):
+        return None
+    return items
+
+
+def _consumed(item: Any) -> int:
+    """How many dimensions of the indexed tensor one index item addresses."""
+    if item is None or isinstance(item, bool):
+        return 0
+    if isinstance(item, torch.Tensor) and item.dtype in (torch.bool, torch.uint8):
+        return item.dim()
+    return 1
+
+
+def _indexing(x: Any, items: Sequence[Any], none_is_slice: bool) -> list[Requirement]:
+    if not _is_plain(x):
+        return []
+    if none_is_slice:  # index_put's None stands for a whole dimension
+        items = [slice(None) if i is None else i for i in items]
+    # lists and arrays become tensors first, so a boolean one counts as a mask
+    converted: list[Any] = []
+    for item in items:
+        if isinstance(item, (int, slice, torch.Tensor)) or item is None or item is Ellipsis:
+            converted.append(item)
+        else:
+            tensor = _as_index_tensor(item)
+            if tensor is None:
+                return []  # PyTorch will say what is wrong with it
+            converted.append(tensor)
+    items = converted
+    if sum(1 for i in items if i is Ellipsis) > 1:
+        return []
+    used = sum(_consumed(i) for i in items if i is not Ellipsis)
+    found: list[Requirement] = []
+    dim = 0
+    for position, item in enumerate(items):
+        if item is Ellipsis:
+            dim += max(x.dim() - used, 0)
+            continue
+        width = _consumed(item)
+        if width == 1 and not isinstance(item, (int, slice)) and dim < x.dim():
+            tensor = _as_index_tensor(item)
+            if tensor is not None and _is_index(tensor) and tensor.dtype != torch.uint8:
+                size = x.shape[dim]
+                source = f"self.shape[{dim}] = {size}"
+                name = f"index {position}" if len(items) > 1 else "index"
+                found.append(IntRange(name, tensor, -size, size, source))
+        dim += width
+    return found
+
+
+def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    items = _index_items(args[1]) if len(args) > 1 else None
+    return [] if items is None else _indexing(args[0], items, none_is_slice=False)
+
+
+def _index_put(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    x, indices = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "indices")
+    if not isinstance(indices, (tuple, list)):
+        return []
+    return _indexing(x, indices, none_is_slice=True)
+
+
+# --- the rest ---------------------------------------------------------------------------------
+def _one_hot(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    labels, classes = _arg(args, kwargs, 0, "tensor"), _arg(args, kwargs, 1, "num_classes", -1)
+    if not _is_index(labels) or labels.dtype != torch.int64:
+        return []
+    if classes == -1:  # inferred from the largest label: only negatives are wrong
+        return [IntRange("tensor", labels, 0, _BIG, "", "negative class index")]
+    source = f"num_classes = {classes}"
+    return [IntRange("tensor", labels, 0, int(classes), source, "class index out of range")]
+
+
+def _repeat_interleave(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    x, repeats = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "repeats")
+    output_size = kwargs.get("output_size", args[3] if len(args) > 3 else None)
+    if repeats is None:  # torch.repeat_interleave(repeats)
+        repeats, x = x, None
+    if not _is_index(repeats):
+        return []
+    if x is not None and repeats.numel() == 1:
+        output_size = None  # one count for every element: the total is not a plain sum
+    return [Repeats("repeats", repeats, output_size)]
+
+
+def _max_unpool(n: int) -> Extract:
+    def extract(args: Args, kwargs: Kwargs) -> list[Requirement]:
+        x, indices = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "indices")
+        kernel = _arg(args, kwargs, 2, "kernel_size")
+        stride = _arg(args, kwargs, 3, "stride")
+        padding = _arg(args, kwargs, 4, "padding", 0)
+        output_size = _arg(args, kwargs, 5, "output_size")
+        if not (_is_plain(x) and _is_index(indices)) or x.dim() < n:
+            return []
+        spatial = _unpool_size(tuple(x.shape[-n:]), n, kernel, stride, padding, output_size)
+        if spatial is None:
+            return []
+        plane = 1
+        for size in spatial:
+            plane *= size
+        shape = "x".join(str(s) for s in spatial)
+        source = f"the output plane of {shape} = {plane} elements"
+        return [IntRange("indices", indices, 0, plane, source, "max index out of range")]
+
+    return extract
+
+
+def _tuple(value: Any, n: int) -> tuple[int, ...] | None:
+    if isinstance(value, int):
+        return (value,) * n
+    if isinstance(value, (tuple, list)) and len(value) == n:
+        return tuple(int(v) for v in value)
+    return None
+
+
+def _unpool_size(
+    spatial: tuple[int, ...], n: int, kernel: Any, stride: Any, padding: Any, output_size: Any
+) -> tuple[int, ...] | None:
+    if output_size is not None:
+        given = list(output_size)
+        return tuple(int(s) for s in given[-n:]) if len(given) >= n else None
+    k, p = _tuple(kernel, n), _tuple(padding, n)
+    s = k if stride is None else _tuple(stride, n)
+    if k is None or s is None or p is None:
+        return None
+    return tuple((spatial[i] - 1) * s[i] - 2 * p[i] + k[i] for i in range(n))
+
+
+# --- the table --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpCheck:
+    name: str  # what --only/--skip accept, and the message's op name
+    family: str
+    funcs: tuple[str, ...]  # "F.x", "torch.x", "Tensor.x", resolved when the guard starts
+    extract: Extract
+    fix: str
+    index_error: bool = False  # PyTorch's CPU check raises IndexError here
+
+
+FIX_CLASSES = (
+    "Class ids must run from 0 to C-1: check the label encoding (labels 1..C need `y - 1`), "
+    "that the last layer has one output per class, and that padding labels equal ignore_index."
+)
+FIX_EMBEDDING = (
+    "Token ids must be smaller than num_embeddings: the tokenizer may have more tokens than the "
+    "embedding (added special tokens: `model.resize_token_embeddings(len(tokenizer))`), or ids "
+    "were not remapped to a smaller vocabulary."
+)
+FIX_BCE = (
+    "binary_cross_entropy takes probabilities. If the model outputs raw scores (logits), use "
+    "nn.BCEWithLogitsLoss (or F.binary_cross_entropy_with_logits) instead, which also avoids "
+    "sigmoid's precision loss; targets must lie in [0, 1] too."
+)
+FIX_PROBS = (
+    "Probabilities must be finite and non-negative, each row with a positive sum: a NaN usually "
+    "comes from the logits (check for overflow; `torch.softmax(logits.float(), -1)`), a zero row "
+    "from masking every option."
+)
+FIX_INDEX = (
+    "Every index must address an existing element along that dimension: compare the index "
+    "tensor's range (`idx.min()`, `idx.max()`) with the tensor's shape."
+)
+FIX_CTC = (
+    "CTC targets must be class ids smaller than log_probs.shape[-1] (the blank included); CUDA "
+    "does not check this at all and reads out of bounds."
+)
+
+CHECKS: tuple[OpCheck, ...] = (
+    OpCheck("cross_entropy", "loss", ("F.cross_entropy",), _cross_entropy, FIX_CLASSES, True),
+    OpCheck("nll_loss", "loss", ("F.nll_loss",), _nll_loss, FIX_CLASSES, True),
+    OpCheck("multi_margin_loss", "loss", ("F.multi_margin_loss",), _multi_margin, FIX_CLASSES),
+    OpCheck(
+        "binary_cross_entropy", "loss", ("F.binary_cross_entropy",), _binary_cross_entropy, FIX_BCE
+    ),
+    OpCheck("ctc_loss", "loss", ("F.ctc_loss",), _ctc_loss, FIX_CTC),
+    OpCheck("embedding", "embedding", ("F.embedding",), _embedding, FIX_EMBEDDING, True),
+    OpCheck("embedding", "embedding", ("torch.embedding",), _torch_embedding, FIX_EMBEDDING, True),
+    OpCheck("embedding_bag", "embedding", ("F.embedding_bag",), _embedding_bag, FIX_EMBEDDING),
+    OpCheck(
+        "multinomial",
+        "sampling",
+        ("torch.multinomial", "Tensor.multinomial"),
+        _multinomial,
+        FIX_PROBS,
+    ),
+    OpCheck(
+        "bernoulli", "sampling", ("torch.bernoulli", "Tensor.bernoulli"), _bernoulli, FIX_PROBS
+    ),
+    OpCheck("bernoulli", "sampling", ("Tensor.bernoulli_",), _bernoulli_, FIX_PROBS),
+    OpCheck(
+        "poisson",
+        "sampling",
+        ("torch.poisson",),
+        _poisson,
+        "Poisson rates must be >= 0 and not NaN.",
+    ),
+    OpCheck(
+        "gather",
+        "gather_scatter",
+        ("torch.gather", "Tensor.gather"),
+        _dim_index(negative_ok=False),
+        FIX_INDEX + " gather does not accept negative indices.",
+    ),
+    OpCheck(
+        "scatter",
+        "gather_scatter",
+        (
+            "torch.scatter",
+            "Tensor.scatter",
+            "Tensor.scatter_",
+            "torch.scatter_add",
+            "Tensor.scatter_add",
+            "Tensor.scatter_add_",
+            "torch.scatter_reduce",
+            "Tensor.scatter_reduce",
+            "Tensor.scatter_reduce_",
+        ),
+        _dim_index(negative_ok=False),
+        FIX_INDEX + " scatter does not accept negative indices.",
+    ),
+    OpCheck(
+        "index_select",
+        "index",
+        ("torch.index_select", "Tensor.index_select"),
+        _dim_index(negative_ok=False),
+        FIX_INDEX,
+        True,
+    ),
+    OpCheck(
+        "index_add",
+        "index",
+        ("torch.index_add", "Tensor.index_add", "Tensor.index_add_"),
+        _dim_index(negative_ok=False),
+        FIX_INDEX,
+    ),
+    OpCheck(
+        "index_copy",
+        "index",
+        ("torch.index_copy", "Tensor.index_copy", "Tensor.index_copy_"),
+        _dim_index(negative_ok=False),
+        FIX_INDEX,
+        True,
+    ),
+    OpCheck(
+        "index_fill",
+        "index",
+        ("torch.index_fill", "Tensor.index_fill", "Tensor.index_fill_"),
+        _dim_index(negative_ok=True),
+        FIX_INDEX,
+        True,
+    ),
+    OpCheck(
+        "index_put",
+        "index",
+        ("torch.index_put", "torch.index_put_", "Tensor.index_put", "Tensor.index_put_"),
+        _index_put,
+        FIX_INDEX,
+        True,
+    ),
+    OpCheck("getitem", "index", ("Tensor.__getitem__",), _getitem, FIX_INDEX, True),
+    OpCheck("setitem", "index", ("Tensor.__setitem__",), _getitem, FIX_INDEX, True),
+    OpCheck("take", "index", ("torch.take", "Tensor.take"), _take, FIX_INDEX, True),
+    OpCheck("put", "index", ("torch.put", "Tensor.put", "Tensor.put_"), _take, FIX_INDEX, True),
+    OpCheck(
+        "one_hot",
+        "one_hot",
+        ("F.one_hot",),
+        _one_hot,
+        "Labels must be 0 .. num_classes-1 (or pass num_classes=-1 to infer it).",
+    ),
+    OpCheck(
+        "repeat_interleave",
+        "repeat_interleave",
+        ("torch.repeat_interleave", "Tensor.repeat_interleave"),
+        _repeat_interleave,
+        "Repeat counts must be >= 0 and, with output_size, add up to it exactly.",
+    ),
+    *(
+        OpCheck(
+            f"max_unpool{n}d",
+            "unpool",
+            (f"F.max_unpool{n}d",),
+            _max_unpool(n),
+            "Pass the indices returned by the matching max_pool call (return_indices=True) "
+            "with the same kernel_size, stride and padding.",
+        )
+        for n in (1, 2, 3)
+    ),
+)
+
+FAMILIES = frozenset(c.family for c in CHECKS)
+NAMES = frozenset(c.name for c in CHECKS) | FAMILIES
+
+
+def _resolve(path: str) -> Any:
+    namespace, _, attr = path.partition(".")
+    root = {
+        "F": torch.nn.functional,
+        "torch": torch,
+        "Tensor": torch._C.TensorBase,
+    }[namespace]
+    return getattr(root, attr, None)
+
+
+def table() -> dict[Any, OpCheck]:
+    """{function object the mode sees: its check}; ops a torch version lacks are left out."""
+    found: dict[Any, OpCheck] = {}
+    for check in CHECKS:
+        for path in check.funcs:
+            func = _resolve(path)
+            if func is not None:
+                found[func] = check
+                if path.startswith("Tensor."):  # torch.Tensor may re-export the same method
+                    alias = getattr(torch.Tensor, path[7:], None)
+                    if alias is not None:
+                        found.setdefault(alias, check)
+    return found
+
+
+def display_name(check: OpCheck, func: Any) -> str:
+    name = getattr(func, "__name__", check.name)
+    qualname = getattr(func, "__qualname__", name)
+    module = getattr(func, "__module__", "") or ""
+    if module == "torch.nn.functional":
+        return f"F.{name}"
+    if "TensorBase" in qualname or "Tensor." in qualname:
+        if name == "__getitem__":
+            return "x[index]"
+        if name == "__setitem__":
+            return "x[index] = value"
+        return f"Tensor.{name}"
+    return f"torch.{name}"

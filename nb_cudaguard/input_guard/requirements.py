@@ -1,0 +1,276 @@
+"""The kinds of precondition a GPU kernel asserts, each as one fused device reduction.
+
+Every requirement splits its work in two, so that a guarded call costs at most one host transfer
+and a later non-blocking mode can keep the first half on the device:
+- ``summary()``: a tiny tensor on the input's device (min/max, a row-sum minimum), no sync;
+- ``holds(values)``: the decision on the host, from that summary's values;
+- ``explain()``: only on the failing path, the positions and values for the message.
+``trivially_holds()`` answers without touching the values where the answer is known (empty
+tensors, dtypes whose whole range is valid).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import Finding
+
+SAMPLES = 5  # offending values shown in a message
+
+# aminmax has no kernel for the unsigned types beyond uint8 (torch 2.13, CPU)
+_WIDEN = {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
+
+
+def _dtype_bounds(dtype: torch.dtype) -> tuple[int, int] | None:
+    if dtype == torch.bool:
+        return 0, 1
+    if dtype.is_floating_point or dtype.is_complex:
+        return None
+    info = torch.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _position(flat: int, shape: tuple[int, ...]) -> str:
+    if len(shape) <= 1:
+        return f"[{flat}]"
+    coords = []
+    for size in reversed(shape):
+        coords.append(flat % size)
+        flat //= size
+    return "[" + ", ".join(str(c) for c in reversed(coords)) + "]"
+
+
+def _samples(values: torch.Tensor, bad: torch.Tensor) -> tuple[int, tuple[tuple[str, str], ...]]:
+    flat_bad = bad.reshape(-1)
+    count = int(flat_bad.sum().item())
+    where = flat_bad.nonzero().reshape(-1)[:SAMPLES].tolist()
+    flat_values = values.reshape(-1)
+    shape = tuple(values.shape)
+    return count, tuple((_position(i, shape), _show(flat_values[i].item())) for i in where)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """Every value v satisfies lo <= v < hi, or v == ignore (cross_entropy's ignore_index)."""
+
+    argument: str
+    tensor: torch.Tensor
+    lo: int
+    hi: int
+    source: str
+    problem: str = "index out of range"
+    ignore: int | None = None
+
+    def _outside_ignore(self) -> int | None:
+        """ignore_index where it matters: outside [lo, hi), where it cannot pass as valid."""
+        if self.ignore is None or self.lo <= self.ignore < self.hi:
+            return None
+        return self.ignore
+
+    def trivially_holds(self) -> bool:
+        if self.tensor.numel() == 0:
+            return True
+        bounds = _dtype_bounds(self.tensor.dtype)
+        return bounds is not None and self.lo <= bounds[0] and bounds[1] < self.hi
+
+    def summary(self) -> torch.Tensor:
+        t = self.tensor.detach().reshape(-1)
+        if t.dtype in _WIDEN or t.dtype == torch.bool:
+            t = t.to(torch.int64)
+        ignore = self._outside_ignore()
+        if ignore is not None:
+            # ignore_index outside the range (-100) would be the minimum: map it into the range
+            # so one min/max still decides.
+            t = t.masked_fill(torch.eq(t, ignore), self.lo)
+        low, high = torch.aminmax(t)
+        return torch.stack((low.to(torch.int64), high.to(torch.int64)))
+
+    def holds(self, values: list[Any]) -> bool:
+        low, high = values
+        return bool(self.lo <= low and high < self.hi)
+
+    @property
+    def valid(self) -> str:
+        text = f"{self.lo} <= value < {self.hi}"
+        if self._outside_ignore() is not None:
+            text += f", or == ignore_index ({self.ignore})"
+        return text
+
+    def explain(self) -> Finding:
+        t = self.tensor.detach()
+        if t.dtype in _WIDEN:
+            t = t.to(torch.int64)
+        bad = (t < self.lo) | (t >= self.hi)
+        ignore = self._outside_ignore()
+        if ignore is not None:
+            bad &= torch.ne(t, ignore)
+        count, samples = _samples(t, bad)
+        return Finding(
+            self.argument, self.problem, self.valid, self.source, count, t.numel(), samples
+        )
+
+
+@dataclass(frozen=True)
+class FloatRange:
+    """Every value v is a number with lo <= v <= hi (NaN fails, as in the kernels' checks)."""
+
+    argument: str
+    tensor: torch.Tensor
+    lo: float
+    hi: float
+    source: str
+    problem: str
+
+    def trivially_holds(self) -> bool:
+        return self.tensor.numel() == 0 or not self.tensor.dtype.is_floating_point
+
+    def summary(self) -> torch.Tensor:
+        low, high = torch.aminmax(self.tensor.detach().reshape(-1))  # NaN propagates into both
+        return torch.stack((low, high)).to(torch.float32)
+
+    def holds(self, values: list[Any]) -> bool:
+        low, high = values
+        return bool(self.lo <= low and high <= self.hi)
+
+    @property
+    def valid(self) -> str:
+        if math.isinf(self.hi):
+            return f"[{_show(self.lo)}, inf]"
+        return f"[{_show(self.lo)}, {_show(self.hi)}]"
+
+    def explain(self) -> Finding:
+        t = self.tensor.detach()
+        bad = ~((t >= self.lo) & (t <= self.hi))
+        count, samples = _samples(t, bad)
+        return Finding(
+            self.argument, self.problem, self.valid, self.source, count, t.numel(), samples
+        )
+
+
+@dataclass(frozen=True)
+class ProbabilityRows:
+    """multinomial's input: no NaN, inf or negative entry, and every row sums to more than 0."""
+
+    argument: str
+    tensor: torch.Tensor
+
+    def trivially_holds(self) -> bool:
+        return self.tensor.numel() == 0 or not self.tensor.dtype.is_floating_point
+
+    def summary(self) -> torch.Tensor:
+        t = self.tensor.detach()
+        low, high = torch.aminmax(t.reshape(-1))
+        return torch.stack((low.float(), high.float(), t.sum(-1).min().float()))
+
+    def holds(self, values: list[Any]) -> bool:
+        low, high, row_sum = values
+        return bool(low >= 0 and high < math.inf and row_sum > 0)
+
+    def explain(self) -> Finding:
+        t = self.tensor.detach()
+        bad = ~((t >= 0) & (t < math.inf))
+        count, samples = _samples(t, bad)
+        problem = "probabilities contain NaN, inf or a negative value"
+        if count == 0:  # all entries fine: some row sums to zero
+            rows = t.reshape(-1, t.shape[-1]) if t.dim() > 0 else t.reshape(1, 1)
+            zero = rows.sum(-1) <= 0
+            count, samples = _samples(rows.sum(-1), zero)
+            samples = tuple((f"row {pos}", f"sum {value}") for pos, value in samples)
+            problem = "a row of probabilities sums to 0"
+        return Finding(
+            self.argument,
+            problem,
+            "finite values >= 0 with every row summing to more than 0",
+            "the definition of a probability distribution",
+            count,
+            t.numel(),
+            samples,
+        )
+
+
+@dataclass(frozen=True)
+class Offsets:
+    """embedding_bag offsets: start at 0, never decrease, and end within the indices."""
+
+    argument: str
+    tensor: torch.Tensor
+    n_indices: int
+
+    def trivially_holds(self) -> bool:
+        return self.tensor.numel() == 0
+
+    def summary(self) -> torch.Tensor:
+        t = self.tensor.detach().reshape(-1).to(torch.int64)
+        step = (t[1:] - t[:-1]).min() if t.numel() > 1 else t.new_zeros(())
+        return torch.stack((t[0], step, t[-1]))
+
+    def holds(self, values: list[Any]) -> bool:
+        first, smallest_step, last = values
+        return bool(first == 0 and smallest_step >= 0 and last <= self.n_indices)
+
+    def explain(self) -> Finding:
+        t = self.tensor.detach().reshape(-1).to(torch.int64)
+        bad = t > self.n_indices
+        bad[1:] |= t[1:] < t[:-1]
+        bad[0] |= t[0] != 0
+        count, samples = _samples(t, bad)
+        return Finding(
+            self.argument,
+            "offsets out of order",
+            f"offsets[0] == 0, non-decreasing, and <= {self.n_indices}",
+            f"the {self.n_indices} indices in input",
+            count,
+            t.numel(),
+            samples,
+        )
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """repeat_interleave's repeats: none negative, and summing to output_size where given."""
+
+    argument: str
+    tensor: torch.Tensor
+    output_size: int | None
+
+    def trivially_holds(self) -> bool:
+        return self.tensor.numel() == 0 or self.tensor.dtype.is_floating_point
+
+    def summary(self) -> torch.Tensor:
+        t = self.tensor.detach().reshape(-1).to(torch.int64)
+        return torch.stack((t.min(), t.sum()))
+
+    def holds(self, values: list[Any]) -> bool:
+        low, total = values
+        return bool(low >= 0 and (self.output_size is None or total == self.output_size))
+
+    def explain(self) -> Finding:
+        t = self.tensor.detach().reshape(-1).to(torch.int64)
+        count, samples = _samples(t, t < 0)
+        if count:
+            return Finding(
+                self.argument, "negative repeat count", "values >= 0", "", count, t.numel(), samples
+            )
+        total = int(t.sum().item())
+        return Finding(
+            self.argument,
+            "repeats do not add up to output_size",
+            f"values summing to output_size = {self.output_size}",
+            "the output_size argument",
+            1,
+            t.numel(),
+            (("sum", str(total)),),
+        )
+
+
+Requirement = IntRange | FloatRange | ProbabilityRows | Offsets | Repeats

@@ -1,0 +1,74 @@
+"""Put a diagnosis in front of the user: the static panel, then (where possible) the actions;
+and, in a kernel that nb_cudaguard restarted in blocking mode, the banner that says so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..diagnosis.model import Diagnosis
+from ..diagnosis.render import Fallout, Panel, note_html
+from ..runtime.blocking import Marker
+from .actions import Restarter
+
+
+def show_diagnosis(diagnosis: Diagnosis, cell: int | None, restart: Restarter) -> None:
+    """The panel; under it, for a broken context, the restart actions (naming ``cell``)."""
+    from IPython.display import display
+
+    display(Panel(diagnosis))
+    if diagnosis.sticky:
+        from .actions import restart_actions
+
+        actions = restart_actions(restart, cell)
+        if actions is not None:
+            display(actions)
+
+
+def show_fallout(first_cell: int | None, message: str) -> None:
+    from IPython.display import display
+
+    display(Fallout(first_cell, message))
+
+
+@dataclass(frozen=True)
+class Banner:
+    """Shown in the kernel that nb_cudaguard started in blocking mode."""
+
+    marker: Marker
+
+    def text(self) -> str:
+        where = (
+            f"after the crash in cell [{self.marker.after_cell}] of the previous kernel"
+            if self.marker.after_cell is not None
+            else "by the restart from the previous kernel"
+        )
+        return (
+            f"nb_cudaguard: blocking mode is on: CUDA_LAUNCH_BLOCKING=1 was set {where}. "
+            "Every CUDA launch now waits until it finishes, so an error is raised at the line "
+            "that caused it; this slows every launch. It turns itself off at the next restart."
+        )
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+        text = self.text()
+        return {
+            "text/plain": text,
+            "text/html": note_html("nb-cudaguard-banner", "#1565c0", text),
+        }
+
+
+_banner_shown: list[bool] = []
+
+
+def on_load() -> None:
+    """At extension load: the blocking-mode banner (once per process); and watch torch's CUDA
+    start, so that ``%cudaguard status`` can tell whether the variable came in time."""
+    from ..runtime.blocking import marker, watch_cuda_init
+
+    watch_cuda_init()
+    found = marker()
+    if found is None or _banner_shown:
+        return
+    _banner_shown.append(True)
+    from IPython.display import display
+
+    display(Banner(found))

@@ -1,0 +1,239 @@
+"""IPython glue: one object owns every hook it installs and removes exactly those.
+
+Only ``post_run_cell`` is used to see errors: it gets the ``ExecutionResult`` whatever handled the
+exception, coexists with every other extension, and leaves the standard ``error`` output and the
+cell's ``status: error`` alone (stop-on-error and nbconvert rely on them). ``set_custom_exc`` is
+deliberately left untouched: it has one slot per shell and Colab already uses it (FIELD_NOTES §4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..diagnosis.engine import diagnose
+from ..diagnosis.model import ContextState, Diagnosis
+from ..diagnosis.where import where_sentence
+from ..runtime.capture import FdTee
+from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame
+from ..runtime.probe import probe_context
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
+
+    from ..restart.methods import RestartPlan
+
+
+class CudaGuardExtension:
+    """The loaded extension's state in one shell."""
+
+    def __init__(self, shell: InteractiveShell) -> None:
+        self.shell = shell
+        self.loaded = False
+        self.poisoned_in_cell: int | None = None  # the cell whose error first broke the context
+        self.poisoned_since: Diagnosis | None = None
+        self.last_diagnosis: Diagnosis | None = None
+        self.last_sticky_cell: int | None = None  # the cell last shown a sticky diagnosis
+        self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
+        self._registered_magics: list[Any] = []
+        self.tee = FdTee(2)  # device assert lines: shown as before, and kept for the diagnosis
+        self._tee_failed = False
+        self.cells = CellTracker()
+        self._sync: SyncAfterCell | None = None
+
+    # --- load / unload -------------------------------------------------------------------------
+    def load(self) -> None:
+        if self.loaded:
+            return
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        self._register_magics()
+        self.loaded = True
+        try:
+            from .display import on_load
+
+            on_load()  # the blocking-mode banner after our own restart
+        except Exception as internal:  # a banner is never worth a failed %load_ext
+            print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
+
+    def unload(self) -> None:
+        if not self.loaded:
+            return
+        self.loaded = False
+        for event, callback in (
+            ("pre_run_cell", self.pre_run_cell),
+            ("post_run_cell", self.post_run_cell),
+        ):
+            with contextlib.suppress(ValueError):  # someone already removed it
+                self.shell.events.unregister(event, callback)
+        self.set_sync(False)
+        self.tee.close()
+        self._unregister_magics()
+
+    def set_sync(self, on: bool) -> None:
+        """Synchronise CUDA at the end of every cell (``%cudaguard sync on``), or stop."""
+        transformers = self.shell.ast_transformers
+        if on and self._sync is None:
+            self._sync = SyncAfterCell()
+            transformers.append(self._sync)
+        elif not on and self._sync is not None:
+            if self._sync in transformers:
+                transformers.remove(self._sync)
+            self._sync = None
+
+    @property
+    def sync(self) -> bool:
+        return self._sync is not None
+
+    def restart(
+        self, blocking: bool = True, *, after_cell: int | None = None, delay: float | None = None
+    ) -> RestartPlan:
+        """Restart this kernel (see ``restart.methods.restart_kernel``), handing down what only
+        the shell knows: its profile, and the cell whose error was last explained."""
+        from ..restart.methods import DELAY_S, restart_kernel
+
+        # Once the context is known broken no further panel is shown, so the last panel's cell is
+        # also the one that broke it; where the probe could not tell, the panel still named it.
+        return restart_kernel(
+            blocking,
+            after_cell=self.last_sticky_cell if after_cell is None else after_cell,
+            profile=profile_dirs(self.shell),
+            delay=DELAY_S if delay is None else delay,
+        )
+
+    def _register_magics(self) -> None:
+        from .cudacheck_magic import CudaCheckMagics
+        from .cudaguard_magic import CudaGuardMagics
+
+        for instance in (CudaGuardMagics(self.shell, self), CudaCheckMagics(self.shell)):
+            for kind in ("line", "cell"):
+                self._magic_names[kind].extend(instance.magics[kind])
+            self.shell.register_magics(instance)
+            self._registered_magics.append(instance)
+
+    def _unregister_magics(self) -> None:
+        table = self.shell.magics_manager.magics
+        for kind, names in self._magic_names.items():
+            for name in names:
+                bound = table[kind].get(name)
+                # Only remove what is still ours: another extension may have redefined the name.
+                if getattr(bound, "__self__", None) in self._registered_magics:
+                    del table[kind][name]
+        for instance in self._registered_magics:
+            close = getattr(instance, "close", None)  # e.g. %cudacheck on: its guard and hooks
+            if close is not None:
+                close()
+        self._magic_names = {"line": [], "cell": []}
+        self._registered_magics = []
+
+    # --- the hook ------------------------------------------------------------------------------
+    def pre_run_cell(self, *_info: Any) -> None:
+        with contextlib.suppress(Exception):  # bookkeeping only: never break the user's cell
+            self.cells.start()
+        if self._tee_failed:
+            return
+        try:
+            self.tee.start()
+        except Exception as internal:  # fd games can fail (closed fd 2): never break the cell
+            self._tee_failed = True  # say it once, not under every cell
+            with contextlib.suppress(OSError):  # sys.stderr may be that very fd
+                print(f"nb_cudaguard: not capturing device output ({internal}).", file=sys.stderr)
+
+    def post_run_cell(self, result: ExecutionResult) -> None:
+        error = result.error_in_exec
+        with contextlib.suppress(Exception):
+            self.tee.stop(drain=error is not None)
+        with contextlib.suppress(Exception):
+            self.cells.finish(result.execution_count)
+        if error is None:
+            return
+        try:
+            self._explain(error, result.execution_count)
+        except Exception as internal:  # never let our failure cost the user their traceback
+            print(
+                f"nb_cudaguard: could not analyse this error ({type(internal).__name__}: "
+                f"{internal}); the traceback above is complete.",
+                file=sys.stderr,
+            )
+
+    def _explain(self, error: BaseException, cell: int | None) -> None:
+        where = where_sentence(error, cell, self.cells.launched, synced=is_sync_frame(error))
+        diagnosis = diagnose(
+            error, device_output=self.tee.text(), namespace=self.shell.user_ns, where=where
+        )
+        if diagnosis is None:
+            return
+        if self.poisoned_since is not None:
+            self._show_fallout(diagnosis)
+            return
+        context = probe_context()
+        if not diagnosis.sticky and context is not ContextState.POISONED:
+            return  # out of memory & co.: IPython's traceback says it all, the kernel lives on
+        diagnosis = _with_context(diagnosis, context)
+        self.last_diagnosis = diagnosis
+        self.last_sticky_cell = cell
+        if context is ContextState.POISONED:
+            self.poisoned_in_cell, self.poisoned_since = cell, diagnosis
+        from .display import show_diagnosis
+
+        show_diagnosis(diagnosis, cell, self.restart)
+
+    def _show_fallout(self, diagnosis: Diagnosis) -> None:
+        from .display import show_fallout
+
+        message = diagnosis.error.message if diagnosis.error is not None else diagnosis.title
+        show_fallout(self.poisoned_in_cell, message)
+
+
+def _with_context(diagnosis: Diagnosis, context: ContextState) -> Diagnosis:
+    from dataclasses import replace
+
+    if diagnosis.sticky or context is not ContextState.POISONED:
+        return replace(diagnosis, context=context)
+    # A "harmless" error (cuBLAS not initialised, ...) in a context an earlier, unseen error broke.
+    return replace(
+        diagnosis,
+        cause="other-sticky",
+        sticky=True,
+        title="The CUDA context of this kernel was already broken",
+        explanation=(
+            "This error is fallout: an earlier CUDA error (printed elsewhere, or caught by code) "
+            "broke the context, and every CUDA call fails since."
+        ),
+        context=context,
+    )
+
+
+_STATES: dict[int, CudaGuardExtension] = {}
+
+
+def load_ipython_extension(shell: InteractiveShell) -> None:
+    state = _STATES.get(id(shell))
+    if state is None or state.shell is not shell:
+        state = _STATES[id(shell)] = CudaGuardExtension(shell)
+    state.load()
+
+
+def unload_ipython_extension(shell: InteractiveShell) -> None:
+    state = _STATES.pop(id(shell), None)
+    if state is not None and state.shell is shell:
+        state.unload()
+
+
+def current_state(shell: InteractiveShell | None = None) -> CudaGuardExtension | None:
+    """The extension loaded in ``shell`` (default: the running one), if any."""
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    return _STATES.get(id(shell)) if shell is not None else None
+
+
+def profile_dirs(shell: InteractiveShell) -> tuple[str, str] | None:
+    """The shell's IPython profile (location, startup directory), where the restart leaves its
+    one-shot startup file."""
+    profile = getattr(shell, "profile_dir", None)
+    if profile is None:
+        return None
+    return str(profile.location), str(profile.startup_dir)

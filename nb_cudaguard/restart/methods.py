@@ -1,0 +1,231 @@
+"""Restart this kernel from inside it, optionally with CUDA_LAUNCH_BLOCKING=1 in the new process.
+
+The only cure for a poisoned CUDA context is a new process (FIELD_NOTES §2). How to get one
+depends on who manages the kernel (FIELD_NOTES §6), tried in this order:
+
+1. ``REST``: the Jupyter server that started this kernel (``jpserver-<pid>.json`` whose pid is an
+   ancestor of this process) is asked ``POST /api/kernels/<id>/restart`` with its token, from a
+   thread after a short delay: the call blocks until this process is gone.
+2. ``KILL`` (Colab) / ``EXIT`` (Kaggle, a tokenless or unreachable server, a plain kernel manager):
+   the process ends with ``os._exit`` and the manager's auto-restarter starts a new one.
+3. ``EXECVE`` (VS Code, which never restarts a dead kernel): the kernel is replaced in place, same
+   PID, ports and connection file, with the new environment.
+
+``exit()`` and ``kernel.do_shutdown`` are never used: they run atexit handlers, and CUDA's teardown
+can hang after a sticky error, so the kernel would never come back. For the same reason a REST
+restart, which asks the kernel to shut down politely, finds an atexit handler of ours registered
+last (so it runs first) that ends the process at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime.blocking import BLOCKING, MARKER
+from . import injection
+from .environment import Environment, connection_file, detect, kernel_id, launch_args
+from .server import Server, ancestors, api_request, find_server, runtime_dirs, server_knows_kernel
+
+DELAY_S = 0.3  # lets the reply, the widget update and fd output reach the frontend first
+POST_TIMEOUT_S = 60.0
+
+
+class Method(str, enum.Enum):
+    REST = "rest"
+    KILL = "kill"
+    EXIT = "exit"
+    EXECVE = "execve"
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """How this kernel will be restarted, and what to tell the user about it."""
+
+    method: Method
+    environment: Environment
+    connection_file: str | None
+    kernel_id: str | None = None
+    server: Server | None = None
+    note: str = ""  # why this method (a fallback says what it fell back from)
+
+    def describe(self, blocking: bool) -> str:
+        how = {
+            Method.REST: "through its Jupyter server",
+            Method.KILL: "by ending it; Colab starts a new one (it will say the session crashed)",
+            Method.EXIT: "by ending it; the notebook server starts a new one (it may say the "
+            "kernel died or is restarting)",
+            Method.EXECVE: "in place (same process id and connection)",
+        }[self.method]
+        mode = (
+            "The new kernel starts with CUDA_LAUNCH_BLOCKING=1 (this restart only): every CUDA "
+            "launch is slower, and errors point at the line that caused them."
+            if blocking
+            else "The new kernel starts with the normal environment."
+        )
+        return (
+            f"Restarting this kernel {how}. {mode} All variables are lost: when the kernel is "
+            "back, re-run the notebook from the top."
+        )
+
+
+class RestartError(RuntimeError):
+    """This process cannot be restarted from inside (not a kernel)."""
+
+
+# --- choosing and doing --------------------------------------------------------------------------
+
+
+def plan_restart(
+    environment: Environment | None = None,
+    connection: str | None = None,
+    candidate_pids: Sequence[int] | None = None,
+    directories: Iterable[Path] | None = None,
+) -> RestartPlan:
+    environment = detect() if environment is None else environment
+    if connection is None:
+        connection = connection_file(launch_args())
+    if environment is Environment.TERMINAL:
+        raise RestartError(
+            "this is not a Jupyter kernel (terminal IPython or a script): nothing to restart"
+        )
+    if environment is Environment.VSCODE:
+        return RestartPlan(
+            Method.EXECVE, environment, connection, note="VS Code never restarts a dead kernel"
+        )
+    kid = kernel_id(connection) if connection else None
+    note = "no Jupyter server found among this kernel's parents"
+    if kid is not None:
+        pids = ancestors() if candidate_pids is None else candidate_pids
+        dirs = runtime_dirs(connection) if directories is None else directories
+        server = find_server(dirs, pids)
+        if server is not None:
+            if server_knows_kernel(server, kid):
+                return RestartPlan(Method.REST, environment, connection, kid, server)
+            note = (
+                "the Jupyter server has no token"
+                if not server.token
+                else "the Jupyter server did not answer"
+            )
+    method = Method.KILL if environment is Environment.COLAB else Method.EXIT
+    return RestartPlan(method, environment, connection, kid, note=note)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _end_process(method: Method) -> None:
+    _flush()
+    time.sleep(0.05)  # ipykernel forwards flushed text from a thread: give it a moment
+    if method is Method.KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(1)
+
+
+def _exit_now() -> None:
+    _flush()
+    os._exit(0)
+
+
+def _rest_restart(plan: RestartPlan) -> None:
+    assert plan.server is not None and plan.kernel_id is not None
+    # The server asks the kernel to shut down: skip the atexit handlers (CUDA teardown can hang).
+    atexit.register(_exit_now)
+    try:
+        api_request(plan.server, f"kernels/{plan.kernel_id}/restart", "POST", POST_TIMEOUT_S)
+    except Exception:
+        # Reached only if the server failed us while we still live: let it auto-restart us.
+        _end_process(Method.EXIT)
+
+
+def _execve_environment(blocking: bool, after_cell: int | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if MARKER in env:  # blocking mode came from us: it ends now
+        env.pop(MARKER)
+        for name in BLOCKING:
+            env.pop(name, None)
+    if blocking:
+        env.update(BLOCKING)
+        env[MARKER] = "" if after_cell is None else str(after_cell)
+    return env
+
+
+def _execve_in_place(env: dict[str, str]) -> None:
+    _flush()
+    import multiprocessing
+
+    for child in multiprocessing.active_children():  # DataLoader workers & co.
+        with contextlib.suppress(Exception):
+            child.terminate()
+    # ipykernel points fd 1/2 at pipes it reads from a thread that will not survive exec: put the
+    # originals back, or the new kernel's C-level output is lost.
+    for fd, stream in ((1, sys.__stdout__), (2, sys.__stderr__), (1, sys.stdout), (2, sys.stderr)):
+        original = getattr(stream, "_original_stdstream_copy", None)
+        if isinstance(original, int):
+            with contextlib.suppress(OSError):
+                os.dup2(original, fd)
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) > 2:
+                with contextlib.suppress(OSError):
+                    os.set_inheritable(int(name), False)
+    args = launch_args()
+    os.execve(sys.executable, [sys.executable, *args[1:]], env)
+
+
+def restart_kernel(
+    blocking: bool = True,
+    *,
+    after_cell: int | None = None,
+    profile: tuple[str, str] | None = None,
+    plan: RestartPlan | None = None,
+    delay: float = DELAY_S,
+) -> RestartPlan:
+    """Restart this kernel; with ``blocking``, its next process alone gets CUDA_LAUNCH_BLOCKING=1.
+
+    Returns at once with the plan; the kernel goes away ``delay`` seconds later, so that this
+    cell's output and reply still reach the frontend. Re-run the notebook from the top afterwards.
+    ``profile`` is the IPython profile's (location, startup directory), where a blocking restart
+    leaves its one-shot startup file; ``after_cell`` is the cell that crashed, named in the new
+    kernel's banner. Raises ``RestartError`` where there is no kernel to restart.
+    """
+    plan = plan_restart() if plan is None else plan
+    if plan.method is not Method.EXECVE:
+        if profile is None or plan.connection_file is None:
+            if blocking:
+                raise RestartError("cannot find this kernel's IPython profile or connection file")
+        else:
+            key = injection.kernel_key(plan.connection_file)
+            if blocking:
+                injection.write_pending(*profile, plan.connection_file, after_cell=after_cell)
+            else:
+                injection.cancel(*profile, key)
+
+    action: Callable[[], None]
+    if plan.method is Method.REST:
+        action = lambda: _rest_restart(plan)  # noqa: E731
+    elif plan.method is Method.EXECVE:
+        env = _execve_environment(blocking, after_cell)
+        action = lambda: _execve_in_place(env)  # noqa: E731
+    else:
+        action = lambda: _end_process(plan.method)  # noqa: E731
+
+    def later() -> None:
+        time.sleep(delay)
+        action()
+
+    _flush()
+    threading.Thread(target=later, name="nb_cudaguard-restart", daemon=True).start()
+    return plan

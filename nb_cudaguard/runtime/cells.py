@@ -1,0 +1,137 @@
+"""Which cells launched CUDA work, and the opt-in end-of-cell synchronise.
+
+CUDA kernels run asynchronously: a bad kernel launched in cell 5 is reported at the next call
+PyTorch checks, sometimes in a later cell (FIELD_NOTES §1); ``diagnosis.where`` turns what this
+module records into a sentence. Two signals per cell, read without touching the device: the
+caching allocator's cumulative allocation count (almost every kernel that produces a tensor
+allocates) and whether the current stream still had work queued when the cell ended. Both read
+host-side state only; after a sticky error they may raise, which counts as "unknown".
+
+``SyncAfterCell`` is the opt-in setting that makes each cell wait for its own GPU work, so errors
+surface in the cell that launched them. It rewrites the cell's last statement ``x`` into
+``sync_after_cell(x)`` (the value, and so the cell's displayed result, is unchanged); a cell
+ending in a statement gets ``if sync_after_cell(None): pass`` appended. The synchronise then raises
+inside the cell itself, which is marked failed as it should be.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+_Node = TypeVar("_Node", bound=ast.AST)
+
+
+def _cuda_counters() -> tuple[int, bool] | None:
+    """(cumulative CUDA allocations, work still queued) or None when CUDA is not in use."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        allocations = int(torch.cuda.memory_stats().get("allocation.all.allocated", 0))
+        pending = not torch.cuda.current_stream().query()
+        return allocations, pending
+    except Exception:
+        return None
+
+
+@dataclass
+class CellTracker:
+    """Remember, per execution count, whether the cell launched CUDA work."""
+
+    launched: dict[int, bool] = field(default_factory=dict)
+    _before: tuple[int, bool] | None = None
+    _depth: int = 0
+
+    def start(self) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._before = _cuda_counters()
+
+    def finish(self, cell: int | None) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth or cell is None:
+            return
+        after = _cuda_counters()
+        if after is None:
+            return
+        allocations_before = self._before[0] if self._before is not None else 0
+        self.launched[cell] = after[0] > allocations_before or after[1]
+        if len(self.launched) > 1000:  # a long session: keep the recent cells
+            for old in sorted(self.launched)[:-500]:
+                del self.launched[old]
+
+
+def sync_after_cell(value: Any = None) -> Any:
+    """Wait for this cell's GPU work (so its errors surface here), then hand ``value`` back."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            initialized = torch.cuda.is_initialized()
+        except Exception:
+            initialized = False
+        if initialized:
+            torch.cuda.synchronize()
+    return value
+
+
+_SYNC_MODULE = __name__
+
+
+def _sync_call(value: ast.expr) -> ast.expr:
+    # __import__(...).sync_after_cell(value): no name is added to the user's namespace.
+    module = ast.Call(
+        func=ast.Name(id="__import__", ctx=ast.Load()),
+        args=[ast.Constant(_SYNC_MODULE)],
+        keywords=[
+            ast.keyword(
+                arg="fromlist",
+                value=ast.List(elts=[ast.Constant("sync_after_cell")], ctx=ast.Load()),
+            )
+        ],
+    )
+    return ast.Call(
+        func=ast.Attribute(value=module, attr="sync_after_cell", ctx=ast.Load()),
+        args=[value],
+        keywords=[],
+    )
+
+
+class SyncAfterCell(ast.NodeTransformer):
+    """IPython AST transformer: synchronise CUDA at the end of every cell (opt-in)."""
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        if not node.body:
+            return node
+        last = node.body[-1]
+        if isinstance(last, ast.Expr):
+            last.value = _located(_sync_call(last.value), last)
+        else:
+            # A statement, not an expression: an appended expression would make IPython run
+            # it in 'single' mode through the display hook.
+            test = _sync_call(ast.Constant(None))
+            node.body.append(_located(ast.If(test=test, body=[ast.Pass()], orelse=[]), last))
+        return node
+
+
+def _located(new: _Node, like: ast.stmt) -> _Node:
+    """Give our new nodes the last statement's position (cheaper than fix_missing_locations
+    over the whole cell, which IPython runs once more anyway)."""
+    for child in ast.walk(new):
+        if "lineno" in child._attributes and not hasattr(child, "lineno"):
+            ast.copy_location(child, like)
+    return new
+
+
+def is_sync_frame(error: BaseException) -> bool:
+    """Whether the error was raised by our end-of-cell synchronise."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is sync_after_cell.__code__:
+            return True
+        tb = tb.tb_next
+    return False

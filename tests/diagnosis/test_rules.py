@@ -1,0 +1,298 @@
+"""Every user-triggerable PyTorch CUDA assert maps to its cause id, in every print format.
+
+The conditions are the texts in PyTorch's sources (CUDA_KERNEL_ASSERT stringifies its argument;
+CUDA_KERNEL_ASSERT_MSG prints the message), several releases where they changed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pytorch_texts import ASSERT_2_0 as HEADLINE
+
+import nb_cudaguard
+from nb_cudaguard import CAUSES, diagnose
+from nb_cudaguard.diagnosis.rules import RULES
+
+# (file, condition or message, cause)
+CASES: list[tuple[str, str, str]] = [
+    # nll_loss / cross_entropy 1d, 2d, no-reduce, forward and backward; nll_loss2d; THCUNN
+    ("Loss.cu", "t >= 0 && t < n_classes", "label-out-of-range"),
+    ("Loss.cu", "cur_target >= 0 && cur_target < n_classes", "label-out-of-range"),
+    ("Loss.cu", "cur_target < n_classes", "label-out-of-range"),  # uint8 targets
+    ("NLLLoss2d.cu", "cur_target >= 0 && cur_target < n_classes", "label-out-of-range"),
+    ("ClassNLLCriterion.cu", "t >= 0 && t < n_classes", "label-out-of-range"),
+    ("SpatialClassNLLCriterion.cu", "t >= 0 && t < n_classes", "label-out-of-range"),
+    ("ClassNLLCriterion.cu", "cur_target  >= 0 && cur_target  < n_classes", "label-out-of-range"),
+    # THCUNN BCE (< 1.8) dereferences its pointers
+    ("BCECriterion.cu", "*input >= 0. && *input <= 1.", "probability-out-of-range"),
+    # masked_scatter_size_check (plain assert(); older and current wordings)
+    ("IndexKernel.cu", "totalElements <= srcSize", "size-mismatch"),
+    ("IndexKernel.cu", "selected <= source_size", "size-mismatch"),
+    # take / put
+    (
+        "IndexKernel.cu",
+        'idx < numel && idx >= -numel && "cuda_take_put_kernel() index out of bounds"',
+        "index-out-of-range",
+    ),
+    # EmbeddingBag forward (sum/mean and max kernels)
+    ("EmbeddingBag.cu", "input[emb] < numRows", "index-out-of-range"),
+    # multi_margin_loss
+    (
+        "MultiMarginLoss.cu",
+        'target_k >= 0 && target_k < dim && "target index is out of bounds"',
+        "label-out-of-range",
+    ),
+    # BCE input and target
+    ("Loss.cu", "input_val >= zero && input_val <= one", "probability-out-of-range"),
+    ("Loss.cu", "target_val >= zero && target_val <= one", "probability-out-of-range"),
+    # embedding / index_select / vectorized gather / EmbeddingBag
+    ("Indexing.cu", "srcIndex < srcSelectDimSize", "index-out-of-range"),
+    ("THCTensorIndex.cu", "srcIndex < srcSelectDimSize", "index-out-of-range"),
+    (
+        "IndexKernelUtils.cu",
+        'ind >=0 && ind < ind_dim_size && "vectorized gather kernel index out of bounds"',
+        "index-out-of-range",
+    ),
+    ("EmbeddingBag.cu", "input_idx < numRows", "index-out-of-range"),
+    # index_add / index_copy / index_fill / index_reduce
+    ("Indexing.cu", "dstIndex < dstAddDimSize", "index-out-of-range"),
+    ("THCTensorIndex.cu", "dstIndex < dstCopyDimSize", "index-out-of-range"),
+    ("THCTensorIndex.cu", "dstIndex < dstFillDimSize", "index-out-of-range"),
+    (
+        "IndexKernel.cu",
+        'idx >= 0 && idx < self_dim_size && "index_copy_(): index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "IndexKernel.cu",
+        'idx >= -self_dim_size && idx < self_dim_size && "index out of bounds"',
+        "index-out-of-range",
+    ),
+    # advanced indexing, take, put
+    (
+        "IndexKernel.cu",
+        '-sizes[i] <= index && index < sizes[i] && "index out of bounds"',
+        "index-out-of-range",
+    ),
+    ("IndexKernel.cu", 'idx >= -numel && idx < numel && "out of range"', "index-out-of-range"),
+    # masked_scatter
+    ("IndexKernel.cu", "maskPrefixSum < srcSize", "size-mismatch"),
+    # gather / scatter / scatter_add, both wordings, and THC
+    (
+        "ScatterGatherKernel.cu",
+        'idx_dim >= 0 && idx_dim < index_size && "index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "ScatterGatherKernel.cu",
+        'idx_dim >= 0 && idx_dim < index_size && "scatter gather kernel index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "THCTensorScatterGather.cu",
+        "indexValue >= 0 && indexValue < src.sizes[dim]",
+        "index-out-of-range",
+    ),
+    (
+        "THCTensorScatterGather.cu",
+        "indexValue >= 0 && indexValue < tensor.sizes[dim]",
+        "index-out-of-range",
+    ),
+    # multinomial, all its conditions, current and THC
+    ("MultinomialKernel.cu", "!at::_isnan(val)", "nan-detected"),
+    ("MultinomialKernel.cu", "!_isinf(val)", "nan-detected"),
+    ("MultinomialKernel.cu", "!(val < zero)", "probability-out-of-range"),
+    ("MultinomialKernel.cu", "val >= zero", "probability-out-of-range"),
+    ("MultinomialKernel.cu", "sum > accZero", "probability-out-of-range"),
+    (
+        "MultinomialKernel.cu",
+        "cumdist[size - 1] > static_cast<scalar_t>(0)",
+        "probability-out-of-range",
+    ),
+    ("THCTensorRandom.cuh", "THCNumerics<T>::ge(val, zero)", "probability-out-of-range"),
+    ("THCTensorRandom.cuh", "!THCNumerics<T>::isnan(val)", "nan-detected"),
+    (
+        "TensorCompare.cu",
+        "probability tensor contains either `inf`, `nan` or element < 0",
+        "probability-out-of-range",
+    ),
+    # bernoulli, poisson
+    ("DistributionTemplates.h", "0 <= p1 && p1 <= 1", "probability-out-of-range"),
+    ("Distributions.cu", "0 <= p4 && p4 <= 1", "probability-out-of-range"),
+    (
+        "Distributions.cu",
+        'lambda >= 0 && "invalid Poisson rate, expected rate to be non-negative"',
+        "probability-out-of-range",
+    ),
+    # _assert_async
+    ("TensorCompare.cu", "input[0] != 0", "user-assert"),
+    ("TensorCompare.cu", "input[0] != c10::complex<float>(0, 0)", "user-assert"),
+    ("TensorCompare.cu", "my own check failed", "user-assert"),
+    # repeat_interleave, segment_reduce, max_unpool, fractional max pool
+    ("Repeat.cu", "result_size == cumsum_ptr[size - 1]", "size-mismatch"),
+    ("SegmentReduce.cu", "lengths_data[i] >= 0", "size-mismatch"),
+    ("MaxUnpooling.cu", "maxind >= 0 && maxind < outputImageSize", "index-out-of-range"),
+    ("FractionalMaxPool2d.cu", "maxIndex != -1", "nan-detected"),
+    (
+        "FractionalMaxPool3d.cu",
+        "maxVal != at::numeric_limits<scalar_t>::lower_bound()",
+        "nan-detected",
+    ),
+    # grouped GEMM offsets
+    (
+        "GroupMMCommon.cuh",
+        'delta >=0 && "expected gemm dimension to be greater or equal 0\\n"',
+        "size-mismatch",
+    ),
+    (
+        "GroupMMCommon.cuh",
+        'delta >=0 && "expected ofsets to be greater or equal 0\\n"',
+        "size-mismatch",
+    ),
+    (
+        "GroupMMCommon.cuh",
+        'delta % align == 0 && "expected input tensor dynamic dimension byte size to be '
+        'non-negative multiple of 16\\n"',
+        "size-mismatch",
+    ),
+    # sparse compressed indices (CUDA_KERNEL_ASSERT(cond && message) prints the expression)
+    ("ValidateCompressedIndicesCommon.h", "cond && message", "sparse-invariant"),
+    (
+        "ValidateCompressedIndicesKernel.cu",
+        "`crow_indices[..., 0] == 0` is not satisfied.",
+        "sparse-invariant",
+    ),
+    # NCCL NaN check
+    ("NanCheck.cu", "!isnan(data[i])", "nan-detected"),
+    # Inductor
+    ("cabcdefxyz.py", "index out of bounds: 0 <= tmp4 < 50257", "index-out-of-range"),
+    ("c7xk2.py", "index out of bounds: 0 <= tmp12 < ks0", "index-out-of-range"),
+]
+
+FORMATS = {
+    "linux": "/pytorch/aten/src/ATen/native/cuda/{file}:123: some_kernel<float>: block: [0,0,0], "
+    "thread: [1,0,0] Assertion `{cond}` failed.",
+    "windows": "C:\\w\\pytorch\\aten\\src\\ATen\\native\\cuda\\{file}:123: block: [0,0,0], "
+    "thread: [1,0,0] Assertion `{cond}` failed.",
+    "old-pretty": "../aten/src/ATen/native/cuda/{file}:77: void at::native::<unnamed>::kernel"
+    "(scalar_t *, long) [with scalar_t = float]: block: [3,0,0], thread: [31,0,0] "
+    "Assertion `{cond}` failed.",
+    "dsa": "Assertion failure 0\n  GPU assertion failure message = {cond}\n"
+    "  File containing assertion = /src/aten/src/ATen/native/cuda/{file}:123\n"
+    "  Device function containing assertion = some_kernel\n",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize(("file", "condition", "cause"), CASES)
+def test_device_line_maps_to_cause(fmt, file, condition, cause):
+    device = FORMATS[fmt].format(file=file, cond=condition)
+    diagnosis = diagnose(HEADLINE, device_output=device)
+    assert diagnosis is not None
+    assert diagnosis.cause == cause
+    assert diagnosis.source
+
+
+def test_lines_folded_from_hundreds_of_threads_still_map():
+    line = FORMATS["linux"].format(file="Loss.cu", cond="t >= 0 && t < n_classes")
+    device = "\n".join(line.replace("[1,0,0]", f"[{i},0,0]") for i in range(500))
+    diagnosis = diagnose(HEADLINE, device_output=device)
+    assert diagnosis is not None
+    assert diagnosis.cause == "label-out-of-range"
+    assert diagnosis.assert_lines[0].count == 500
+
+
+def test_rocm_file_extension_matches_the_cuda_rule():
+    device = (
+        "/r/aten/src/ATen/native/hip/Loss.hip:250: k: "
+        "Device-side assertion `t >= 0 && t < n_classes' failed."
+    )
+    diagnosis = diagnose(HEADLINE, device_output=device)
+    assert diagnosis is not None
+    assert diagnosis.cause == "label-out-of-range"
+
+
+@pytest.mark.parametrize(
+    ("file", "condition"),
+    [
+        ("CUDALoops.cuh", "blockDim.x == num_threads()"),
+        ("Reduce.cuh", "config.output_mult[0] != 0"),
+        ("Indexing.cu", "false"),
+        ("Loss.cu", "blockDim.x == 1024"),
+        ("SortUtils.cuh", "sort_size <= items_per_thread * num_threads"),
+        ("Sorting.cu", 'false && "unreachable"'),
+    ],
+)
+def test_internal_invariants_are_never_blamed_on_user_data(file, condition):
+    device = FORMATS["linux"].format(file=file, cond=condition)
+    diagnosis = diagnose(HEADLINE, device_output=device)
+    assert diagnosis is not None
+    assert diagnosis.cause == "pytorch-internal"
+    assert "not the values of your data" in diagnosis.explanation
+
+
+def test_unknown_condition_in_a_known_file_is_an_unknown_assert_not_a_guess():
+    device = FORMATS["linux"].format(file="Loss.cu", cond="weird_new_check(x)")
+    diagnosis = diagnose(HEADLINE, device_output=device)
+    assert diagnosis is not None
+    assert diagnosis.cause == "unknown-assert"
+
+
+def test_match_is_on_file_and_condition_not_on_line_number():
+    a = FORMATS["linux"].format(file="Loss.cu", cond="t >= 0 && t < n_classes")
+    b = a.replace(":123:", ":99999:")
+    assert diagnose(HEADLINE, device_output=a).cause == diagnose(HEADLINE, device_output=b).cause
+
+
+def test_every_rule_names_a_stable_cause_a_source_a_fix_and_likely_causes():
+    for rule in RULES:
+        assert rule.cause in CAUSES
+        assert rule.source and rule.title and rule.explanation
+        assert rule.fixes and rule.likely_causes
+
+
+def test_assert_without_device_lines_still_ranks_the_common_causes():
+    diagnosis = diagnose(HEADLINE)
+    assert diagnosis is not None
+    assert diagnosis.cause == "unknown-assert"
+    assert diagnosis.likely_causes and "class label" in diagnosis.likely_causes[0]
+
+
+def test_fixes_include_cpu_replay_and_the_dsa_build_flag_fact():
+    device = FORMATS["linux"].format(file="Loss.cu", cond="t >= 0 && t < n_classes")
+    fixes = " ".join(diagnose(HEADLINE, device_output=device).fixes)
+    assert "CPU" in fixes
+    assert "TORCH_USE_CUDA_DSA is a build flag" in fixes
+
+
+def test_out_of_memory_is_not_sticky():
+    diagnosis = diagnose(
+        "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity)"
+    )
+    assert diagnosis is not None
+    assert diagnosis.cause == "not-sticky"
+    assert not diagnosis.sticky
+
+
+def test_host_side_index_error_is_not_a_cuda_error():
+    assert diagnose(IndexError("Target 3 is out of bounds.")) is None
+    assert diagnose(RuntimeError("index 5 is out of bounds for dimension 0 with size 3")) is None
+
+
+def test_device_lines_in_the_output_do_not_make_a_non_cuda_error_sticky():
+    device = FORMATS["linux"].format(file="Loss.cu", cond="t >= 0 && t < n_classes")
+    assert diagnose(ValueError("bad value"), device_output=device) is None
+
+
+def test_import_stays_free_of_torch_and_ipython():
+    import subprocess
+    import sys
+
+    code = (
+        "import nb_cudaguard, nb_cudaguard.diagnosis.rules, nb_cudaguard.diagnosis.evidence, "
+        "nb_cudaguard.runtime.capture, nb_cudaguard.runtime.cells, sys; "
+        "print([m for m in ('torch','IPython','ipywidgets') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert nb_cudaguard.diagnose is diagnose

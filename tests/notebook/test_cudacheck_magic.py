@@ -1,0 +1,173 @@
+"""%%cudacheck and %cudacheck on|off through a real IPython shell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+from nb_cudaguard import GuardError
+from nb_cudaguard.input_guard.scope import active
+
+SETUP = "import torch, torch.nn as nn, torch.nn.functional as F\nemb = nn.Embedding(10, 4)\n"
+
+
+def mode_depth() -> int:
+    return int(torch._C._len_torch_function_stack())
+
+
+@pytest.fixture
+def ip(shell: Any) -> Iterator[Any]:
+    shell.run_cell("%load_ext nb_cudaguard")
+    shell.run_cell(SETUP)
+    results: list[Any] = []
+    shell.events.register("post_run_cell", results.append)
+    shell.user_ns["_results"] = results
+    yield shell
+    shell.events.unregister("post_run_cell", results.append)
+    shell.run_cell("%cudacheck off")
+
+
+def errors(shell: Any) -> list[BaseException]:
+    return [r.error_in_exec for r in shell.user_ns["_results"] if r.error_in_exec is not None]
+
+
+def test_a_bad_input_in_a_checked_cell_raises_guard_error(ip: Any) -> None:
+    ip.run_cell("%%cudacheck\nout = emb(torch.tensor([3, 10]))")
+    assert isinstance(errors(ip)[0], GuardError)
+
+
+def test_variables_survive_a_caught_violation(ip: Any) -> None:
+    ip.run_cell("%%cudacheck\nbefore = 1\nout = emb(torch.tensor([10]))\nafter = 2")
+    assert ip.user_ns["before"] == 1 and "after" not in ip.user_ns
+    assert ip.run_cell("emb(torch.tensor([9])).shape").result == torch.Size([1, 4])
+
+
+def test_the_checked_cell_itself_fails_so_run_all_stops(ip: Any) -> None:
+    result = ip.run_cell("%%cudacheck\nemb(torch.tensor([10]))")
+    assert not result.success
+
+
+def test_a_valid_cell_runs_normally(ip: Any) -> None:
+    result = ip.run_cell(
+        "%%cudacheck\nloss = F.cross_entropy(torch.randn(2, 3), torch.tensor([2, -100]))"
+    )
+    assert result.success and float(ip.user_ns["loss"]) > 0
+
+
+def test_the_guard_ends_with_the_cell(ip: Any) -> None:
+    before = mode_depth()
+    ip.run_cell(
+        "%%cudacheck\nfrom nb_cudaguard.input_guard.scope import active as _active\n"
+        "inside = _active()"
+    )
+    assert ip.user_ns["inside"] is True
+    assert mode_depth() == before and not active()
+    ip.run_cell("emb(torch.tensor([10]))")
+    assert isinstance(errors(ip)[-1], IndexError) and not isinstance(errors(ip)[-1], GuardError)
+
+
+def test_the_guard_ends_when_the_cell_is_interrupted(ip: Any) -> None:
+    before = mode_depth()
+    ip.run_cell("%%cudacheck\nraise KeyboardInterrupt")
+    assert isinstance(errors(ip)[0], KeyboardInterrupt)
+    assert mode_depth() == before and not active()
+
+
+def test_only_limits_the_checks(ip: Any) -> None:
+    ip.run_cell("%%cudacheck --only loss\nemb(torch.tensor([10]))")
+    assert not isinstance(errors(ip)[0], GuardError)
+
+
+def test_skip_limits_the_checks(ip: Any) -> None:
+    ip.run_cell("%%cudacheck --skip embedding,index\nemb(torch.tensor([10]))")
+    assert not isinstance(errors(ip)[0], GuardError)
+
+
+def test_sync_runs_on_a_machine_without_cuda(ip: Any) -> None:
+    assert ip.run_cell("%%cudacheck --sync\nx = 1").success
+
+
+def test_an_unknown_option_is_a_usage_error(ip: Any) -> None:
+    with pytest.raises(UsageError):
+        ip.run_cell_magic("cudacheck", "--bogus", "x = 1")
+
+
+def test_an_unknown_check_is_a_usage_error(ip: Any) -> None:
+    with pytest.raises(UsageError, match="unknown check"):
+        ip.run_cell_magic("cudacheck", "--only embeddings", "x = 1")
+
+
+def test_on_off_in_a_cell_magic_is_a_usage_error(ip: Any) -> None:
+    with pytest.raises(UsageError, match="line magic"):
+        ip.run_cell_magic("cudacheck", "on", "x = 1")
+
+
+def test_line_magic_on_guards_every_following_cell(ip: Any) -> None:
+    ip.run_cell("%cudacheck on")
+    ip.run_cell("emb(torch.tensor([10]))")
+    ip.run_cell("emb(torch.tensor([11]))")
+    assert [type(e) for e in errors(ip)] == [type(errors(ip)[0])] * 2
+    assert all(isinstance(e, GuardError) for e in errors(ip))
+
+
+def test_line_magic_off_stops_guarding(ip: Any) -> None:
+    ip.run_cell("%cudacheck on")
+    ip.run_cell("%cudacheck off")
+    ip.run_cell("emb(torch.tensor([10]))")
+    assert not isinstance(errors(ip)[-1], GuardError)
+    assert not active()
+
+
+def test_between_cells_no_guard_is_active(ip: Any) -> None:
+    before = mode_depth()
+    ip.run_cell("%cudacheck on")
+    ip.run_cell("x = 1")
+    assert mode_depth() == before and not active()
+
+
+def test_a_checked_cell_inside_line_mode_unwinds_both(ip: Any) -> None:
+    before = mode_depth()
+    ip.run_cell("%cudacheck on --only loss")
+    ip.run_cell("%%cudacheck\nemb(torch.tensor([10]))")
+    assert isinstance(errors(ip)[0], GuardError)
+    assert mode_depth() == before and not active()
+
+
+def test_status_reports_the_state(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_cell("%cudacheck on --only loss")
+    ip.run_cell("%cudacheck status")
+    assert "cudacheck: on (only=" in capsys.readouterr().out
+
+
+def test_unloading_the_extension_turns_line_mode_off(ip: Any) -> None:
+    ip.run_cell("%cudacheck on")
+    ip.run_cell("%unload_ext nb_cudaguard")
+    ip.run_cell("emb(torch.tensor([10]))")
+    assert not isinstance(errors(ip)[-1], GuardError)
+    assert "cudacheck" not in ip.magics_manager.magics["line"]
+
+
+def test_the_docstring_is_the_manual(ip: Any) -> None:
+    doc = ip.magics_manager.magics["cell"]["cudacheck"].__doc__
+    assert "Usage::" in doc and "--only" in doc
+
+
+def test_in_a_real_kernel_the_cell_fails_with_the_guard_errors_traceback(kernel: Any) -> None:
+    kernel.execute("%load_ext nb_cudaguard\n" + SETUP)
+    out = kernel.execute("%%cudacheck\nemb(torch.tensor([3, 10]))")
+    assert out.reply["status"] == "error"
+    assert out.errors[0]["ename"] == "GuardIndexError"
+    assert "nn.Embedding(10, 4) at emb" in "\n".join(out.errors[0]["traceback"])
+    assert kernel.execute("print(emb.weight.shape)").stream.strip() == "torch.Size([10, 4])"
+
+
+def test_a_guard_error_is_not_diagnosed_as_a_cuda_error(ip: Any) -> None:
+    from nb_cudaguard.notebook.extension import current_state
+
+    ip.run_cell("%%cudacheck\nemb(torch.tensor([10]))")
+    state = current_state(ip)
+    assert state is not None and state.last_diagnosis is None

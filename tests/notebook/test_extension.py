@@ -1,0 +1,300 @@
+"""The extension in a real IPython shell: load, unload, reload, coexistence, failure safety."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import ROOT
+from IPython.utils.capture import capture_output
+from pytorch_texts import ASSERT_2_0 as ASSERT
+from pytorch_texts import RAISE_ASSERT
+
+import nb_cudaguard
+from nb_cudaguard.notebook import extension
+
+
+def panels(captured) -> list[dict[str, str]]:
+    return [o.data for o in captured.outputs if "nb-cudaguard-panel" in o.data.get("text/html", "")]
+
+
+def our_callbacks(shell) -> list[object]:
+    return [
+        cb
+        for cb in shell.events.callbacks["post_run_cell"]
+        if getattr(cb, "__self__", None).__class__ is extension.CudaGuardExtension
+    ]
+
+
+def test_load_registers_one_post_run_cell_hook(shell):
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    assert len(our_callbacks(shell)) == 1
+
+
+def test_loading_twice_keeps_one_hook(shell):
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    nb_cudaguard.load_ipython_extension(shell)
+    assert len(our_callbacks(shell)) == 1
+
+
+def test_unload_removes_exactly_our_hook_and_magic(shell):
+    def other(result):
+        return None
+
+    shell.events.register("post_run_cell", other)
+    try:
+        shell.run_line_magic("load_ext", "nb_cudaguard")
+        assert "cudaguard" in shell.magics_manager.magics["line"]
+        shell.run_line_magic("unload_ext", "nb_cudaguard")
+        assert our_callbacks(shell) == []
+        assert other in shell.events.callbacks["post_run_cell"]
+        assert "cudaguard" not in shell.magics_manager.magics["line"]
+    finally:
+        shell.events.unregister("post_run_cell", other)
+
+
+def test_reload_leaves_one_working_hook(shell):
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    shell.run_line_magic("reload_ext", "nb_cudaguard")
+    assert len(our_callbacks(shell)) == 1
+    with capture_output() as captured:
+        shell.run_cell(RAISE_ASSERT)
+    assert len(panels(captured)) == 1
+
+
+def test_sticky_error_keeps_the_cell_failed_and_shows_one_panel(shell):
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    with capture_output() as captured:
+        result = shell.run_cell(RAISE_ASSERT)
+    assert not result.success
+    assert isinstance(result.error_in_exec, torch.AcceleratorError)
+    assert "AcceleratorError" in captured.stdout + captured.stderr  # IPython's own traceback
+    (panel,) = panels(captured)
+    assert (
+        panel["text/plain"].splitlines()[2].startswith("The GPU context of this kernel is broken")
+    )
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "1/0",
+        "raise IndexError('Target 3 is out of bounds.')",
+        "import torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')",
+        "import torch\nraise RuntimeError('CUDA error: invalid device ordinal')",
+    ],
+    ids=["ZeroDivisionError", "IndexError", "OutOfMemoryError", "invalid-device-ordinal"],
+)
+def test_non_sticky_and_non_cuda_errors_get_no_panel(shell, code):
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    with capture_output() as captured:
+        result = shell.run_cell(code)
+    assert not result.success
+    assert captured.outputs == []
+    assert "nb_cudaguard" not in captured.stdout + captured.stderr
+
+
+def test_another_custom_exc_handler_keeps_working_while_loaded_and_after_unload(shell):
+    seen: list[str] = []
+
+    def colab_like(self, etype, value, tb, tb_offset=None):
+        seen.append(str(value))
+        return ["handled by the other extension"]
+
+    shell.set_custom_exc((ImportError,), colab_like)
+    handler_before, types_before = shell.CustomTB, shell.custom_exceptions
+    try:
+        shell.run_line_magic("load_ext", "nb_cudaguard")
+        with capture_output():
+            shell.run_cell("raise ImportError('one')")
+        shell.run_line_magic("unload_ext", "nb_cudaguard")
+        with capture_output():
+            shell.run_cell("raise ImportError('two')")
+        assert seen == ["one", "two"]
+        assert (shell.CustomTB, shell.custom_exceptions) == (handler_before, types_before)
+    finally:
+        shell.set_custom_exc((), None)
+
+
+def test_sticky_error_handled_by_another_custom_exc_handler_still_gets_a_panel(shell):
+    def other(self, etype, value, tb, tb_offset=None):
+        return ["other extension's traceback"]
+
+    shell.set_custom_exc((RuntimeError,), other)
+    try:
+        shell.run_line_magic("load_ext", "nb_cudaguard")
+        with capture_output() as captured:
+            shell.run_cell(RAISE_ASSERT)
+        assert len(panels(captured)) == 1
+    finally:
+        shell.set_custom_exc((), None)
+
+
+def test_our_own_failure_is_one_line_and_the_traceback_stays(shell, monkeypatch):
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    # Fault injection: the guard rail around our analysis is what is under test.
+    monkeypatch.setattr(extension, "diagnose", broken)
+    with capture_output() as captured:
+        result = shell.run_cell(RAISE_ASSERT)
+    assert not result.success
+    ours = [line for line in captured.stderr.splitlines() if "nb_cudaguard" in line]
+    assert ours == [
+        "nb_cudaguard: could not analyse this error (KeyError: 'boom'); "
+        "the traceback above is complete."
+    ]
+    assert "AcceleratorError" in captured.stdout + captured.stderr
+    assert "Error in callback" not in captured.stdout + captured.stderr
+
+
+def _simulate_poisoned_context(monkeypatch) -> None:
+    """Make torch.cuda behave as after a sticky error: initialised, and every call re-raises."""
+
+    class PoisonedStream:
+        def query(self) -> bool:
+            raise torch.AcceleratorError(ASSERT)
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: PoisonedStream())
+
+
+def test_probe_reports_poisoned_context(monkeypatch):
+    _simulate_poisoned_context(monkeypatch)
+    assert nb_cudaguard.probe_context() is nb_cudaguard.ContextState.POISONED
+
+
+def test_probe_without_cuda_initialised_reports_no_cuda():
+    assert not torch.cuda.is_initialized()
+    assert nb_cudaguard.probe_context() is nb_cudaguard.ContextState.NO_CUDA
+
+
+def test_probe_that_hangs_reports_unknown_quickly(monkeypatch):
+    import threading
+
+    release = threading.Event()
+
+    class HangingStream:
+        def query(self) -> bool:
+            release.wait(10)
+            return True
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: HangingStream())
+    from nb_cudaguard.runtime.probe import probe_context
+
+    try:
+        assert probe_context(timeout=0.2) is nb_cudaguard.ContextState.UNKNOWN
+    finally:
+        release.set()
+
+
+def test_later_failure_in_a_poisoned_context_is_reported_as_fallout(shell, monkeypatch):
+    _simulate_poisoned_context(monkeypatch)
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    with capture_output() as first:
+        shell.run_cell(RAISE_ASSERT, store_history=True)
+    first_cell = shell.execution_count - 1
+    with capture_output() as second:
+        shell.run_cell(RAISE_ASSERT, store_history=True)
+    assert len(panels(first)) == 1
+    assert "CUDA context: poisoned" in panels(first)[0]["text/plain"]
+    assert panels(second) == []
+    (note,) = [o.data["text/plain"] for o in second.outputs]
+    assert f"fallout of the CUDA error in cell [{first_cell}]" in note
+
+
+def test_follow_on_library_error_in_poisoned_context_is_fallout(shell, monkeypatch):
+    _simulate_poisoned_context(monkeypatch)
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    with capture_output():
+        shell.run_cell(RAISE_ASSERT, store_history=True)
+    first_cell = shell.execution_count - 1
+    with capture_output() as second:
+        shell.run_cell(
+            "raise RuntimeError('CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling "
+            "`cublasCreate(handle)`')",
+            store_history=True,
+        )
+    assert [o.data["text/plain"].split(".")[0] for o in second.outputs] == [
+        f"nb_cudaguard: fallout of the CUDA error in cell [{first_cell}]"
+    ]
+
+
+TERMINAL_ARGV = [
+    "--simple-prompt",
+    "--colors=NoColor",
+    "--no-banner",
+    "--HistoryManager.enabled=False",
+]
+
+
+def _run_terminal_ipython(script: str, *pre: str) -> subprocess.CompletedProcess[str]:
+    """A real terminal IPython reading `script` from its standard input."""
+    start = f"from IPython import start_ipython; start_ipython(argv={TERMINAL_ARGV!r})"
+    return subprocess.run(
+        [sys.executable, "-c", "\n".join([*pre, start])],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(ROOT),
+    )
+
+
+def test_terminal_ipython_prints_the_text_panel_after_the_traceback():
+    script = (
+        "%load_ext nb_cudaguard\n"
+        + "import torch\n"
+        + (f"raise torch.AcceleratorError({ASSERT!r})\n")
+        + "exit\n"
+    )
+    proc = _run_terminal_ipython(script)
+    out = proc.stdout
+    assert "AcceleratorError" in out
+    assert "nb_cudaguard: A GPU kernel hit a device-side assert" in out
+    assert out.index("AcceleratorError") < out.index("nb_cudaguard: A GPU kernel")
+
+
+def test_loads_without_torch_and_stays_silent_until_a_cuda_error():
+    blocker = "import sys; sys.modules['torch'] = None"  # `import torch` now raises ImportError
+    script = textwrap.dedent(
+        """\
+        %load_ext nb_cudaguard
+        1/0
+        raise RuntimeError('CUDA error: device-side assert triggered')
+        exit
+        """
+    )
+    proc = _run_terminal_ipython(script, blocker)
+    out = proc.stdout + proc.stderr
+    assert "ZeroDivisionError" in out
+    assert out.count("nb_cudaguard:") == 1
+    assert "nb_cudaguard: A GPU kernel hit a device-side assert" in out
+    assert "could not analyse" not in out
+
+
+def test_a_process_without_fd_2_runs_its_cells_and_says_so_at_most_once():
+    # Some launchers close fd 2; the extension must not break cells or repeat itself.
+    pre = "import os, sys; sys.stderr = sys.stdout; os.close(2)"
+    script = "%load_ext nb_cudaguard\nx = 1\ny = x + 1\nprint('y =', y)\nexit\n"
+    proc = _run_terminal_ipython(script, pre)
+    assert "y = 2" in proc.stdout
+    assert proc.stdout.count("nb_cudaguard: not capturing device output") <= 1
+    assert "Error in callback" not in proc.stdout
+
+
+def test_cudacheck_without_torch_is_a_usage_error_not_a_traceback():
+    blocker = "import sys; sys.modules['torch'] = None"  # `import torch` now raises ImportError
+    proc = _run_terminal_ipython(
+        "%load_ext nb_cudaguard\n%cudacheck on\n%cudacheck status\nexit\n", blocker
+    )
+    out = proc.stdout + proc.stderr
+    assert "UsageError: %cudacheck needs PyTorch, which cannot be imported" in out
+    assert "cudacheck: off" in out
+    assert "Traceback" not in out

@@ -1,0 +1,231 @@
+"""Restarting a kernel of a real Jupyter server from inside the kernel, as a frontend sees it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from jupyter_harness import JupyterServer, wait_for_new_process
+from pytorch_texts import RAISE_ASSERT
+
+from nb_cudaguard.notebook.actions import BLOCKING_LABEL
+from nb_cudaguard.restart.environment import Environment
+from nb_cudaguard.restart.methods import Method, plan_restart
+
+pytest.importorskip("websocket")
+pytest.importorskip("jupyter_server")
+
+PLAN = "from nb_cudaguard.restart.methods import plan_restart; print(plan_restart().method.value)"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = JupyterServer(tmp_path_factory.mktemp("server"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def kernel(server):
+    kid = server.start_kernel()
+    pid, _ = wait_for_new_process(server, kid, old_pid=-1)
+    yield kid, pid
+    server.request("DELETE", f"/api/kernels/{kid}")
+
+
+def _run(server, kid, code, timeout=30):
+    sock = server.connect(kid)
+    try:
+        return sock.execute(code, timeout=timeout)
+    finally:
+        sock.close()
+
+
+def test_the_kernel_finds_its_own_server_and_plans_a_rest_restart(server, kernel):
+    kid, _ = kernel
+    assert _run(server, kid, PLAN).stream.strip() == "rest"
+
+
+def test_restart_kernel_blocking_gives_a_new_process_with_the_variable(server, kernel):
+    kid, pid = kernel
+    out = _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+    assert out.status == "ok"
+    new_pid, value = wait_for_new_process(server, kid, pid)
+    assert new_pid != pid and value == "1"
+
+
+def test_the_next_ordinary_restart_does_not_have_it(server, kernel):
+    kid, pid = kernel
+    _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+    blocking_pid, _ = wait_for_new_process(server, kid, pid)
+    server.restart_kernel(kid)  # the user's own restart, from the frontend
+    _, value = wait_for_new_process(server, kid, blocking_pid)
+    assert value is None
+
+
+def test_a_plain_restart_kernel_has_no_variable(server, kernel):
+    kid, pid = kernel
+    _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=False)")
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value is None
+
+
+def test_the_magic_restarts_with_the_variable(server, kernel):
+    kid, pid = kernel
+    out = _run(server, kid, "%load_ext nb_cudaguard\n%cudaguard restart")
+    assert "CUDA_LAUNCH_BLOCKING=1" in out.stream
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value == "1"
+
+
+def _blocking_button(failed) -> str:
+    """The comm id of the "Restart with CUDA_LAUNCH_BLOCKING=1" button shown under a failed cell."""
+    return next(
+        c["comm_id"]
+        for c in failed.comm_opens()
+        if c["data"]["state"].get("description") == BLOCKING_LABEL
+    )
+
+
+def test_the_buttons_click_handler_restarts_with_the_variable(server, kernel):
+    kid, pid = kernel
+    sock = server.connect(kid)
+    try:
+        sock.execute("%load_ext nb_cudaguard")
+        failed = sock.execute(RAISE_ASSERT)
+        assert failed.status == "error"
+        button = _blocking_button(failed)
+        sock.click(button)  # exactly what JupyterLab sends for a click
+    finally:
+        sock.close()
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value == "1"
+
+
+def test_a_click_disables_the_buttons_and_says_what_to_do_before_the_kernel_goes(server, kernel):
+    kid, pid = kernel
+    sock = server.connect(kid)
+    try:
+        sock.execute("%load_ext nb_cudaguard")
+        failed = sock.execute(RAISE_ASSERT)
+        button = _blocking_button(failed)
+        updates = sock.collect(sock.click(button), timeout=10, reply=False).messages
+    finally:
+        sock.close()
+    states = [m["content"]["data"].get("state", {}) for m in updates if m["msg_type"] == "comm_msg"]
+    assert sum(1 for s in states if s.get("disabled") is True) == 2
+    said = " ".join(s["value"] for s in states if "value" in s)
+    assert "re-run the notebook from the top" in said
+    assert "CUDA_LAUNCH_BLOCKING=1" in said
+    wait_for_new_process(server, kid, pid)
+
+
+def test_the_new_kernel_shows_the_banner_naming_the_crashing_cell(server, kernel):
+    kid, pid = kernel
+    sock = server.connect(kid)
+    try:
+        sock.execute("%load_ext nb_cudaguard")
+        failed = sock.execute(RAISE_ASSERT)
+        sock.execute("%cudaguard restart")
+    finally:
+        sock.close()
+    wait_for_new_process(server, kid, pid)
+    shown = _run(server, kid, "%load_ext nb_cudaguard").displays
+    banners = [d["text/plain"] for d in shown if "blocking mode is on" in d.get("text/plain", "")]
+    assert len(banners) == 1
+    assert f"cell [{failed.execution_count}]" in banners[0]
+
+
+def test_a_hanging_atexit_handler_does_not_delay_the_restart(server, kernel):
+    # Stands in for CUDA's teardown hanging after a sticky error: the server would wait for the
+    # polite shutdown before killing the kernel.
+    kid, pid = kernel
+    _run(server, kid, "import atexit, time; atexit.register(time.sleep, 30)")
+    started = time.monotonic()
+    _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value == "1"
+    assert time.monotonic() - started < 2.5  # ~1 s; ~3.5 s when the server must kill it
+
+
+def test_a_second_kernel_of_the_same_server_never_gets_it(server, kernel):
+    kid, pid = kernel
+    other = server.start_kernel()
+    try:
+        other_pid, _ = wait_for_new_process(server, other, -1)
+        _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+        wait_for_new_process(server, kid, pid)
+        server.restart_kernel(other)
+        _, value = wait_for_new_process(server, other, other_pid)
+        assert value is None
+    finally:
+        server.request("DELETE", f"/api/kernels/{other}")
+
+
+def test_a_stale_injection_is_ignored(server, kernel):
+    kid, pid = kernel
+    stale = (
+        "from nb_cudaguard.restart import injection\n"
+        "from nb_cudaguard.restart.environment import connection_file, launch_args\n"
+        "import time; p = get_ipython().profile_dir\n"
+        "injection.write_pending(p.location, p.startup_dir, connection_file(launch_args()), "
+        "now=time.time() - injection.TTL_S - 60)"
+    )
+    assert _run(server, kid, stale).status == "ok"
+    server.restart_kernel(kid)
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value is None
+
+
+def test_the_server_token_never_appears_in_what_the_kernel_shows(server, kernel):
+    kid, _ = kernel
+    out = _run(
+        server,
+        kid,
+        "from nb_cudaguard.restart.methods import plan_restart; p = plan_restart(); print(p); "
+        "print(p.server); print(p.describe(True))",
+    )
+    assert "Server(" in out.stream
+    assert server.token not in out.stream
+
+
+def test_a_tokenless_server_falls_back_to_the_auto_restarter(tmp_path):
+    server = JupyterServer(tmp_path, token="")
+    try:
+        kid = server.start_kernel()
+        pid, _ = wait_for_new_process(server, kid, -1)
+        assert _run(server, kid, PLAN).stream.strip() == "exit"
+        _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+        _, value = wait_for_new_process(server, kid, pid, timeout=30)
+        assert value == "1"
+    finally:
+        server.stop()
+
+
+def test_an_unreachable_server_falls_back_to_ending_the_process(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runtime = Path(tmp_path)
+    (runtime / "jpserver-4242.json").write_text(
+        json.dumps({"pid": 4242, "url": f"http://127.0.0.1:{port}/", "token": "t0ken"})
+    )
+    plan = plan_restart(
+        Environment.JUPYTER, str(runtime / "kernel-abc-123.json"), [4242], [runtime]
+    )
+    assert plan.method is Method.EXIT
+    assert "did not answer" in plan.note
+
+
+def test_on_colab_the_fallback_is_a_kill(tmp_path):
+    plan = plan_restart(Environment.COLAB, str(tmp_path / "kernel-abc.json"), [], [tmp_path])
+    assert plan.method is Method.KILL
+
+
+def test_vscode_restarts_in_place(tmp_path):
+    plan = plan_restart(Environment.VSCODE, str(tmp_path / "kernel-v2-1.json"), [], [tmp_path])
+    assert plan.method is Method.EXECVE

@@ -1,0 +1,114 @@
+"""Where an asynchronous CUDA error surfaced, where it was launched, and the opt-in sync setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from nb_cudaguard.diagnosis.where import where_sentence
+from nb_cudaguard.runtime.cells import CellTracker, SyncAfterCell
+
+ASSERT_TEXT = "CUDA error: device-side assert triggered"
+
+
+@pytest.fixture
+def loaded(shell):
+    shell.extension_manager.load_extension("nb_cudaguard")
+    from nb_cudaguard.notebook.extension import current_state
+
+    return current_state(shell)
+
+
+def _error_from_cell(shell, code: str) -> BaseException:
+    result = shell.run_cell(code)
+    assert result.error_in_exec is not None
+    return result.error_in_exec
+
+
+@pytest.fixture
+def poisoned_item(shell, tmp_path, monkeypatch):
+    """A function from a library file that raises the CUDA error, as `.item()` does."""
+    (tmp_path / "fake_lib_for_cells.py").write_text(
+        f"import torch\ndef launch(t):\n    raise torch.AcceleratorError({ASSERT_TEXT!r})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shell.run_cell("import fake_lib_for_cells")
+    return "fake_lib_for_cells.launch"
+
+
+def test_error_at_an_operation_that_cannot_assert_points_to_the_last_launching_cell(
+    shell, poisoned_item
+):
+    error = _error_from_cell(shell, f"print({poisoned_item}(0))")
+    tracker = CellTracker(launched={3: True, 4: True, 5: False})
+    sentence = where_sentence(error, 6, tracker.launched)
+    assert sentence is not None
+    assert "cell [6] at `print(fake_lib_for_cells.launch(0))`" in sentence
+    assert "cannot assert" in sentence
+    assert "cell [4]" in sentence
+
+
+def test_error_in_a_cell_without_cuda_work_points_to_the_last_launching_cell(shell, poisoned_item):
+    error = _error_from_cell(shell, f"x = {poisoned_item}(0)")
+    tracker = CellTracker(launched={2: True, 7: False})
+    sentence = where_sentence(error, 7, tracker.launched)
+    assert sentence is not None
+    assert "did no CUDA work of its own" in sentence
+    assert "`x = fake_lib_for_cells.launch(0)`" in sentence
+    assert "cell [2]" in sentence
+
+
+def test_error_at_a_real_kernel_call_in_a_launching_cell_gets_no_guess(shell, poisoned_item):
+    error = _error_from_cell(shell, f"loss = {poisoned_item}(0)")
+    tracker = CellTracker(launched={2: True, 7: True})
+    assert where_sentence(error, 7, tracker.launched) is None
+
+
+def test_synced_error_says_it_was_launched_by_this_cell(shell, poisoned_item):
+    error = _error_from_cell(shell, f"loss = {poisoned_item}(0)")
+    sentence = where_sentence(error, 9, {}, synced=True)
+    assert "launched by this cell" in sentence
+
+
+def test_tracker_without_cuda_records_nothing():
+    tracker = CellTracker()
+    tracker.start()
+    tracker.finish(1)
+    assert tracker.launched == {}
+
+
+def test_sync_is_off_by_default(loaded):
+    assert not loaded.sync
+    assert not any(isinstance(t, SyncAfterCell) for t in loaded.shell.ast_transformers)
+
+
+def test_sync_magic_turns_the_transformer_on_and_off(shell, loaded):
+    shell.run_line_magic("cudaguard", "sync on")
+    assert loaded.sync
+    assert sum(isinstance(t, SyncAfterCell) for t in shell.ast_transformers) == 1
+    shell.run_line_magic("cudaguard", "sync off")
+    assert not any(isinstance(t, SyncAfterCell) for t in shell.ast_transformers)
+
+
+def test_sync_keeps_the_cells_displayed_value(shell, loaded):
+    shell.run_line_magic("cudaguard", "sync on")
+    try:
+        result = shell.run_cell("a = 20\na + 22")
+        assert result.success
+        assert result.result == 42
+        result = shell.run_cell("b = 1")
+        assert result.success and result.result is None
+        assert "__import__" not in shell.user_ns and "sync_after_cell" not in shell.user_ns
+    finally:
+        shell.run_line_magic("cudaguard", "sync off")
+
+
+def test_unload_removes_the_sync_transformer(shell, loaded):
+    shell.run_line_magic("cudaguard", "sync on")
+    shell.extension_manager.unload_extension("nb_cudaguard")
+    assert not any(isinstance(t, SyncAfterCell) for t in shell.ast_transformers)
+
+
+def test_unload_removes_the_pre_run_cell_hook(shell, loaded):
+    shell.extension_manager.unload_extension("nb_cudaguard")
+    assert loaded.pre_run_cell not in shell.events.callbacks["pre_run_cell"]
+    assert not loaded.tee.active
