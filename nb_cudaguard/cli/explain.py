@@ -11,7 +11,7 @@ from pathlib import Path
 from ..diagnosis.engine import diagnose
 from ..diagnosis.render import to_text
 from ..diagnosis.schema import to_json
-from .main import NOT_FOUND_OR_FAILED, OK, UsageFailure
+from .exits import NOT_FOUND_OR_FAILED, OK, UsageFailure
 
 _MAX_BYTES = 64 * 1024 * 1024  # a log bigger than this is not read whole
 

@@ -17,8 +17,8 @@ from typing import Any, TextIO
 import nbformat
 
 from ..diagnosis.schema import to_json
+from .exits import NOT_FOUND_OR_FAILED, OK, UsageFailure
 from .headless import CellFailure, Execution, KernelFailure, SourceLine, execute
-from .main import NOT_FOUND_OR_FAILED, OK, UsageFailure
 
 ERROR_TAGS = ["papermill-error-cell-tag", "nb-cudaguard-error-cell"]
 ANCHOR = "nb-cudaguard-error-cell"
