@@ -73,12 +73,11 @@ def _labels(found: _Found) -> Replay | None:
         if not bool(bad_mask.any()):
             continue
         source = f"the classifier `{head[0]}`" if head else "config.num_labels"
-        batch = int(labels.shape[0]) if labels.dim() else 1
-        spatial = list(labels.shape[1:])
-        shape = ", ".join(str(d) for d in [batch, classes, *spatial])
-        labels_src = _literal(labels, labels[bad_mask]) if labels.dim() <= 1 else _literal(labels)
-        if labels.dim() == 0:
-            shape = str(classes)
+        if labels.numel() > _INLINE_LIMIT:
+            labels = labels[bad_mask]  # too big to write out: the bad values fail the same way
+        labels_src = _literal(labels)
+        dims = [int(labels.shape[0]), classes, *labels.shape[1:]] if labels.dim() else [classes]
+        shape = ", ".join(str(d) for d in dims)
         body = (
             f"# `{name}` as the notebook held it on CPU\n"
             f"labels = {labels_src}.to(device)\n"

@@ -145,3 +145,14 @@ def test_the_console_script_is_installed(log: Path):
     )
     assert result.returncode == 0
     assert "A class label is outside" in result.stdout
+
+
+def test_the_cli_imports_neither_torch_ipython_nor_pytest():
+    code = (
+        "import sys, nb_cudaguard.cli.run, nb_cudaguard.cli.explain\n"
+        "print(sorted(m for m in ('torch', 'IPython', 'ipywidgets', 'pytest') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"

@@ -116,3 +116,14 @@ def test_cuda_tensors_are_never_read():
     assert diagnosis is not None
     meta = torch.tensor([0, 5], device="meta")  # a non-CPU tensor stands in for a CUDA one
     assert replay_script(diagnosis, namespace={"labels": meta, "fc": nn.Linear(2, 3)}) is None
+
+
+def test_a_huge_label_tensor_is_cut_to_its_bad_values(tmp_path: Path):
+    diagnosis = diagnose(LOSS_LINE + ASSERT_2_9)
+    assert diagnosis is not None
+    masks = torch.zeros(4, 256, 256, dtype=torch.long)
+    masks[2, 7, 9] = 255
+    replay = replay_script(diagnosis, namespace={"masks": masks, "fc": nn.Linear(3, 5)})
+    assert replay is not None
+    assert len(replay.script) < 5_000
+    assert "Target 255 is out of bounds." in run_script(tmp_path, replay.script).stderr
