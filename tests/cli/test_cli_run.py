@@ -179,3 +179,21 @@ def test_bad_usage_is_status_2(tmp_path: Path, problem: str):
     result = run_cli(*args, timeout=60)
     assert result.returncode == 2
     assert "nb-cudaguard" in result.stderr
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_blocking_rerun_finds_the_launching_line(tmp_path: Path):
+    source = write_notebook(
+        tmp_path / "gpu.ipynb",
+        "import torch\nimport torch.nn.functional as F",
+        "logits = torch.randn(4, 3, device='cuda')\n"
+        "labels = torch.tensor([0, 1, 2, 3], device='cuda')\n"
+        "loss = F.cross_entropy(logits, labels)\n"
+        "print(loss.item())",
+    )
+    result = run_cli(str(source), "-o", str(tmp_path / "o.ipynb"), "--json", "--blocking-rerun")
+    assert result.returncode == 1, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["diagnosis"]["sticky"] is True
+    rerun = summary["blocking_rerun"]["failure"]
+    assert rerun["line"]["line"] == 3, "with blocking launches the loss line itself raises"

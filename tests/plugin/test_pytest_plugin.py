@@ -148,3 +148,40 @@ def test_under_xdist_the_poisoned_worker_is_replaced(suite: pytest.Pytester):
     # The fresh worker's context is clean: the marked GPU test runs, and passes.
     result.stdout.fnmatch_lines(["*PASSED test_suite.py::test_b_marked_gpu*"])
     result.stdout.fnmatch_lines(["*= nb_cudaguard =*", "*test_a_poisoner poisoned the CUDA*"])
+
+
+GPU_SUITE = textwrap.dedent(
+    """
+    import pytest
+    import torch
+    import torch.nn.functional as F
+
+    @pytest.mark.gpu
+    def test_a_real_device_side_assert():
+        logits = torch.randn(4, 3, device="cuda")
+        labels = torch.tensor([0, 1, 2, 3], device="cuda")
+        print(F.cross_entropy(logits, labels).item())
+
+    @pytest.mark.gpu
+    def test_b_needs_the_gpu():
+        assert torch.ones(2, device="cuda").sum().item() == 2
+    """
+)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_real_assert_is_named_and_the_next_gpu_test_does_not_run(
+    pytester: pytest.Pytester,
+):
+    pytester.makeini(INI)
+    pytester.makepyfile(test_gpu_suite=GPU_SUITE)
+    # A subprocess: the assert breaks the context of the process it runs in.
+    result = pytester.runpytest_subprocess("--cudaguard", "-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*nb_cudaguard: this test poisoned the CUDA context*",
+            "nb_cudaguard: not run: the CUDA context of this process was poisoned by "
+            "test_gpu_suite.py::test_a_real_device_side_assert; see its report.",
+        ]
+    )
