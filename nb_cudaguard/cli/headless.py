@@ -18,7 +18,7 @@ from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, DeadKernelError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from ..diagnosis.engine import diagnose
 from ..diagnosis.model import Diagnosis
@@ -100,11 +100,16 @@ def panel_diagnosis(cell: nbformat.NotebookNode) -> Diagnosis | None:
     return None
 
 
-def _failure(notebook: nbformat.NotebookNode, index: int) -> tuple[CellFailure, Diagnosis | None]:
+def _failure(
+    notebook: nbformat.NotebookNode, index: int, stopped_by: Exception
+) -> tuple[CellFailure, Diagnosis | None]:
     cell = notebook.cells[index]
     error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-    ename = str(error.get("ename", "")) if error else "DeadKernelError"
-    evalue = str(error.get("evalue", "")) if error else "the kernel died"
+    if error is None or isinstance(stopped_by, CellTimeoutError):
+        # The kernel died, or the cell ran out of time (its output is then the interrupt's).
+        ename, evalue = type(stopped_by).__name__, (str(stopped_by).strip().splitlines() or [""])[0]
+    else:
+        ename, evalue = str(error.get("ename", "")), str(error.get("evalue", ""))
     traceback = list(error.get("traceback", [])) if error else []
     failure = CellFailure(
         index, cell.get("execution_count"), ename, evalue, failing_line(notebook, traceback)
@@ -137,6 +142,8 @@ async def _execute(
 ) -> Execution:
     client = NotebookClient(notebook, timeout=timeout, kernel_name=kernel_name, allow_errors=False)
     failed_at: int | None = None
+    stopped_by: Exception | None = None
+    started = False
     code_cells = [i for i, c in enumerate(notebook.cells) if c.cell_type == "code"]
     try:
         async with client.async_setup_kernel(cwd=str(cwd), env=_kernel_env(env)):
@@ -154,6 +161,7 @@ async def _execute(
                     f"could not load nb_cudaguard in the kernel: "
                     f"{content.get('ename')}: {content.get('evalue')}"
                 )
+            started = True
             for index, cell in enumerate(notebook.cells):
                 if stop_after is not None and index > stop_after:
                     break
@@ -161,8 +169,8 @@ async def _execute(
                     await client.async_execute_cell(
                         cell, index, execution_count=client.code_cells_executed + 1
                     )
-                except (CellExecutionError, DeadKernelError):
-                    failed_at = index
+                except (CellExecutionError, CellTimeoutError, DeadKernelError) as stop:
+                    failed_at, stopped_by = index, stop
                     break
                 finally:
                     if cell.cell_type == "code":
@@ -170,13 +178,13 @@ async def _execute(
             client.set_widgets_metadata()
     except KernelFailure:
         raise
-    except (RuntimeError, OSError, TimeoutError) as error:
-        if client.code_cells_executed == 0:
+    except Exception as error:  # no such kernel, a kernel that dies or hangs while starting
+        if not started:
             raise KernelFailure(f"could not start the kernel {kernel_name!r}: {error}") from None
         raise
-    if failed_at is None:
+    if failed_at is None or stopped_by is None:
         return Execution(notebook, client.code_cells_executed, None, None)
-    failure, diagnosis = _failure(notebook, failed_at)
+    failure, diagnosis = _failure(notebook, failed_at, stopped_by)
     return Execution(notebook, client.code_cells_executed, failure, diagnosis)
 
 

@@ -161,9 +161,17 @@ def test_blocking_rerun_is_skipped_for_an_error_that_is_not_sticky(tmp_path: Pat
     assert json.loads(result.stdout)["blocking_rerun"] is None
 
 
+def test_a_cell_that_runs_out_of_time_is_a_failure(tmp_path: Path):
+    source = write_notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(60)", "after = 1")
+    result = run_cli(str(source), "-o", str(tmp_path / "o.ipynb"), "--json", "--timeout", "2")
+    assert result.returncode == 1, result.stderr
+    failure = json.loads(result.stdout)["failure"]
+    assert (failure["cell_index"], failure["ename"]) == (0, "CellTimeoutError")
+
+
 @pytest.mark.parametrize(
     "problem",
-    ["missing notebook", "not a notebook", "no output folder", "no -o", "a directory"],
+    ["missing notebook", "not a notebook", "no output folder", "no -o", "a directory", "kernel"],
 )
 def test_bad_usage_is_status_2(tmp_path: Path, problem: str):
     good = write_notebook(tmp_path / "ok.ipynb", "x = 1")
@@ -175,6 +183,7 @@ def test_bad_usage_is_status_2(tmp_path: Path, problem: str):
         "no output folder": [str(good), "-o", str(tmp_path / "nowhere" / "o.ipynb")],
         "no -o": [str(good)],
         "a directory": [str(tmp_path), "-o", str(tmp_path / "o.ipynb")],
+        "kernel": [str(good), "-o", str(tmp_path / "o.ipynb"), "--kernel", "no-such-kernel"],
     }[problem]
     result = run_cli(*args, timeout=60)
     assert result.returncode == 2
