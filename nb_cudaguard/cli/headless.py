@@ -199,7 +199,12 @@ def execute(
     stop_after: int | None = None,
     on_cell: Callable[[int, int], None] = lambda done, total: None,
 ) -> Execution:
-    """Run ``notebook`` (in place) up to its first failing cell, or up to cell ``stop_after``."""
+    """Run ``notebook`` (in place) up to its first failing cell, or up to cell ``stop_after``.
+    Every code cell's old outputs are cleared first: cells after a failure must not show the
+    outputs of an earlier run as if they had run now."""
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
     return asyncio.run(
         _execute(
             notebook,

@@ -71,6 +71,10 @@ def test_a_notebook_that_succeeds_exits_0_and_keeps_its_cells(tmp_path: Path):
 
 def test_the_extension_is_loaded_even_when_the_notebook_does_not_load_it(tmp_path: Path):
     source = write_notebook(tmp_path / "plain.ipynb", "y = 1", RAISE_ASSERT, "never = 1")
+    stale = nbformat.read(source, as_version=4)  # outputs of an earlier run, saved with it
+    stale.cells[2].outputs = [nbformat.v4.new_output("stream", text="from an earlier run\n")]
+    stale.cells[2].execution_count = 7
+    nbformat.write(stale, source)
     out = tmp_path / "out.ipynb"
     result = run_cli(str(source), "-o", str(out), "--json", "--no-progress")
     assert result.returncode == 1, result.stderr
@@ -86,7 +90,8 @@ def test_the_extension_is_loaded_even_when_the_notebook_does_not_load_it(tmp_pat
     panels = [o for o in outputs_of(failing, "display_data") if MIME_TYPE in o["data"]]
     assert len(panels) == 1
     assert "nb-cudaguard-panel" in panels[0]["data"]["text/html"]
-    assert executed.cells[-1].source == "never = 1" and executed.cells[-1].outputs == []
+    never = executed.cells[-1]
+    assert (never.source, never.outputs, never.execution_count) == ("never = 1", [], None)
 
 
 def test_demo_01_fails_with_the_panel_at_the_failing_cell_and_papermill_markers(tmp_path: Path):
