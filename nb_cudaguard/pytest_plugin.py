@@ -22,14 +22,12 @@ import inspect
 import os
 import sys
 from collections.abc import Generator
-from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .diagnosis.engine import diagnose
-from .diagnosis.model import ContextState, Diagnosis
-from .diagnosis.render import to_text
+if TYPE_CHECKING:
+    from .diagnosis.model import Diagnosis
 
 MODES = ("report", "strict", "deferred")
 SECTION = "nb_cudaguard: this test poisoned the CUDA context"
@@ -138,6 +136,8 @@ class PoisonWatch:
         report: pytest.TestReport = outcome.get_result()
         if call.excinfo is None or not report.failed or getattr(item, _FAST_FAIL, False):
             return
+        from .diagnosis.engine import diagnose  # only once a test failed: pytest starts as fast
+
         error = call.excinfo.value
         try:
             diagnosis = diagnose(error, namespace={})  # evidence from the test's own frames
@@ -157,6 +157,9 @@ class PoisonWatch:
     def _poisoned(diagnosis: Diagnosis | None) -> Diagnosis | None:
         """The diagnosis when the context is (most likely) broken: a sticky error the probe
         does not contradict, or a probe that finds it broken after any failure."""
+        from dataclasses import replace
+
+        from .diagnosis.model import ContextState, Diagnosis
         from .runtime.probe import probe_context
 
         context = probe_context()
@@ -212,6 +215,8 @@ class PoisonWatch:
 
 
 def _section_text(nodeid: str, diagnosis: Diagnosis) -> str:
+    from .diagnosis.render import to_text
+
     return (
         f"{diagnosis.cause}: {diagnosis.title}\n"
         f"{nodeid} broke the CUDA context of this process: later CUDA tests here fail with a "
