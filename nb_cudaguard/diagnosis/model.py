@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Stable cause ids (documented in the README). Renderers and users may rely on these strings.
 CAUSES: tuple[str, ...] = (
@@ -76,3 +81,63 @@ class Diagnosis:
     where: str | None = None  # where the error surfaced and where it was most likely launched
     source: str | None = None  # the PyTorch source file of the matched assert rule
     context: ContextState = ContextState.UNKNOWN
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data: nested records as objects, tuples as lists, enums as their values.
+        Every field is included (new ones too), so ``from_dict(to_dict())`` is the same object."""
+        data = _to_json(self)
+        assert isinstance(data, dict)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Diagnosis:
+        """The inverse of ``to_dict``. Keys it does not know are ignored (a newer writer), and
+        missing optional fields take their defaults (an older one)."""
+        return _from_json_record(cls, data)
+
+
+# --- JSON round trip, driven by the dataclass fields and their type hints ----------------------
+def _to_json(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: _to_json(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not f.name.startswith("_")
+        }
+    if isinstance(value, (tuple, list)):
+        return [_to_json(item) for item in value]
+    return value
+
+
+def _from_json(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _from_json(options[0], value) if len(options) == 1 else value
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return tuple(_from_json(item, v) for v in value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _from_json_record(hint, value)
+    return value
+
+
+_Record = typing.TypeVar("_Record")
+
+
+def _from_json_record(cls: type[_Record], data: Mapping[str, Any]) -> _Record:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {
+        f.name: _from_json(hints[f.name], data[f.name])
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.init and f.name in data
+    }
+    return cls(**kwargs)

@@ -11,8 +11,10 @@ import html
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .model import ContextState, Diagnosis
+from .schema import MIME_TYPE, to_json
 
 _CODE = re.compile(r"`([^`]+)`")
 
@@ -135,8 +137,12 @@ class Panel:
 
     diagnosis: Diagnosis
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"text/plain": to_text(self.diagnosis), "text/html": to_html(self.diagnosis)}
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+        return {
+            "text/plain": to_text(self.diagnosis),
+            "text/html": to_html(self.diagnosis),
+            MIME_TYPE: to_json(self.diagnosis),  # for assistants and tools that read outputs
+        }
 
 
 @dataclass(frozen=True)

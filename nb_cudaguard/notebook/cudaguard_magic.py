@@ -13,6 +13,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
+    from ..diagnosis.model import Diagnosis
     from ..restart.methods import RestartPlan
 
 
@@ -25,6 +26,12 @@ class ExtensionState(Protocol):
     def set_sync(self, on: bool) -> None: ...
 
     def restart(self, blocking: bool = True) -> RestartPlan: ...
+
+    @property
+    def last_diagnosis(self) -> Diagnosis | None: ...
+
+    @property
+    def shell(self) -> InteractiveShell: ...
 
 
 def _status(state: ExtensionState, args: argparse.Namespace) -> None:
@@ -45,9 +52,45 @@ def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
 
 
 def _sync(state: ExtensionState, args: argparse.Namespace) -> None:
+    if args.value not in (None, "on", "off"):
+        raise UsageError(f"%cudaguard sync takes on or off, not {args.value!r}")
     if args.value is not None:
         state.set_sync(args.value == "on")
     print(f"nb_cudaguard: end-of-cell CUDA synchronise is {'on' if state.sync else 'off'}.")
+
+
+def _repro(state: ExtensionState, args: argparse.Namespace) -> None:
+    import sys
+    from pathlib import Path
+
+    from ..diagnosis.evidence import frames_of
+    from ..diagnosis.repro import replay_script
+
+    diagnosis = state.last_diagnosis
+    if diagnosis is None:
+        raise UsageError("no CUDA error has been diagnosed in this kernel yet")
+    path = Path(args.value or "nb_cudaguard_repro.py")
+    error = getattr(sys, "last_value", None)  # IPython keeps the last traceback's exception
+    replay = replay_script(
+        diagnosis,
+        frames=frames_of(error) if isinstance(error, BaseException) else (),
+        namespace=state.shell.user_ns,
+        name=path.name,
+    )
+    if replay is None:
+        raise UsageError(
+            f"no replay for this error ({diagnosis.cause}): no CPU tensor with the bad value was "
+            "found (the batch before `.to(device)`, the labels, the ids)"
+        )
+    try:
+        path.write_text(replay.script, encoding="utf-8")
+    except OSError as error_writing:
+        raise UsageError(f"cannot write {path}: {error_writing}") from None
+    print(
+        f"nb_cudaguard: wrote {path}: it replays {replay.op} on CPU. Run `python {path}` "
+        f"(expect {replay.expected}), or on a GPU: `REPRO_DEVICE=cuda CUDA_LAUNCH_BLOCKING=1 "
+        f"python {path}`."
+    )
 
 
 # One entry per subcommand: adding a command is adding an entry.
@@ -55,6 +98,7 @@ COMMANDS: dict[str, Callable[[ExtensionState, argparse.Namespace], None]] = {
     "status": _status,
     "restart": _restart,
     "sync": _sync,
+    "repro": _repro,
 }
 
 
@@ -73,9 +117,11 @@ class CudaGuardMagics(Magics):
         "restart: a new kernel process, with CUDA_LAUNCH_BLOCKING=1 for that one start. "
         "sync on|off: synchronise CUDA at the end of every cell, so an asynchronous error "
         "surfaces in the cell that launched it (off by default: it waits for the GPU after "
-        "every cell).",
+        "every cell). "
+        "repro [PATH]: write a script that replays the failing operation on CPU with the "
+        "inputs found in this kernel (default PATH: nb_cudaguard_repro.py).",
     )
-    @argument("value", nargs="?", choices=["on", "off"], help="for sync: on or off")
+    @argument("value", nargs="?", help="for sync: on or off; for repro: the script's PATH")
     @argument(
         "--no-blocking",
         action="store_true",
@@ -92,10 +138,11 @@ class CudaGuardMagics(Magics):
             %cudaguard restart --no-blocking  # plain restart
             %cudaguard sync on                # errors surface in the cell that launched them
             %cudaguard sync off
+            %cudaguard repro [PATH]           # the failing op, replayed on CPU, as a script
 
         After a restart, re-run the notebook from the top: all variables are gone.
         """
         args = parse_argstring(self.cudaguard, line)
-        if args.value is not None and args.command != "sync":
-            raise UsageError(f"%cudaguard {args.command} takes no on/off")
+        if args.value is not None and args.command not in ("sync", "repro"):
+            raise UsageError(f"%cudaguard {args.command} takes no {args.value!r}")
         COMMANDS[args.command](self.state, args)

@@ -1,0 +1,61 @@
+"""``nb-cudaguard explain FILE|-``: the diagnosis of a log or a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import sys
+from pathlib import Path
+
+from ..diagnosis.engine import diagnose
+from ..diagnosis.render import to_text
+from ..diagnosis.schema import to_json
+from .exits import NOT_FOUND_OR_FAILED, OK, UsageFailure
+
+_MAX_BYTES = 64 * 1024 * 1024  # a log bigger than this is not read whole
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """Text from a log's bytes: UTF-8 (with or without BOM) or BOM-marked UTF-16 (PowerShell's
+    `>` writes that); anything else, or NUL bytes, is not a log."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError:
+            raise UsageFailure(f"{name}: not valid UTF-16 text") from None
+    if b"\x00" in data:
+        raise UsageFailure(f"{name}: a binary file, not a log or a traceback")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise UsageFailure(f"{name}: not UTF-8 text (byte {error.start}); a binary file?") from None
+
+
+def read_input(file: str) -> str:
+    if file == "-":
+        return decode_text(sys.stdin.buffer.read(_MAX_BYTES), "stdin")
+    path = Path(file)
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(_MAX_BYTES)
+    except IsADirectoryError:
+        raise UsageFailure(f"{file}: is a directory") from None
+    except FileNotFoundError:
+        raise UsageFailure(f"{file}: no such file") from None
+    except OSError as error:
+        raise UsageFailure(f"{file}: cannot read ({error.strerror or error})") from None
+    return decode_text(data, file)
+
+
+def explain(args: argparse.Namespace) -> int:
+    text = read_input(args.file)
+    diagnosis = diagnose(text)
+    if args.json:
+        print(json.dumps(to_json(diagnosis) if diagnosis is not None else None, indent=2))
+    elif diagnosis is not None:
+        print(to_text(diagnosis).lstrip("\n"))
+    else:
+        name = "stdin" if args.file == "-" else args.file
+        print(f"nb-cudaguard: no CUDA error found in {name}.", file=sys.stderr)
+    return OK if diagnosis is not None else NOT_FOUND_OR_FAILED

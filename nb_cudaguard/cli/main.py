@@ -1,0 +1,76 @@
+"""The ``nb-cudaguard`` argument parser and the exit statuses every subcommand shares."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .exits import USAGE, UsageFailure
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nb-cudaguard",
+        description="Explain CUDA device-side asserts (and other sticky CUDA errors) outside a "
+        "live notebook: in logs, and in notebooks run headless.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    explain = sub.add_parser(
+        "explain",
+        help="diagnose a log or a traceback",
+        description="Diagnose the CUDA error in a log or a traceback. Exit status: 0 a CUDA "
+        "error was recognised, 1 the text holds none, 2 bad usage or an unreadable file.",
+    )
+    explain.add_argument("file", metavar="FILE", help="the log or traceback; - reads stdin")
+    explain.add_argument(
+        "--json",
+        action="store_true",
+        help="print the diagnosis as JSON (the schema in the README; null when none)",
+    )
+
+    run = sub.add_parser(
+        "run",
+        help="execute a notebook headless with nb_cudaguard loaded",
+        description="Execute a notebook headless (nbclient) with nb_cudaguard loaded. On a failure "
+        "OUT holds the diagnosis panel under the failing cell and a papermill-style error cell. "
+        "Exit status: 0 every cell succeeded, 1 a cell failed, 2 bad usage or no kernel.",
+    )
+    run.add_argument("notebook", metavar="NOTEBOOK", help="the notebook to run (.ipynb)")
+    run.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="where to write the executed notebook"
+    )
+    run.add_argument(
+        "--cudacheck",
+        action="store_true",
+        help="check the inputs of assert-prone ops in every cell (`%%cudacheck on`)",
+    )
+    run.add_argument(
+        "--blocking-rerun",
+        action="store_true",
+        help="after a sticky CUDA error, re-run the notebook up to the failing cell in a new "
+        "kernel with CUDA_LAUNCH_BLOCKING=1, to report the line that really failed",
+    )
+    run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    run.add_argument("--kernel", metavar="NAME", help="kernel name (default: the notebook's)")
+    run.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="per-cell time limit (default: none)"
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # bad usage: argparse exits with status 2
+    try:
+        if args.command == "explain":
+            from .explain import explain
+
+            return explain(args)
+        from .run import run
+
+        return run(args)
+    except UsageFailure as failure:
+        print(f"nb-cudaguard {args.command}: {failure}", file=sys.stderr)
+        return USAGE

@@ -1,0 +1,58 @@
+"""The machine-readable diagnosis: what every panel carries for programs that read notebooks.
+
+AI assistants, agents and CI tools read a notebook's outputs, not its pixels. Next to the panel's
+text and HTML, the display bundle carries ``MIME_TYPE``: ``Diagnosis.to_dict()`` plus the schema
+version and the recommended action, so a reader learns from the output itself that re-running cells
+in this kernel is pointless and the kernel must restart. The schema is documented in the README.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .model import ContextState, Diagnosis
+
+MIME_TYPE = "application/vnd.nb-cudaguard.diagnosis+json"
+SCHEMA_VERSION = 1
+
+
+def recommended_action(diagnosis: Diagnosis) -> dict[str, Any]:
+    """What to do next, as data: restart (required, recommended or not needed), whether with
+    blocking launches, and whether re-running cells in this kernel can help."""
+    if not diagnosis.sticky:
+        return {
+            "restart_kernel": "not-needed",
+            "blocking": False,
+            "rerun_cells": True,
+            "command": None,
+            "message": "The CUDA context is still usable: fix the cause and re-run the cell.",
+        }
+    probed_alive = diagnosis.context is ContextState.HEALTHY
+    return {
+        # A probe that found the context answering is the only reason to hedge.
+        "restart_kernel": "recommended" if probed_alive else "required",
+        # The error surfaced at a later call; blocking launches raise it at the true line.
+        "blocking": True,
+        "rerun_cells": probed_alive,
+        "command": "%cudaguard restart",
+        "message": (
+            "The kernel's CUDA context is broken: every later CUDA call fails, so re-running "
+            "cells in this kernel cannot succeed. Restart the kernel (`%cudaguard restart` "
+            "starts the next one with CUDA_LAUNCH_BLOCKING=1, so the traceback shows the true "
+            "line), fix the input, and re-run the notebook from the top."
+        ),
+    }
+
+
+def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
+    """The ``MIME_TYPE`` payload: ``schema_version``, every ``Diagnosis`` field, ``action``."""
+    payload: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **diagnosis.to_dict()}
+    payload.setdefault("device", None)  # the CUDA device, where the diagnosis knows it
+    payload["action"] = recommended_action(diagnosis)
+    return payload
+
+
+def from_json(payload: Mapping[str, Any]) -> Diagnosis:
+    """The ``Diagnosis`` back from a payload (the extra keys are ignored)."""
+    return Diagnosis.from_dict(payload)
