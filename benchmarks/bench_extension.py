@@ -2,7 +2,11 @@
 
 Usage::
 
-    python benchmarks/bench_extension.py [--cells 4000] [--imports 15]
+    python benchmarks/bench_extension.py [--cells 4000] [--imports 15] [--cuda]
+
+``--cuda``: CUDA is initialised in the shell first, so the per-cell hooks also read the caching
+allocator and the stream (what every cell of a GPU notebook pays), and the cell tracker's reading
+is timed on its own.
 
 Per-cell cost: a real InteractiveShell runs the same successful cell with the extension unloaded
 and loaded, in alternating blocks within one run, and the medians are compared. Import cost: fresh
@@ -23,13 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def per_cell(cells: int, blocks: int = 10) -> tuple[float, float]:
+def per_cell(cells: int, blocks: int = 10, cuda: bool = False) -> tuple[float, float]:
     """Median µs per successful cell, (unloaded, loaded)."""
     from IPython.testing.globalipapp import get_ipython
     from IPython.utils.capture import capture_output
 
     shell = get_ipython()
     code = "x = sum(range(10))"
+    if cuda:
+        shell.run_cell("import torch\n_t = torch.ones(1, device='cuda')", store_history=False)
     timings: dict[bool, list[float]] = {False: [], True: []}
     with capture_output():
         for block in range(blocks * 2):
@@ -60,6 +66,29 @@ def hook_only(calls: int = 200_000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def cell_tracker_us(calls: int = 20_000) -> dict[str, float]:
+    """µs per reading of the CUDA counters that the cell tracker takes twice per cell, and of
+    its parts: the allocator's statistics, flattened or nested, and the stream query."""
+    import torch
+
+    from nb_cudaguard.runtime.cells import _cuda_counters
+
+    assert _cuda_counters() is not None, "CUDA is not initialised"
+    candidates = {
+        "tracker reading": _cuda_counters,
+        "memory_stats()": torch.cuda.memory_stats,
+        "memory_stats_as_nested_dict()": torch.cuda.memory_stats_as_nested_dict,
+        "current_stream().query()": lambda: torch.cuda.current_stream().query(),
+    }
+    timings = {}
+    for name, call in candidates.items():
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        timings[name] = (time.perf_counter() - start) / calls * 1e6
+    return timings
+
+
 def import_ms(before: str, runs: int) -> float:
     """Median ms that `import nb_cudaguard` takes in a fresh interpreter that first ran `before`."""
     statement = (
@@ -85,9 +114,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=4000)
     parser.add_argument("--imports", type=int, default=15)
+    parser.add_argument("--cuda", action="store_true", help="initialise CUDA in the shell first")
     args = parser.parse_args()
 
-    bare, loaded = per_cell(args.cells)
+    bare, loaded = per_cell(args.cells, cuda=args.cuda)
+    if args.cuda:
+        import torch
+
+        print(f"CUDA initialised: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        for name, us in cell_tracker_us().items():
+            print(f"  {name}: {us:.2f} µs per call")
     print(
         f"per cell, nothing fails: unloaded {bare:.1f} µs, loaded {loaded:.1f} µs, "
         f"added {loaded - bare:+.1f} µs (ratio {loaded / bare:.3f}; target <= +50 µs)"
