@@ -96,6 +96,8 @@ def _scan_module(torch: Any, found: _Found, name: str, module: Any) -> None:
                 found.embeddings.append(entry)
         elif isinstance(sub, nn.Linear):
             found.linears.append((qualified, int(sub.out_features)))
+        elif _is_pixel_classifier(nn, sub, sub_name or name):
+            found.linears.append((qualified, int(sub.out_channels)))
         elif isinstance(sub, (nn.CrossEntropyLoss, nn.NLLLoss)):
             found.ignore_index = int(sub.ignore_index)
         elif isinstance(sub, nn.BCELoss):
@@ -113,6 +115,17 @@ def _scan_module(torch: Any, found: _Found, name: str, module: Any) -> None:
             found.half_model = True
     except Exception:
         pass
+
+
+def _is_pixel_classifier(nn: Any, module: Any, name: str) -> bool:
+    """A 1x1 convolution named like a head: a segmentation model's per-pixel classifier
+    (torchvision's ``classifier.4``, a U-Net's ``outc``). Other 1x1 convolutions (ResNet
+    bottlenecks) say nothing about the number of classes."""
+    return (
+        isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
+        and all(k == 1 for k in module.kernel_size)
+        and _HEAD.search(name) is not None
+    )
 
 
 def _is_config(value: Any) -> bool:
@@ -304,11 +317,26 @@ def _bce(found: _Found, likely: Sequence[str], *, target: bool) -> Evidence:
     hints: list[str] = []
     names = _LABEL_NAMES if target else _PROB_NAMES
     for name, tensor in _named(found, names, integer=False):
-        outside = tensor[(tensor < 0) | (tensor > 1) | tensor.isnan()]
-        if outside.numel():
-            lo, hi = float(tensor.nan_to_num().min()), float(tensor.nan_to_num().max())
-            sentences.append(f"`{name}` has values outside [0, 1] (min {lo:.4g}, max {hi:.4g}).")
-            hints.append("NaN" if bool(tensor.isnan().any()) else "logits")
+        nan = bool(tensor.isnan().any())
+        values = tensor[~tensor.isnan()]
+        outside = values[(values < 0) | (values > 1)]
+        if not nan and not outside.numel():
+            continue
+        # The range of the real values: NaN would hide in nan_to_num's 0.
+        span = (
+            f"min {float(values.min()):.4g}, max {float(values.max()):.4g}"
+            if outside.numel()
+            else ""
+        )
+        if nan:
+            sentences.append(
+                f"`{name}` has values outside [0, 1]: it contains NaN"
+                + (f"; {span}" if span else "")
+                + "."
+            )
+        else:
+            sentences.append(f"`{name}` has values outside [0, 1] ({span}).")
+        hints.append("NaN" if nan else "logits")
     if not target and found.bce_loss and not found.ends_in_sigmoid:
         sentences.append("nn.BCELoss is in use, and the model's last layer is not a Sigmoid.")
         hints.insert(0, "logits")

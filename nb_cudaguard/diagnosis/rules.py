@@ -35,6 +35,9 @@ class Rule:
     likely_causes: tuple[str, ...] = ()
     fixes: tuple[str, ...] = ()
     op: str = ""  # the operation family, which tells the evidence gatherer what to look for
+    # Kernel function names (glob patterns) that identify the family when a line prints no
+    # readable condition (``torch._assert_async`` without a message prints an empty one).
+    functions: tuple[str, ...] = ()
     _compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -52,7 +55,13 @@ class Rule:
         return False
 
     def matches(self, line: AssertLine) -> bool:
-        return self.matches_file(line.file) and self._compiled.search(line.condition) is not None
+        if not self.matches_file(line.file):
+            return False
+        if line.condition.strip():
+            return self._compiled.search(line.condition) is not None
+        return line.function is not None and any(
+            fnmatch.fnmatchcase(line.function, pattern) for pattern in self.functions
+        )
 
 
 # --- shared words -------------------------------------------------------------------------------
@@ -452,6 +461,7 @@ RULES: tuple[Rule, ...] = (
         ),
         fixes=("Evaluate the same condition on CPU tensors to see which value breaks it.",),
         op="assert-async",
+        functions=("_assert_async_cuda_kernel",),
     ),
     # --- shapes, sizes, offsets -------------------------------------------------------------------
     Rule(

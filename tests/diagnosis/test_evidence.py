@@ -100,6 +100,23 @@ def test_void_label_255_ranks_the_segmentation_cause_first():
     assert "255" in d.likely_causes[0]
 
 
+def test_a_segmentation_head_of_1x1_convolutions_gives_the_number_of_classes():
+    # As on the GPU (catalogue case segmentation-void-255): a Conv2d head, no Linear at all.
+    model = nn.Sequential(nn.Conv2d(3, 64, 3), nn.Conv2d(64, 64, 1))
+    model.classifier = nn.Conv2d(64, 21, 1)
+    masks = torch.tensor([[0, 5, 255], [20, 255, 1]])
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "masks": masks})
+    assert d.evidence[0].startswith("`masks` contains 255 but the classifier `model.classifier`")
+    assert "has 21 outputs" in d.evidence[0]
+
+
+def test_a_1x1_convolution_not_named_as_a_head_is_no_classifier():
+    model = nn.Sequential(nn.Conv2d(3, 64, 1), nn.ReLU())
+    masks = torch.tensor([[0, 5, 255]])
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "masks": masks})
+    assert d.evidence == ()
+
+
 def test_labels_in_a_batch_dict_are_read():
     model = TinyBert(TinyBertConfig())
     batch = {"input_ids": torch.tensor([[1, 2]]), "labels": torch.tensor([5])}
@@ -153,6 +170,16 @@ def test_bce_loss_on_logits_is_named_and_ranked_first():
     assert any("outside [0, 1]" in s for s in d.evidence)
     assert any("not a Sigmoid" in s for s in d.evidence)
     assert d.likely_causes[0].startswith("BCELoss applied to logits")
+
+
+def test_nan_in_bce_input_is_named_and_its_range_is_not_made_up():
+    # nan_to_num would turn NaN into 0 and report "min 0" for probabilities that have no 0.
+    probs = torch.tensor([0.5, float("nan"), 0.7])
+    d = diagnose(HEADLINE, device_output=BCE, namespace={"probs": probs})
+    assert d.evidence == ("`probs` has values outside [0, 1]: it contains NaN.",)
+    mixed = torch.tensor([1.5, float("nan"), 0.7])
+    d = diagnose(HEADLINE, device_output=BCE, namespace={"probs": mixed})
+    assert d.evidence == ("`probs` has values outside [0, 1]: it contains NaN; min 0.7, max 1.5.",)
 
 
 def test_half_precision_model_ranks_fp16_overflow_first_for_sampling():

@@ -57,13 +57,14 @@ def test_segmentation_labels_keep_their_shape(tmp_path: Path):
     assert diagnosis is not None
     masks = torch.zeros(2, 4, 4, dtype=torch.long)
     masks[1, 2, 3] = 255  # a 'void' pixel without ignore_index=255
-    replay = replay_script(diagnosis, namespace={"mask": masks, "head": nn.Conv2d(3, 5, 1)})
-    # No nn.Linear head: nothing says how many classes there are, so no replay is invented.
+    replay = replay_script(diagnosis, namespace={"mask": masks, "proj": nn.Conv2d(3, 5, 1)})
+    # No head: nothing says how many classes there are, so no replay is invented.
     assert replay is None
-    replay = replay_script(diagnosis, namespace={"mask": masks, "classifier": nn.Linear(3, 5)})
-    assert replay is not None
-    assert "torch.randn(2, 5, 4, 4" in replay.script
-    assert "Target 255 is out of bounds." in run_script(tmp_path, replay.script).stderr
+    for head in (nn.Linear(3, 5), nn.Conv2d(3, 5, 1)):  # a 1x1 conv head classifies pixels
+        replay = replay_script(diagnosis, namespace={"mask": masks, "classifier": head})
+        assert replay is not None
+        assert "torch.randn(2, 5, 4, 4" in replay.script
+        assert "Target 255 is out of bounds." in run_script(tmp_path, replay.script).stderr
 
 
 def test_token_id_replay_raises_index_out_of_range(tmp_path: Path):

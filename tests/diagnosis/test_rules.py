@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from pytorch_texts import ASSERT_2_0 as HEADLINE
+from pytorch_texts import ASSERT_2_9, H100_TORCH_2_11
 
 import nb_cudaguard
 from nb_cudaguard import CAUSES, diagnose
@@ -191,6 +192,21 @@ def test_device_line_maps_to_cause(fmt, file, condition, cause):
     assert diagnosis is not None
     assert diagnosis.cause == cause
     assert diagnosis.source
+
+
+@pytest.mark.parametrize("name", sorted(H100_TORCH_2_11))
+def test_the_lines_a_real_gpu_printed_map_to_their_cause(name):
+    line, cause = H100_TORCH_2_11[name]
+    diagnosis = diagnose(ASSERT_2_9, device_output=line)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == cause, diagnosis.assert_lines
+
+
+def test_a_line_with_no_readable_condition_maps_by_its_kernel_function():
+    # torch._assert_async(cond) without a message prints an empty condition (seen on an H100).
+    line, _ = H100_TORCH_2_11["assert-async"]
+    elsewhere = line.replace("_assert_async_cuda_kernel", "some_other_kernel")
+    assert diagnose(ASSERT_2_9, device_output=elsewhere).cause == "unknown-assert"
 
 
 def test_lines_folded_from_hundreds_of_threads_still_map():
