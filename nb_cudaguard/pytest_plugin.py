@@ -107,7 +107,7 @@ class PoisonWatch:
 
     def __init__(self, config: pytest.Config) -> None:
         self.markers = tuple(config.getini("cudaguard_markers"))
-        self.worker = os.environ.get("PYTEST_XDIST_WORKER")
+        self.worker = _xdist_worker(config)
         self.poisoned_by: str | None = None
         self.cascade: list[str] = []  # tests that failed because of it (any process)
         self.poisoners: dict[str, str] = {}  # nodeid -> one-line diagnosis (any process)
@@ -207,11 +207,19 @@ class PoisonWatch:
                 f"{len(self.cascade)} later CUDA test(s) failed because of it: "
                 + ", ".join(self.cascade)
             )
-        if self.worker is None and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        if self.worker is None:
             terminalreporter.line(
                 "Fix the first one; the others may pass once it does (with pytest-xdist, "
                 "a poisoned worker is replaced by a fresh process)."
             )
+
+
+def _xdist_worker(config: pytest.Config) -> str | None:
+    """This process's pytest-xdist worker id, or None. xdist gives its workers
+    ``config.workerinput``; the PYTEST_XDIST_WORKER variable is no proof, since every process a
+    worker starts inherits it (a test that runs pytest or a script in a subprocess)."""
+    workerinput = getattr(config, "workerinput", None)
+    return None if workerinput is None else str(workerinput.get("workerid"))
 
 
 def _section_text(nodeid: str, diagnosis: Diagnosis) -> str:

@@ -150,6 +150,17 @@ def test_under_xdist_the_poisoned_worker_is_replaced(suite: pytest.Pytester):
     result.stdout.fnmatch_lines(["*= nb_cudaguard =*", "*test_a_poisoner poisoned the CUDA*"])
 
 
+def test_a_pytest_started_from_an_xdist_worker_is_not_a_worker(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    # Every process a worker starts inherits PYTEST_XDIST_WORKER (seen on a GPU machine running
+    # this suite with -n 8): such an inner pytest must report, not end itself as a worker would.
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    result = suite.runpytest_subprocess("--cudaguard", "-p", "no:cacheprovider", timeout=240)
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines(["*= nb_cudaguard =*", "*test_a_poisoner poisoned the CUDA*"])
+
+
 GPU_SUITE = textwrap.dedent(
     """
     import pytest
