@@ -67,18 +67,33 @@ def hook_only(calls: int = 200_000) -> float:
 
 
 def cell_tracker_us(calls: int = 20_000) -> dict[str, float]:
-    """µs per reading of the CUDA counters that the cell tracker takes twice per cell, and of
-    its parts: the allocator's statistics, flattened or nested, and the stream query."""
+    """µs per cell of the cell tracker's CUDA reading, and per call of the readings it could use:
+    the allocator's statistics, flattened or nested, and the stream query."""
     import torch
 
-    from nb_cudaguard.runtime.cells import _cuda_counters
+    from nb_cudaguard.runtime.cells import CellTracker
 
-    assert _cuda_counters() is not None, "CUDA is not initialised"
+    assert torch.cuda.is_initialized(), "CUDA is not initialised"
+    tracker = CellTracker()
+    x = torch.zeros(1, device="cuda")
+
+    def cell_without_cuda() -> None:
+        tracker.start()
+        tracker.finish(1)
+
+    def cell_with_cuda() -> None:
+        tracker.start()
+        torch.empty(1, device="cuda")  # the allocation is timed too: compare with "allocate"
+        tracker.finish(1)
+
     candidates = {
-        "tracker reading": _cuda_counters,
+        "tracker, a cell without CUDA work": cell_without_cuda,
+        "tracker, a cell that allocated": cell_with_cuda,
+        "allocate (the cell's own work above)": lambda: torch.empty(1, device="cuda"),
         "memory_stats()": torch.cuda.memory_stats,
         "memory_stats_as_nested_dict()": torch.cuda.memory_stats_as_nested_dict,
         "current_stream().query()": lambda: torch.cuda.current_stream().query(),
+        "in-place add (no allocation)": lambda: x.add_(1),
     }
     timings = {}
     for name, call in candidates.items():

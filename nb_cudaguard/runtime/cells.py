@@ -24,43 +24,55 @@ from typing import Any, TypeVar
 _Node = TypeVar("_Node", bound=ast.AST)
 
 
-def _cuda_counters() -> tuple[int, bool] | None:
-    """(cumulative CUDA allocations, work still queued) or None when CUDA is not in use."""
+def _cuda_allocations() -> int | None:
+    """The caching allocator's cumulative allocation count, or None when CUDA is not in use."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
         if not torch.cuda.is_initialized():
             return None
-        allocations = int(torch.cuda.memory_stats().get("allocation.all.allocated", 0))
-        pending = not torch.cuda.current_stream().query()
-        return allocations, pending
+        # The nested form: memory_stats() flattens the same dict in Python, ~6x the cost (186 vs
+        # 30 us per call on an H100 machine, benchmarks/bench_extension.py --cuda).
+        return int(torch.cuda.memory_stats_as_nested_dict()["allocation"]["all"]["allocated"])
     except Exception:
         return None
 
 
+def _work_queued() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and not torch.cuda.current_stream().query()
+    except Exception:
+        return False
+
+
 @dataclass
 class CellTracker:
-    """Remember, per execution count, whether the cell launched CUDA work."""
+    """Remember, per execution count, whether the cell launched CUDA work.
+
+    One reading per cell, at its end: the count at the end of the last cell is where the next
+    one starts (nothing launches between cells but other threads, which a per-cell reading would
+    not tell apart either).
+    """
 
     launched: dict[int, bool] = field(default_factory=dict)
-    _before: tuple[int, bool] | None = None
+    _last: int | None = None  # allocations at the end of the last tracked cell
     _depth: int = 0
 
     def start(self) -> None:
         self._depth += 1
-        if self._depth == 1:
-            self._before = _cuda_counters()
 
     def finish(self, cell: int | None) -> None:
         self._depth = max(0, self._depth - 1)
         if self._depth or cell is None:
             return
-        after = _cuda_counters()
-        if after is None:
+        allocations = _cuda_allocations()
+        if allocations is None:
             return
-        allocations_before = self._before[0] if self._before is not None else 0
-        self.launched[cell] = after[0] > allocations_before or after[1]
+        before, self._last = self._last or 0, allocations
+        # In-place ops allocate nothing: then ask whether the cell left work queued.
+        self.launched[cell] = allocations > before or _work_queued()
         if len(self.launched) > 1000:  # a long session: keep the recent cells
             for old in sorted(self.launched)[:-500]:
                 del self.launched[old]
