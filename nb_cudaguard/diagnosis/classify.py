@@ -119,6 +119,16 @@ _BY_NAME = {
     name: (name, code, legacy, text, sticky) for name, code, legacy, text, sticky in _RUNTIME_ERRORS
 }
 
+
+def error_for_code(code: int) -> CudaError | None:
+    """The runtime error with this current code (the driver API's ``CUresult`` shares the codes
+    of the sticky errors: CUDA_ERROR_ASSERT is 710, CUDA_ERROR_ILLEGAL_ADDRESS 700, ...)."""
+    for name, ecode, _legacy, text, sticky in _RUNTIME_ERRORS:
+        if ecode == code:
+            return CudaError(name, ecode, sticky, text)
+    return None
+
+
 # Lines PyTorch appends to CUDA errors. They mention CUDA but say nothing about which error it was.
 _BOILERPLATE = re.compile(
     r"CUDA kernel errors might be asynchronously reported"

@@ -49,3 +49,23 @@ def test_cuda_out_of_memory_gets_no_panel(kernel):
     assert out.reply["status"] == "error"
     assert out.errors[0]["ename"] == "OutOfMemoryError"
     assert out.displays == []
+
+
+def test_the_probe_asks_the_driver_in_the_callers_context_from_another_thread():
+    # In-process: a healthy context only. A new thread has no current context and device 0; the
+    # query carries the caller's, and releases the GIL while the driver answers.
+    import threading
+
+    import torch
+
+    from nb_cudaguard import ContextState
+    from nb_cudaguard.runtime.probe import _driver_query
+
+    torch.ones(1, device="cuda").sum().item()
+    query = _driver_query(torch)
+    assert query is not None, "libcuda could not be loaded"
+    answers: list[ContextState] = []
+    worker = threading.Thread(target=lambda: answers.append(query()))
+    worker.start()
+    worker.join(10)
+    assert answers == [ContextState.HEALTHY]
