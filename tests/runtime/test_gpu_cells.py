@@ -25,6 +25,6 @@ def test_the_tracker_sees_which_cells_launched_cuda_work() -> None:
         tracker.start()
         body()
         tracker.finish(cell)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()  # time passes between cells: the queue drains
     del x
     assert tracker.launched == {1: True, 2: False, 3: True, 4: False}
