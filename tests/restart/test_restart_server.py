@@ -168,9 +168,9 @@ def test_a_stale_injection_is_ignored(server, kernel):
     kid, pid = kernel
     stale = (
         "from nb_cudaguard.restart import injection\n"
-        "from nb_cudaguard.restart.environment import connection_file, launch_args\n"
+        "from nb_cudaguard.restart.environment import running_kernel_connection\n"
         "import time; p = get_ipython().profile_dir\n"
-        "injection.write_pending(p.location, p.startup_dir, connection_file(launch_args()), "
+        "injection.write_pending(p.location, p.startup_dir, running_kernel_connection(), "
         "now=time.time() - injection.TTL_S - 60)"
     )
     assert _run(server, kid, stale).status == "ok"

@@ -27,4 +27,4 @@ def test_the_tracker_sees_which_cells_launched_cuda_work() -> None:
         tracker.finish(cell)
         torch.cuda.synchronize()  # time passes between cells: the queue drains
     del x
-    assert tracker.launched == {1: True, 2: False, 3: True, 4: False}
+    assert tracker.settle(timeout=5) == {1: True, 2: False, 3: True, 4: False}
