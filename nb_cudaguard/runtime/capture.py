@@ -19,17 +19,23 @@ Commands travel in the same pipe, after the bytes they concern (a pipe is first 
 "clear" after a successful cell (older lines never decide a later error), "report" when a cell
 failed. The child answers a report by writing its copy to a private unlinked file and a one-line
 notice to a reply pipe; the caller waits for the notice at most ``timeout`` seconds. Nothing here
-blocks without a time limit: a command that cannot be written at once is dropped.
+blocks without a time limit: a command that cannot be written at once is dropped. A "clear" is
+sent only if fd 2 received anything since the last one (a counter the child keeps in that file,
+and the bytes still in the pipe): waking the child after every cell cost more than the rest of the
+extension.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
 import select
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 
 _KEEP = 256 * 1024  # bytes kept: hundreds of thread lines fit, a runaway log does not
@@ -38,15 +44,22 @@ DRAIN_TIMEOUT_S = 2.0
 # The child: standard library only, started with -I -S (no site, no user paths: ~10 ms).
 # fd 0: our pipe; fd 1: where fd 2 pointed; then the reply pipe and the shared report file.
 _CHILD = r"""
-import os, signal, sys
+import array, fcntl, os, select, signal, sys, termios
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 keep, token = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
 reply, store = int(sys.argv[3]), int(sys.argv[4])
 size = len(token) + 9
 buffer, carry, forward = bytearray(), b"", True
 
+# The store file's first 16 bytes: how many bytes were taken from the pipe, announced *before*
+# they are read; and where in the stream the last clear command ended. Equal, with an empty
+# pipe: nothing was written since the last clear.
+received = 0
+
 def emit(data):
     global forward
+    if not data:
+        return
     buffer.extend(data)
     if len(buffer) > keep:
         del buffer[: len(buffer) - keep]
@@ -60,16 +73,23 @@ def emit(data):
             forward = False  # the user's stream went away: keep our copy regardless
 
 def report(seq):
-    os.ftruncate(store, 0)
-    os.pwrite(store, bytes(buffer), 0)
+    os.ftruncate(store, 4096)
+    os.pwrite(store, bytes(buffer), 4096)
     try:
         os.write(reply, b"%s %d\n" % (seq, len(buffer)))
     except OSError:
         pass
 
 os.set_blocking(reply, False)  # a caller that gave up never blocks the forwarding
+unread = array.array("i", [0])
 while True:
-    chunk = os.read(0, 65536)
+    select.select([0], [], [])
+    fcntl.ioctl(0, termios.FIONREAD, unread)
+    if not unread[0]:
+        break  # readable and empty: every writer is gone
+    received += unread[0]
+    os.pwrite(store, received.to_bytes(8, "little"), 0)
+    chunk = os.read(0, unread[0])
     if not chunk:
         break
     data, carry = carry + chunk, b""
@@ -91,6 +111,7 @@ while True:
         data = data[at + size :]
         if op == b"C":
             buffer.clear()
+            os.pwrite(store, (received - len(data) - len(carry)).to_bytes(8, "little"), 8)
         elif op == b"R":
             report(seq)
 if carry:
@@ -98,12 +119,12 @@ if carry:
 """
 
 
-def _same_file(a: int, b: int) -> bool:
+def _identity(fd: int) -> tuple[int, int] | None:
     try:
-        sa, sb = os.fstat(a), os.fstat(b)
+        st = os.fstat(fd)
     except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+        return None
+    return st.st_dev, st.st_ino
 
 
 class FdTee:
@@ -124,6 +145,9 @@ class FdTee:
         self._reply: int | None = None
         self._store: int | None = None
         self._child: subprocess.Popen[bytes] | None = None
+        # Identities (device, inode) of our pipe and of the child's target: one fstat per swap.
+        self._pipe_id: tuple[int, int] | None = None
+        self._forward_id: tuple[int, int] | None = None
         self._token = b"\x00nb_cudaguard:" + os.urandom(8).hex().encode() + b"\x00"
         self._seq = 0
 
@@ -168,8 +192,10 @@ class FdTee:
             os.close(reply_write)
         self._write_end, self._reply = write_end, reply_read
         self._forward = os.dup(target)
+        self._pipe_id, self._forward_id = _identity(write_end), _identity(target)
 
     def _release_child(self) -> None:
+        self._pipe_id = self._forward_id = None
         for name in ("_write_end", "_reply", "_store", "_forward"):
             fd = getattr(self, name)
             if fd is not None:
@@ -196,19 +222,19 @@ class FdTee:
 
     def _start(self) -> None:
         alive = self._child is not None and self._child.poll() is None
-        if alive and self._write_end is not None and _same_file(self.fd, self._write_end):
+        saved = os.dup(self.fd)
+        now = _identity(saved)
+        if alive and now == self._pipe_id and self._forward is not None:
             # Another redirector that started inside our last cell restored fd 2 to our pipe:
             # the child already forwards where fd 2 really goes.
-            assert self._forward is not None
+            os.close(saved)
             saved = os.dup(self._forward)
-        else:
-            saved = os.dup(self.fd)
-            if not alive or self._forward is None or not _same_file(saved, self._forward):
-                try:
-                    self._spawn(saved)
-                except BaseException:
-                    os.close(saved)
-                    raise
+        elif not alive or now != self._forward_id:
+            try:
+                self._spawn(saved)  # fd 2 goes somewhere new (or the child is gone)
+            except BaseException:
+                os.close(saved)
+                raise
         assert self._write_end is not None
         self._saved = saved
         os.dup2(self._write_end, self.fd)
@@ -224,7 +250,7 @@ class FdTee:
         try:
             # Other redirectors (wurlitzer, a capture magic) may not nest with ours: give ``fd``
             # back only if it still points at our pipe, never undo someone else's change.
-            if self._write_end is not None and _same_file(self.fd, self._write_end):
+            if self._pipe_id is not None and _identity(self.fd) == self._pipe_id:
                 os.dup2(saved, self.fd)
         finally:
             os.close(saved)
@@ -248,6 +274,16 @@ class FdTee:
 
     def clear(self) -> None:
         """Forget what was captured so far (a cell succeeded: those lines decide nothing)."""
+        if self._store is None or self._write_end is None:
+            return
+        try:
+            counters = os.pread(self._store, 16, 0)  # bytes received; the same at the last clear
+            unread = array.array("i", [0])
+            fcntl.ioctl(self._write_end, termios.FIONREAD, unread)  # bytes not read yet
+        except OSError:
+            counters, unread = b"", array.array("i", [1])
+        if counters[:8] == counters[8:16] and not unread[0]:
+            return  # nothing written to fd 2 since the last clear
         self._command(b"C", 0)
 
     def text(self, timeout: float = DRAIN_TIMEOUT_S) -> str:
@@ -273,7 +309,7 @@ class FdTee:
             for line in lines:
                 got, _, size = line.partition(b" ")
                 if got == seq:  # earlier answers (a timed-out report) are skipped
-                    data = os.pread(self._store, int(size), 0)
+                    data = os.pread(self._store, int(size), 4096)
                     return data.decode("utf-8", errors="replace")
 
     def close(self) -> None:

@@ -137,6 +137,19 @@ def test_clear_forgets_what_came_before_and_keeps_what_comes_after(tee, private_
     assert os.read(private_fd[0], 100) == b"old\nnew\n"
 
 
+def test_every_clear_that_follows_output_takes_effect(tee, private_fd):
+    # A clear is skipped only where nothing was written since the last one.
+    for round_ in range(20):
+        tee.clear()  # nothing new: skipped
+        tee.start()
+        os.write(private_fd[1], b"round %d\n" % round_)
+        tee.stop()
+        assert tee.text() == f"round {round_}\n"
+        tee.clear()
+        assert tee.text() == ""
+    assert os.read(private_fd[0], 1000).count(b"round") == 20
+
+
 def test_a_report_waits_for_no_longer_than_its_time_limit(private_fd):
     # The user's stream is stuck (nobody reads it): the child blocks forwarding, the pipe fills.
     tee = FdTee(private_fd[1])
