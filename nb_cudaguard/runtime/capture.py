@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import array
 import contextlib
-import fcntl
 import os
 import select
 import subprocess
 import sys
 import tempfile
-import termios
 import time
+
+if sys.platform != "win32":  # the tee is POSIX only: elsewhere start() says so, once
+    import fcntl
+    import termios
 
 _KEEP = 256 * 1024  # bytes kept: hundreds of thread lines fit, a runaway log does not
 DRAIN_TIMEOUT_S = 2.0
@@ -221,6 +223,8 @@ class FdTee:
             raise
 
     def _start(self) -> None:
+        if sys.platform == "win32":
+            raise OSError("the fd 2 tee is not available on Windows")
         alive = self._child is not None and self._child.poll() is None
         saved = os.dup(self.fd)
         now = _identity(saved)
@@ -274,7 +278,7 @@ class FdTee:
 
     def clear(self) -> None:
         """Forget what was captured so far (a cell succeeded: those lines decide nothing)."""
-        if self._store is None or self._write_end is None:
+        if self._store is None or self._write_end is None or sys.platform == "win32":
             return
         try:
             counters = os.pread(self._store, 16, 0)  # bytes received; the same at the last clear

@@ -30,11 +30,13 @@ def profile(tmp_path):
 
 
 def _files(profile) -> list[str]:
+    """Our files in the profile (IPython keeps a README in the startup directory)."""
     return sorted(
         p.name
         for d in (profile[1], injection.state_dir(profile[0]))
         if d.is_dir()
         for p in d.iterdir()
+        if p.name != "README"
     )
 
 
@@ -303,7 +305,8 @@ def test_other_ipython_processes_of_the_profile_neither_consume_nor_cancel_it(tm
     try:
         _arm(tmp_path, manager)
         location, startup = _profile(tmp_path)
-        armed = sorted(p.name for d in (startup, location / "nb_cudaguard") for p in d.iterdir())
+        armed = _files((location, startup))
+        assert len(armed) == 2
         # A terminal where nb_cudaguard cannot be imported, and one where it can.
         blocked = "import sys; sys.modules['nb_cudaguard'] = None"
         shown = _terminal_ipython(
@@ -316,7 +319,7 @@ def test_other_ipython_processes_of_the_profile_neither_consume_nor_cancel_it(tm
             tmp_path / "ipython", "import sys\nprint('nb' + '_cudaguard' in sys.modules)"
         )
         assert "False" in shown
-        still = sorted(p.name for d in (startup, location / "nb_cudaguard") for p in d.iterdir())
+        still = _files((location, startup))
         assert still == armed
         client.stop_channels()
         client = _restart(manager)
