@@ -329,3 +329,38 @@ def test_evidence_from_the_notebook_variables_reaches_the_panel(kernel):
     assert "`labels` contains 3 but the classifier `model.classifier` has 3 outputs" in text
     assert "labels are numbered 1..C" in text.split("Likely causes")[1].splitlines()[1]
     assert "cannot assert" in text  # surfaced at print(float(...)): it says so
+
+
+def test_wurlitzer_inside_a_cell_gets_its_output_and_fd2_comes_back_after():
+    pytest.importorskip("wurlitzer")
+    argv = ["--simple-prompt", "--no-banner", "--HistoryManager.enabled=False", "--colors=NoColor"]
+    start = f"from IPython import start_ipython; start_ipython(argv={argv!r})"
+    cells = textwrap.dedent(
+        """\
+        import os
+        original = os.fstat(2).st_ino
+        %load_ext nb_cudaguard
+        given_back, ip = [], get_ipython()
+        ip.events.register('post_run_cell', lambda r: given_back.append(os.fstat(2).st_ino))
+        from wurlitzer import pipes
+        with pipes() as (out, err):
+            os.write(2, b'inside wurlitzer\\n')
+
+        print('wurlitzer got:', err.read().strip())
+        os.write(2, b"after wurlitzer\\n")
+        print('given back:', set(given_back[-3:]) == {original})
+        exit
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", start],
+        input=cells,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(ROOT),
+    )
+    assert "wurlitzer got: inside wurlitzer" in proc.stdout
+    assert "given back: True" in proc.stdout
+    assert "after wurlitzer" in proc.stderr  # through our tee, to the terminal
+    assert "inside wurlitzer" not in proc.stderr  # wurlitzer's, not shown twice
