@@ -97,6 +97,7 @@ def cell_tracker_us(calls: int = 20_000) -> dict[str, float]:
     import torch
 
     from nb_cudaguard.runtime.cells import CellTracker
+    from nb_cudaguard.runtime.probe import ask_work_queued
 
     assert torch.cuda.is_initialized(), "CUDA is not initialised"
     tracker = CellTracker()
@@ -118,6 +119,7 @@ def cell_tracker_us(calls: int = 20_000) -> dict[str, float]:
         "memory_stats()": torch.cuda.memory_stats,
         "memory_stats_as_nested_dict()": torch.cuda.memory_stats_as_nested_dict,
         "current_stream().query()": lambda: torch.cuda.current_stream().query(),
+        "ask_work_queued() (handed to the worker)": lambda: ask_work_queued(torch),
         "in-place add (no allocation)": lambda: x.add_(1),
     }
     timings = {}
