@@ -172,6 +172,8 @@ class CudaGuardExtension:
                 )
 
     def _explain(self, error: BaseException, cell: int | None) -> None:
+        if diagnose(error) is None:
+            return  # not a CUDA error (from its own text): no need to ask the tee's child
         launched = self.cells.settle(timeout=0.1)  # answers still on their way: ms at most
         where = where_sentence(error, cell, launched, synced=is_sync_frame(error))
         # Only what fd 2 received since the last successful cell can decide (FdTee.clear).

@@ -15,8 +15,10 @@ asked (FIELD_NOTES §7):
 - a wedged driver never returns. A worker stuck in it is abandoned, and later questions answer
   "unknown" at once instead of stacking more stuck threads.
 
-Where the driver library cannot be loaded (ROCm, an unusual install), torch's own query of the
-current device is the fallback.
+In the caller's thread only host-side bookkeeping is read (torch's current device and stream, the
+thread's current context). Where the driver library cannot be loaded (ROCm, an unusual install),
+torch's own query of the current device is the fallback; it holds the GIL, so there the time limit
+is only as good as that query.
 """
 
 from __future__ import annotations
