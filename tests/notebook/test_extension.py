@@ -393,3 +393,30 @@ def test_a_post_run_cell_without_a_result_escapes_nothing_and_fd2_is_given_back(
     assert "Error in callback" not in out
     assert "given back: True" in out
     assert "then: True" in out
+
+
+def test_a_restart_in_an_in_process_kernel_is_refused_and_its_host_lives_on():
+    # An in-process kernel has a kernel object but no process of its own to restart.
+    code = textwrap.dedent(
+        """\
+        from ipykernel.inprocess.manager import InProcessKernelManager
+        from IPython.core.error import UsageError
+        import time, nb_cudaguard
+        manager = InProcessKernelManager()
+        manager.start_kernel()
+        shell = manager.kernel.shell
+        nb_cudaguard.load_ipython_extension(shell)
+        try:
+            shell.run_line_magic("cudaguard", "restart --no-blocking")
+        except UsageError as error:
+            print("refused:", error)
+        time.sleep(1.5)
+        print("host alive")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(ROOT)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: cannot restart: this is not a Jupyter kernel" in proc.stdout
+    assert "host alive" in proc.stdout
