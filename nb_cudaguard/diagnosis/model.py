@@ -81,6 +81,7 @@ class Diagnosis:
     where: str | None = None  # where the error surfaced and where it was most likely launched
     source: str | None = None  # the PyTorch source file of the matched assert rule
     context: ContextState = ContextState.UNKNOWN
+    device: int | None = None  # the CUDA device the context state is about, where known
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data: nested records as objects, tuples as lists, enums as their values.

@@ -68,7 +68,11 @@ _CONTEXT_WORDS = {
 
 
 def _footer(diagnosis: Diagnosis) -> str:
-    parts = [f"cause: {diagnosis.cause}", f"CUDA context: {_CONTEXT_WORDS[diagnosis.context]}"]
+    device = "" if diagnosis.device is None else f", cuda:{diagnosis.device}"
+    parts = [
+        f"cause: {diagnosis.cause}",
+        f"CUDA context: {_CONTEXT_WORDS[diagnosis.context]}{device}",
+    ]
     if diagnosis.source:
         parts.append(f"rule from {diagnosis.source}")
     return "nb_cudaguard · " + " · ".join(parts)

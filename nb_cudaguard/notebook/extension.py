@@ -4,6 +4,11 @@ Only ``post_run_cell`` is used to see errors: it gets the ``ExecutionResult`` wh
 exception, coexists with every other extension, and leaves the standard ``error`` output and the
 cell's ``status: error`` alone (stop-on-error and nbconvert rely on them). ``set_custom_exc`` is
 deliberately left untouched: it has one slot per shell and Colab already uses it (FIELD_NOTES §4).
+
+Nothing escapes a hook, ``BaseException`` included: a Ctrl-C during our analysis, or IPython 7.34
+firing ``post_run_cell`` from a ``finally`` with no result (FIELD_NOTES §7), would otherwise print
+"Error in callback" and leave the tee half-stopped. The tee is stopped first, in its own guard, so
+fd 2 is always given back.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
 from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame
-from ..runtime.probe import probe_context
+from ..runtime.probe import Probe, probe_devices
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -100,6 +105,8 @@ class CudaGuardExtension:
             after_cell=self.last_sticky_cell if after_cell is None else after_cell,
             profile=profile_dirs(self.shell),
             delay=DELAY_S if delay is None else delay,
+            connection=kernel_connection(self.shell),
+            warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
         )
 
     def _register_magics(self) -> None:
@@ -129,36 +136,47 @@ class CudaGuardExtension:
 
     # --- the hook ------------------------------------------------------------------------------
     def pre_run_cell(self, *_info: Any) -> None:
-        with contextlib.suppress(Exception):  # bookkeeping only: never break the user's cell
+        with contextlib.suppress(BaseException):  # bookkeeping only: never break the user's cell
             self.cells.start()
-        if self._tee_failed:
-            return
+            if not self._tee_failed:
+                self._start_tee()
+
+    def _start_tee(self) -> None:
         try:
             self.tee.start()
         except Exception as internal:  # fd games can fail (closed fd 2): never break the cell
             self._tee_failed = True  # say it once, not under every cell
-            with contextlib.suppress(OSError):  # sys.stderr may be that very fd
+            with contextlib.suppress(Exception):  # sys.stderr may be that very fd
                 print(f"nb_cudaguard: not capturing device output ({internal}).", file=sys.stderr)
 
-    def post_run_cell(self, result: ExecutionResult) -> None:
-        error = result.error_in_exec
-        with contextlib.suppress(Exception):
-            self.tee.stop(drain=error is not None)
-        with contextlib.suppress(Exception):
-            self.cells.finish(result.execution_count)
-        if error is None:
-            return
+    def post_run_cell(self, result: ExecutionResult | None = None) -> None:
+        # IPython 7.34 may pass None (fired from a `finally`); then there is nothing to explain.
+        error = getattr(result, "error_in_exec", None)
+        cell = getattr(result, "execution_count", None)
+        with contextlib.suppress(BaseException):
+            self.tee.stop()
+        with contextlib.suppress(BaseException):
+            self.cells.finish(cell)
         try:
-            self._explain(error, result.execution_count)
-        except Exception as internal:  # never let our failure cost the user their traceback
-            print(
-                f"nb_cudaguard: could not analyse this error ({type(internal).__name__}: "
-                f"{internal}); the traceback above is complete.",
-                file=sys.stderr,
-            )
+            if error is None:
+                if result is not None and self.tee.depth == 0:
+                    self.tee.clear()  # older device lines never decide a later error
+                return
+            self._explain(error, cell)
+        except BaseException as internal:  # never let our failure cost the user their traceback
+            with contextlib.suppress(BaseException):
+                print(
+                    f"nb_cudaguard: could not analyse this error ({type(internal).__name__}: "
+                    f"{internal}); the traceback above is complete.",
+                    file=sys.stderr,
+                )
 
     def _explain(self, error: BaseException, cell: int | None) -> None:
-        where = where_sentence(error, cell, self.cells.launched, synced=is_sync_frame(error))
+        if diagnose(error) is None:
+            return  # not a CUDA error (from its own text): no need to ask the tee's child
+        launched = self.cells.settle(timeout=0.1)  # answers still on their way: ms at most
+        where = where_sentence(error, cell, launched, synced=is_sync_frame(error))
+        # Only what fd 2 received since the last successful cell can decide (FdTee.clear).
         diagnosis = diagnose(
             error, device_output=self.tee.text(), namespace=self.shell.user_ns, where=where
         )
@@ -167,10 +185,11 @@ class CudaGuardExtension:
         if self.poisoned_since is not None:
             self._show_fallout(diagnosis)
             return
-        context = probe_context()
+        probe = probe_devices()
+        context = probe.state
         if not diagnosis.sticky and context is not ContextState.POISONED:
             return  # out of memory & co.: IPython's traceback says it all, the kernel lives on
-        diagnosis = _with_context(diagnosis, context)
+        diagnosis = _with_context(diagnosis, probe)
         self.last_diagnosis = diagnosis
         self.last_sticky_cell = cell
         if context is ContextState.POISONED:
@@ -186,11 +205,12 @@ class CudaGuardExtension:
         show_fallout(self.poisoned_in_cell, message)
 
 
-def _with_context(diagnosis: Diagnosis, context: ContextState) -> Diagnosis:
+def _with_context(diagnosis: Diagnosis, probe: Probe) -> Diagnosis:
     from dataclasses import replace
 
+    context, device = probe.state, probe.device
     if diagnosis.sticky or context is not ContextState.POISONED:
-        return replace(diagnosis, context=context)
+        return replace(diagnosis, context=context, device=device)
     # A "harmless" error (cuBLAS not initialised, ...) in a context an earlier, unseen error broke.
     return replace(
         diagnosis,
@@ -202,6 +222,7 @@ def _with_context(diagnosis: Diagnosis, context: ContextState) -> Diagnosis:
             "broke the context, and every CUDA call fails since."
         ),
         context=context,
+        device=device,
     )
 
 
@@ -237,3 +258,47 @@ def profile_dirs(shell: InteractiveShell) -> tuple[str, str] | None:
     if profile is None:
         return None
     return str(profile.location), str(profile.startup_dir)
+
+
+def kernel_connection(shell: InteractiveShell) -> str | None:
+    """The connection file of the kernel this shell runs in; None where it is not a kernel
+    (terminal IPython, even with ipykernel imported, as ipywidgets 7.7 does; an in-process
+    kernel). Asked of the shell's kernel object and ipykernel's own API, nothing else."""
+    if getattr(shell, "kernel", None) is None:
+        return None
+    from ..restart.environment import running_kernel_connection
+
+    return running_kernel_connection()
+
+
+def multi_gpu_warning(namespace: dict[str, Any]) -> str:
+    """Why blocking mode may hang this notebook, or "": CUDA_LAUNCH_BLOCKING=1 with DataParallel
+    or NCCL can deadlock (pytorch#9163, nccl#750)."""
+    from ..runtime.probe import probe_devices
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    reasons = []
+    with contextlib.suppress(Exception):
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            reasons.append("a torch.distributed process group is initialised")
+    with contextlib.suppress(Exception):
+        used = probe_devices(torch).used
+        if len(used) > 1:
+            reasons.append(
+                f"it used {len(used)} GPUs (" + ", ".join(f"cuda:{i}" for i in used) + ")"
+            )
+    with contextlib.suppress(Exception):
+        parallel = torch.nn.DataParallel
+        names = [n for n, v in list(namespace.items()) if isinstance(v, parallel)]
+        if names:
+            reasons.append(f"`{names[0]}` is a DataParallel model")
+    if not reasons:
+        return ""
+    return (
+        f"this notebook may hang in blocking mode: {'; '.join(reasons)}. CUDA_LAUNCH_BLOCKING=1 "
+        "with DataParallel or NCCL can deadlock (pytorch#9163, nccl#750); if the next run hangs, "
+        "restart with `%cudaguard restart --no-blocking` and run on one GPU to find the error."
+    )

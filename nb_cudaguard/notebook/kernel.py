@@ -1,14 +1,16 @@
-"""This kernel as the restart sees it: the public ``restart_kernel()`` and the startup entry point.
+"""This kernel as the restart sees it: the public ``restart_kernel()``.
 
-Both need what only IPython knows (the running shell, its profile directory, the loaded
-extension's last crash cell); they look it up here, in the glue, and hand it down to ``restart``.
+It needs what only IPython knows (the running shell, its kernel object and profile directory, the
+loaded extension's last crash cell); it looks them up here, in the glue, and hands them down to
+``restart``. (The one-shot startup file that a blocking restart leaves is self-contained: see
+``restart/startup_once.py``.)
 """
 
 from __future__ import annotations
 
 from ..restart.methods import DELAY_S, RestartError, RestartPlan
 from ..restart.methods import restart_kernel as _restart_kernel
-from .extension import current_state, profile_dirs
+from .extension import current_state, kernel_connection, multi_gpu_warning, profile_dirs
 
 
 def restart_kernel(
@@ -30,26 +32,10 @@ def restart_kernel(
     if shell is None:
         raise RestartError("not running inside IPython: there is no kernel to restart")
     return _restart_kernel(
-        blocking, after_cell=after_cell, profile=profile_dirs(shell), delay=delay
+        blocking,
+        after_cell=after_cell,
+        profile=profile_dirs(shell),
+        delay=delay,
+        connection=kernel_connection(shell),
+        warning=multi_gpu_warning(shell.user_ns) if blocking else "",
     )
-
-
-_ran = False
-
-
-def run_startup() -> None:
-    """Entry point of the one-shot startup file: runs once per process, however many exist."""
-    global _ran
-    if _ran:
-        return
-    _ran = True
-    from IPython import get_ipython
-
-    from ..restart.environment import connection_file, launch_args
-    from ..restart.injection import apply_pending
-
-    shell = get_ipython()
-    if shell is None:
-        return
-    profile = shell.profile_dir
-    apply_pending(profile.location, profile.startup_dir, connection_file(launch_args()))

@@ -6,15 +6,20 @@ A server-managed restart relaunches the kernel with the environment saved at its
 - a pending file ``<profile>/nb_cudaguard/pending-<key>.json`` (0600 in a 0700 directory, written
   atomically) that names the kernel by its connection file (the path survives restarts; ``key`` is
   its hash), when it was written, and the variables, each checked against an allowlist;
-- a one-shot IPython startup file ``<profile>/startup/0-nb_cudaguard-once-<key>.py`` whose text is
-  fixed by this module. IPython runs startup files before the first cell, so the variable is in
-  ``os.environ`` before torch can create a CUDA context, even if the user never loads nb_cudaguard
-  again. The code it runs only reads the data file; nothing read from a file is executed.
+- a one-shot IPython startup file ``<profile>/startup/0-nb_cudaguard-once-<key>.py``, the fixed
+  text of ``startup_once.py``: standard library only, it never imports nb_cudaguard (the next
+  process may not be able to: another environment, an older version). IPython runs startup files
+  before the first cell, so the variable is in ``os.environ`` before torch can create a CUDA
+  context, even if the user never loads nb_cudaguard again. It only reads the data file; nothing
+  read from a file is executed.
 
-The new kernel consumes its pending file and deletes both files; other IPython processes of the
-same profile find a different key and leave them alone; files older than ``TTL_S`` are deleted by
-whoever finds them. The process that got the variable from us carries ``MARKER`` so that the
-extension can say so (and a later in-place restart can drop it again).
+IPython runs every startup file in every process of the profile. Only the process whose
+connection file hashes to the key acts: it removes both files, then sets the variable (once).
+Every other process (another kernel, a terminal, another virtual environment) touches nothing, so
+none can consume or cancel this kernel's pending restart; an error deletes nothing either. Files
+older than ``TTL_S`` are leftovers of a restart that never came: the next ``write_pending``
+removes them. The process that got the variable carries ``MARKER`` so that the extension can say
+so (its banner) and a later in-place restart can drop it again.
 """
 
 from __future__ import annotations
@@ -23,42 +28,24 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 import time
-from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
-from ..runtime.blocking import BLOCKING, MARKER
+from ..runtime.blocking import BLOCKING
 
 # Only these variables, with only these values, are ever set from a pending file.
 ALLOWED: Mapping[str, frozenset[str]] = {"CUDA_LAUNCH_BLOCKING": frozenset({"1"})}
 TTL_S = 300.0  # a restart takes seconds; anything older is a leftover
-FORMAT = 1
-_MAX_BYTES = 4096
+FORMAT = 1  # startup_once.py reads this format
 
 STARTUP_PREFIX = "0-nb_cudaguard-once-"  # "0-" sorts before the usual "00-..." startup files
-STARTUP_TEXT = """\
-# Written by nb_cudaguard (%cudaguard restart): sets CUDA_LAUNCH_BLOCKING=1 in the next start of
-# ONE kernel, then deletes itself. It only reads a data file; safe to delete.
-try:
-    __import__("nb_cudaguard.notebook.kernel", fromlist=["run_startup"]).run_startup()
-except Exception:
-    try:
-        __import__("os").remove(__file__)
-    except Exception:
-        pass
-"""
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A validated pending injection."""
-
-    kernel: str  # the connection file it is meant for (resolved path)
-    created: float
-    env: Mapping[str, str]
-    after_cell: int | None
+def startup_text() -> str:
+    """The startup file's fixed text: ``startup_once.py`` as it is."""
+    return (Path(__file__).with_name("startup_once.py")).read_text(encoding="utf-8")
 
 
 def kernel_key(connection_path: str) -> str:
@@ -78,17 +65,29 @@ def startup_path(startup_dir: str | os.PathLike[str], key: str) -> Path:
     return Path(startup_dir) / f"{STARTUP_PREFIX}{key}.py"
 
 
-def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o077:
+def _private_dir(path: Path, tighten: bool = True) -> None:
+    """``path`` and every directory created on the way to it are 0700; with ``tighten``, an
+    existing ``path`` (ours) is made 0700 again."""
+    missing = []
+    for parent in (path, *path.parents):
+        if parent.exists():
+            break
+        missing.append(parent)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            directory.mkdir(mode=0o700)
+    if tighten and os.name == "posix" and path.stat().st_mode & 0o077:
         path.chmod(0o700)
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """Write a 0600 file that readers see either whole or not at all."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)  # mkstemp creates it 0600
+    """A private (0600) file that readers see either whole or not at all: written with
+    jupyter_core's ``secure_write``, then renamed into place."""
+    from jupyter_core.paths import secure_write
+
+    tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with secure_write(str(tmp)) as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -119,85 +118,47 @@ def write_pending(
 ) -> tuple[Path, Path]:
     """Arm the next start of the kernel with this connection file. Returns (data, startup) paths."""
     key = kernel_key(connection_path)
+    created = time.time() if now is None else now
     data = {
         "format": FORMAT,
         "kernel": os.path.realpath(os.path.abspath(connection_path)),
-        "created": time.time() if now is None else now,
+        "created": created,
         "env": validate_env(dict(env)),
         "after_cell": after_cell,
     }
     data_path = pending_path(profile_location, key)
     _private_dir(data_path.parent)
+    remove_expired(profile_location, startup_dir, now=created)
     _write_atomic(data_path, json.dumps(data))
     # Data first, then the startup file: a startup file never finds a half-armed state.
     script = startup_path(startup_dir, key)
-    script.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(script, STARTUP_TEXT)
+    _private_dir(script.parent, tighten=False)  # IPython's own directory: created, never changed
+    _write_atomic(script, startup_text())
     return data_path, script
-
-
-def read_pending(path: Path) -> Pending:
-    """Parse and validate a pending file; ValueError for anything unexpected."""
-    if path.stat().st_size > _MAX_BYTES:
-        raise ValueError("pending file too large")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError("unknown pending-file format")
-    kernel, created, after_cell = data.get("kernel"), data.get("created"), data.get("after_cell")
-    if not isinstance(kernel, str) or not isinstance(created, (int, float)):
-        raise ValueError("pending file lacks kernel or created")
-    if after_cell is not None and (not isinstance(after_cell, int) or isinstance(after_cell, bool)):
-        raise ValueError("after_cell must be an integer")
-    return Pending(kernel, float(created), validate_env(data.get("env")), after_cell)
 
 
 def cancel(
     profile_location: str | os.PathLike[str], startup_dir: str | os.PathLike[str], key: str
 ) -> None:
-    """Disarm: remove the startup file first, so that no process finds it without its data."""
+    """Disarm this kernel's pending restart: the startup file first, so that no process finds it
+    without its data."""
     for path in (startup_path(startup_dir, key), pending_path(profile_location, key)):
         with contextlib.suppress(OSError):
             path.unlink()
 
 
-def apply_pending(
+def remove_expired(
     profile_location: str | os.PathLike[str],
     startup_dir: str | os.PathLike[str],
-    this_connection: str | None,
-    environ: MutableMapping[str, str] | None = None,
     now: float | None = None,
-) -> Pending | None:
-    """Consume the injection meant for this kernel and expire leftovers; never raises OSError."""
-    environ = os.environ if environ is None else environ
-    now = time.time() if now is None else now
-    this_key = kernel_key(this_connection) if this_connection else None
-    applied: Pending | None = None
-    directory = state_dir(profile_location)
-    for path in sorted(directory.glob("pending-*.json")) if directory.is_dir() else []:
-        key = path.name[len("pending-") : -len(".json")]
-        try:
-            pending = read_pending(path)
-        except (OSError, ValueError):
-            cancel(profile_location, startup_dir, key)  # unreadable or not ours to trust
-            continue
-        if now - pending.created > TTL_S or pending.created - now > TTL_S:
-            cancel(profile_location, startup_dir, key)
-            continue
-        if key != this_key or kernel_key(pending.kernel) != key:
-            continue  # another kernel's, still fresh
-        cancel(profile_location, startup_dir, key)  # once: disarm before applying
-        environ.update(pending.env)
-        environ[MARKER] = "" if pending.after_cell is None else str(pending.after_cell)
-        applied = pending
-    _remove_orphan_startup_files(profile_location, startup_dir)
-    return applied
-
-
-def _remove_orphan_startup_files(
-    profile_location: str | os.PathLike[str], startup_dir: str | os.PathLike[str]
 ) -> None:
-    for script in Path(startup_dir).glob(f"{STARTUP_PREFIX}*.py"):
-        key = script.name[len(STARTUP_PREFIX) : -len(".py")]
-        if not pending_path(profile_location, key).exists():
-            with contextlib.suppress(OSError):
-                script.unlink()
+    """Remove leftovers: pending restarts older than ``TTL_S``, which no kernel will apply."""
+    now = time.time() if now is None else now
+    found = [
+        *Path(startup_dir).glob(f"{STARTUP_PREFIX}*.py"),
+        *state_dir(profile_location).glob("pending-*.json"),
+    ]
+    for path in found:
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > TTL_S:
+                path.unlink()

@@ -28,12 +28,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..runtime.blocking import BLOCKING, MARKER
 from . import injection
-from .environment import Environment, connection_file, detect, kernel_id, launch_args
+from .environment import (
+    _ASK_IPYKERNEL,
+    Environment,
+    detect,
+    kernel_id,
+    launch_args,
+    running_kernel_connection,
+)
 from .server import Server, ancestors, api_request, find_server, runtime_dirs, server_knows_kernel
 
 DELAY_S = 0.3  # lets the reply, the widget update and fd output reach the frontend first
@@ -57,6 +64,7 @@ class RestartPlan:
     kernel_id: str | None = None
     server: Server | None = None
     note: str = ""  # why this method (a fallback says what it fell back from)
+    warning: str = ""  # said before the restart (blocking mode with several GPUs, ...)
 
     def describe(self, blocking: bool) -> str:
         how = {
@@ -72,9 +80,10 @@ class RestartPlan:
             if blocking
             else "The new kernel starts with the normal environment."
         )
+        warning = f"WARNING: {self.warning} " if self.warning and blocking else ""
         return (
-            f"Restarting this kernel {how}. {mode} All variables are lost: when the kernel is "
-            "back, re-run the notebook from the top."
+            f"{warning}Restarting this kernel {how}. {mode} All variables are lost: when the "
+            "kernel is back, re-run the notebook from the top."
         )
 
 
@@ -87,16 +96,19 @@ class RestartError(RuntimeError):
 
 def plan_restart(
     environment: Environment | None = None,
-    connection: str | None = None,
+    connection: str | None = _ASK_IPYKERNEL,
     candidate_pids: Sequence[int] | None = None,
     directories: Iterable[Path] | None = None,
 ) -> RestartPlan:
-    environment = detect() if environment is None else environment
-    if connection is None:
-        connection = connection_file(launch_args())
-    if environment is Environment.TERMINAL:
+    """How to restart this kernel. ``connection`` is its connection file (by default asked of
+    ipykernel); None, or a process that is not a kernel, raises ``RestartError``."""
+    if connection == _ASK_IPYKERNEL:
+        connection = running_kernel_connection()
+    environment = detect(connection=connection) if environment is None else environment
+    if environment is Environment.TERMINAL or connection is None:
         raise RestartError(
-            "this is not a Jupyter kernel (terminal IPython or a script): nothing to restart"
+            "this is not a Jupyter kernel (terminal IPython, an in-process kernel or a script): "
+            "there is no kernel process to restart"
         )
     if environment is Environment.VSCODE:
         return RestartPlan(
@@ -192,6 +204,8 @@ def restart_kernel(
     profile: tuple[str, str] | None = None,
     plan: RestartPlan | None = None,
     delay: float = DELAY_S,
+    connection: str | None = _ASK_IPYKERNEL,
+    warning: str = "",
 ) -> RestartPlan:
     """Restart this kernel; with ``blocking``, its next process alone gets CUDA_LAUNCH_BLOCKING=1.
 
@@ -199,9 +213,13 @@ def restart_kernel(
     cell's output and reply still reach the frontend. Re-run the notebook from the top afterwards.
     ``profile`` is the IPython profile's (location, startup directory), where a blocking restart
     leaves its one-shot startup file; ``after_cell`` is the cell that crashed, named in the new
-    kernel's banner. Raises ``RestartError`` where there is no kernel to restart.
+    kernel's banner. ``connection`` is the kernel's connection file (None: not a kernel);
+    ``warning`` is said with the plan (blocking mode with several GPUs, ...). Raises
+    ``RestartError`` where there is no kernel to restart; nothing else ever ends the process.
     """
-    plan = plan_restart() if plan is None else plan
+    plan = plan_restart(connection=connection) if plan is None else plan
+    if warning:
+        plan = replace(plan, warning=warning)
     if plan.method is not Method.EXECVE:
         if profile is None or plan.connection_file is None:
             if blocking:

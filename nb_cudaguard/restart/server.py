@@ -31,25 +31,14 @@ class Server:
         return self.url.rstrip("/") + "/api/" + path.lstrip("/")
 
 
-def ancestors(pid: int | None = None, limit: int = 32) -> list[int]:
-    """Parent, grandparent, ... of ``pid`` (Linux /proc; elsewhere just the parent)."""
-    pid = os.getpid() if pid is None else pid
-    chain: list[int] = []
-    current = pid
-    for _ in range(limit):
-        try:
-            stat = Path(f"/proc/{current}/stat").read_text()
-            # Field 4 is the ppid; the command name (field 2) may contain spaces and parentheses.
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            if current == os.getpid() and not chain:
-                chain.append(os.getppid())
-            break
-        if parent <= 0:
-            break
-        chain.append(parent)
-        current = parent
-    return chain
+def ancestors(pid: int | None = None) -> list[int]:
+    """Parent, grandparent, ... of ``pid`` (default: this process), nearest first (psutil)."""
+    import psutil
+
+    try:
+        return [parent.pid for parent in psutil.Process(pid).parents()]
+    except psutil.Error:
+        return []
 
 
 def runtime_dirs(connection: str | None) -> list[Path]:

@@ -2,41 +2,138 @@
 
 The CUDA runtime prints device-side assert lines straight to fd 2, not to ``sys.stderr``
 (FIELD_NOTES §1). ipykernel >= 6 has already pointed fd 2 at a pipe that its watcher thread
-forwards to the notebook, sometimes late or under a later cell; older kernels leave fd 2 on the
-server's terminal, where the user never looks. Either way Python cannot read the text back.
+forwards to the notebook, sometimes late or under a later cell; older kernels and terminal IPython
+leave fd 2 on a terminal. Either way Python cannot read the text back.
 
-So while a cell runs, fd 2 points at our own pipe; a thread copies every byte to the previous
-fd 2 (ipykernel's pipe or the terminal: the user sees exactly what they saw before) and keeps a
-bounded copy for the diagnosis. ``stop()`` restores fd 2, then waits until the reader has passed
-everything written before that: nothing written during the cell is lost or held back.
+So while a cell runs, fd 2 points at our pipe, and a small **child process** copies every byte, in
+order, to where fd 2 pointed before (ipykernel's pipe or the terminal: the user sees exactly what
+they saw before) and keeps a bounded copy. Why a process and not a thread: a reader thread needs
+the GIL, and C code that writes more than a pipe's buffer to fd 2 while holding the GIL (a
+``PyDLL`` call, an extension that does not release it) would wait for a reader that waits for the
+GIL: the process hangs. The child has its own interpreter; it needs nothing from this one.
+wurlitzer was considered and not taken: its reader is a thread of this process (the same
+deadlock, only made rarer by a larger pipe), and it hands text to file objects instead of
+forwarding bytes to the saved descriptor.
 
-Why not wurlitzer: its ``pipes()`` hands captured text to Python file objects and replaces the
-descriptor for good while active, which would hide the lines from a terminal or from ipykernel's
-own forwarding unless we re-wrote them; a byte-for-byte tee to the saved descriptor is the small,
-exact thing needed here and adds no runtime dependency.
+Commands travel in the same pipe, after the bytes they concern (a pipe is first in, first out):
+"clear" after a successful cell (older lines never decide a later error), "report" when a cell
+failed. The child answers a report by writing its copy to a private unlinked file and a one-line
+notice to a reply pipe; the caller waits for the notice at most ``timeout`` seconds. Nothing here
+blocks without a time limit: a command that cannot be written at once is dropped. A "clear" is
+sent only if fd 2 received anything since the last one (a counter the child keeps in that file,
+and the bytes still in the pipe): waking the child after every cell cost more than the rest of the
+extension.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import os
-import threading
+import select
+import subprocess
+import sys
+import tempfile
+import time
 
-_KEEP = 256 * 1024  # bytes kept across cells: hundreds of thread lines fit, a runaway log does not
+if sys.platform != "win32":  # the tee is POSIX only: elsewhere start() says so, once
+    import fcntl
+    import termios
 
+_KEEP = 256 * 1024  # bytes kept: hundreds of thread lines fit, a runaway log does not
+DRAIN_TIMEOUT_S = 2.0
 
-def _same_file(a: int, b: int) -> bool:
+# The child: standard library only, started with -I -S (no site, no user paths: ~10 ms).
+# fd 0: our pipe; fd 1: where fd 2 pointed; then the reply pipe and the shared report file.
+_CHILD = r"""
+import array, fcntl, os, select, signal, sys, termios
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+keep, token = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+reply, store = int(sys.argv[3]), int(sys.argv[4])
+size = len(token) + 9
+buffer, carry, forward = bytearray(), b"", True
+
+# The store file's first 16 bytes: how many bytes were taken from the pipe, announced *before*
+# they are read; and where in the stream the last clear command ended. Equal, with an empty
+# pipe: nothing was written since the last clear.
+received = 0
+
+def emit(data):
+    global forward
+    if not data:
+        return
+    buffer.extend(data)
+    if len(buffer) > keep:
+        del buffer[: len(buffer) - keep]
+    view = memoryview(data)
+    while forward and view:
+        try:
+            view = view[os.write(1, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            forward = False  # the user's stream went away: keep our copy regardless
+
+def report(seq):
+    os.ftruncate(store, 4096)
+    os.pwrite(store, bytes(buffer), 4096)
     try:
-        sa, sb = os.fstat(a), os.fstat(b)
+        os.write(reply, b"%s %d\n" % (seq, len(buffer)))
     except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+        pass
+
+os.set_blocking(reply, False)  # a caller that gave up never blocks the forwarding
+unread = array.array("i", [0])
+while True:
+    select.select([0], [], [])
+    fcntl.ioctl(0, termios.FIONREAD, unread)
+    if not unread[0]:
+        break  # readable and empty: every writer is gone
+    received += unread[0]
+    os.pwrite(store, received.to_bytes(8, "little"), 0)
+    chunk = os.read(0, unread[0])
+    if not chunk:
+        break
+    data, carry = carry + chunk, b""
+    while data:
+        at = data.find(token)
+        if at < 0:
+            for n in range(min(len(token) - 1, len(data)), 0, -1):
+                if token.startswith(data[-n:]):
+                    data, carry = data[:-n], data[-n:]
+                    break
+            emit(data)
+            break
+        if len(data) < at + size:
+            emit(data[:at])
+            carry = data[at:]
+            break
+        emit(data[:at])
+        op, seq = data[at + len(token) : at + len(token) + 1], data[at + len(token) + 1 : at + size]
+        data = data[at + size :]
+        if op == b"C":
+            buffer.clear()
+            os.pwrite(store, (received - len(data) - len(carry)).to_bytes(8, "little"), 8)
+        elif op == b"R":
+            report(seq)
+if carry:
+    emit(carry)
+"""
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class FdTee:
-    """Copy everything written to ``fd`` to where it went before, and remember the tail of it.
+    """Copy everything written to ``fd`` during a cell to where it went before, and keep the
+    tail of it since the last ``clear()``.
 
-    One pipe and one reader thread live as long as the tee (a thread per cell would cost more
+    One pipe and one child process live as long as the tee (a process per cell would cost more
     than the rest of the extension); each cell only swaps ``fd`` in and out with ``dup2``.
     """
 
@@ -45,117 +142,185 @@ class FdTee:
         self.keep = keep
         self._depth = 0  # nested cells (a cell magic running shell.run_cell) share one tee
         self._saved: int | None = None  # where ``fd`` pointed before the current cell
-        self._forward: int | None = None  # where the reader forwards to (stays after stop)
-        self._read_end: int | None = None
+        self._forward: int | None = None  # our copy of the child's target, to compare and restore
         self._write_end: int | None = None
-        self._reader: threading.Thread | None = None
-        self._buffer = bytearray()
-        self._lock = threading.Lock()
-        self._marker = b"\x00nb_cudaguard-drained-" + os.urandom(8).hex().encode() + b"\x00"
-        self._drained = threading.Event()
+        self._reply: int | None = None
+        self._store: int | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+        # Identities (device, inode) of our pipe and of the child's target: one fstat per swap.
+        self._pipe_id: tuple[int, int] | None = None
+        self._forward_id: tuple[int, int] | None = None
+        self._token = b"\x00nb_cudaguard:" + os.urandom(8).hex().encode() + b"\x00"
+        self._seq = 0
 
     @property
     def active(self) -> bool:
         return self._saved is not None
 
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    # --- the child -------------------------------------------------------------------------
+    def _spawn(self, target: int) -> None:
+        """A new child that forwards to ``target`` (the old one ends at its pipe's end)."""
+        self._release_child()
+        read_end, write_end = os.pipe()
+        reply_read, reply_write = os.pipe()
+        try:
+            with tempfile.TemporaryFile(prefix="nb_cudaguard-") as store:
+                self._child = subprocess.Popen(
+                    [
+                        sys.executable,
+                        *("-I", "-S", "-c", _CHILD),
+                        *(str(self.keep), self._token.hex(), str(reply_write), str(store.fileno())),
+                    ],
+                    stdin=read_end,
+                    stdout=target,
+                    stderr=subprocess.DEVNULL,
+                    pass_fds=(reply_write, store.fileno()),
+                    close_fds=True,
+                    # Its own session: a terminal's Ctrl-C (SIGINT to the foreground group) and
+                    # the notebook's interrupt never reach it.
+                    start_new_session=True,
+                )
+                self._store = os.dup(store.fileno())
+        except BaseException:
+            os.close(write_end)
+            os.close(reply_read)
+            raise
+        finally:
+            os.close(read_end)
+            os.close(reply_write)
+        self._write_end, self._reply = write_end, reply_read
+        self._forward = os.dup(target)
+        self._pipe_id, self._forward_id = _identity(write_end), _identity(target)
+
+    def _release_child(self) -> None:
+        self._pipe_id = self._forward_id = None
+        for name in ("_write_end", "_reply", "_store", "_forward"):
+            fd = getattr(self, name)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, None)
+        child, self._child = self._child, None
+        if child is not None:
+            # It ends by itself once no writer of the pipe is left; it is never killed, which
+            # could lose bytes the user has not seen yet.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=0.5)
+
+    # --- per cell --------------------------------------------------------------------------
     def start(self) -> None:
         self._depth += 1
         if self._saved is not None:
             return
-        if self._reader is None:
-            self._read_end, self._write_end = os.pipe()
-            self._reader = threading.Thread(
-                target=self._pump, args=(self._read_end,), name="nb_cudaguard-fd-tee", daemon=True
-            )
-            self._reader.start()
-        assert self._write_end is not None
-        if self._forward is not None and _same_file(self.fd, self._write_end):
+        try:
+            self._start()
+        except BaseException:
+            self._depth -= 1
+            raise
+
+    def _start(self) -> None:
+        if sys.platform == "win32":
+            raise OSError("the fd 2 tee is not available on Windows")
+        alive = self._child is not None and self._child.poll() is None
+        saved = os.dup(self.fd)
+        now = _identity(saved)
+        if alive and now == self._pipe_id and self._forward is not None:
             # Another redirector that started inside our last cell restored fd 2 to our pipe:
-            # forwarding to fd 2 would loop, so forward where we did before.
+            # the child already forwards where fd 2 really goes.
+            os.close(saved)
             saved = os.dup(self._forward)
-        else:
-            saved = os.dup(self.fd)
-        with self._lock:
-            old, self._forward = self._forward, saved
-        if old is not None:
-            os.close(old)
+        elif not alive or now != self._forward_id:
+            try:
+                self._spawn(saved)  # fd 2 goes somewhere new (or the child is gone)
+            except BaseException:
+                os.close(saved)
+                raise
+        assert self._write_end is not None
         self._saved = saved
         os.dup2(self._write_end, self.fd)
 
-    def _pump(self, read_end: int) -> None:
-        marker, carry = self._marker, b""
-        try:
-            while True:
-                chunk = os.read(read_end, 65536)
-                if not chunk:
-                    break
-                data = carry + chunk
-                carry = b""
-                drained = marker in data
-                if drained:
-                    data = data.replace(marker, b"")
-                else:
-                    # Keep a possible start of the marker for the next read.
-                    for size in range(min(len(marker) - 1, len(data)), 0, -1):
-                        if marker.startswith(data[-size:]):
-                            data, carry = data[:-size], data[-size:]
-                            break
-                with self._lock:
-                    if data and self._forward is not None:
-                        # If the user's stream went away, still keep our copy.
-                        with contextlib.suppress(OSError):
-                            os.write(self._forward, data)
-                    self._buffer += data
-                    if len(self._buffer) > self.keep:
-                        del self._buffer[: len(self._buffer) - self.keep]
-                if drained:
-                    self._drained.set()
-        finally:
-            os.close(read_end)
-            with self._lock:
-                forward, self._forward = self._forward, None
-            if forward is not None:
-                os.close(forward)
-
-    def stop(self, drain: bool = True) -> None:
-        """Give ``fd`` back; with ``drain``, return once everything the cell wrote was forwarded
-        and kept. Without it (a cell that succeeded: nothing to diagnose now) the reader catches
-        up on its own, which spares every cell a round trip through the reader thread."""
+    def stop(self) -> None:
+        """Give ``fd`` back (the outermost cell's stop only). Every byte written before is
+        forwarded by the child in order; nothing here waits for it."""
         if self._depth > 0:
             self._depth -= 1
         if self._depth > 0 or self._saved is None:
             return
         saved, self._saved = self._saved, None
-        assert self._write_end is not None
-        # Hooks of other redirectors (wurlitzer, a capture magic) may not nest with ours: give
-        # ``fd`` back only if it still points at our pipe, never undo someone else's change.
-        if _same_file(self.fd, self._write_end):
-            os.dup2(saved, self.fd)  # from here on, ``fd`` no longer feeds our pipe
-        # ``saved`` stays open: the reader forwards to it until the next cell replaces it.
-        # The pipe is first-in first-out: once the reader meets our marker, every byte written
-        # before the swap has been forwarded and kept. Children started in the cell may still
-        # write into the pipe later; the reader keeps forwarding that to ``saved``.
-        if drain and self._reader is not None and self._reader.is_alive():
-            self._drained.clear()
-            os.write(self._write_end, self._marker)
-            self._drained.wait(timeout=2)
+        try:
+            # Other redirectors (wurlitzer, a capture magic) may not nest with ours: give ``fd``
+            # back only if it still points at our pipe, never undo someone else's change.
+            if self._pipe_id is not None and _identity(self.fd) == self._pipe_id:
+                os.dup2(saved, self.fd)
+        finally:
+            os.close(saved)
 
-    def close(self) -> None:
-        """Stop, and release the pipe (the reader ends once no process holds it any more)."""
-        self._depth = min(self._depth, 1)
-        self.stop()
-        if self._write_end is not None:
-            os.close(self._write_end)
-            self._write_end = None
-        self._reader = None
-        # The reader may still forward what children write; it ends at EOF, and the saved
-        # descriptor is closed with it.
-
-    def text(self) -> str:
-        """What was captured so far (the tail), as text."""
-        with self._lock:
-            return self._buffer.decode("utf-8", errors="replace")
+    def _command(self, op: bytes, timeout: float) -> bytes | None:
+        """Send a command after everything written so far; None if it cannot go within
+        ``timeout`` (the child is stuck or gone)."""
+        if self._write_end is None or self._child is None or self._child.poll() is not None:
+            return None
+        self._seq = (self._seq + 1) % 10**8
+        seq = b"%08d" % self._seq
+        _, writable, _ = select.select([], [self._write_end], [], timeout)
+        if not writable:
+            return None
+        try:
+            # Shorter than PIPE_BUF: written whole or not at all, never interleaved.
+            os.write(self._write_end, self._token + op + seq)
+        except OSError:
+            return None
+        return seq
 
     def clear(self) -> None:
-        with self._lock:
-            self._buffer.clear()
+        """Forget what was captured so far (a cell succeeded: those lines decide nothing)."""
+        if self._store is None or self._write_end is None or sys.platform == "win32":
+            return
+        try:
+            counters = os.pread(self._store, 16, 0)  # bytes received; the same at the last clear
+            unread = array.array("i", [0])
+            fcntl.ioctl(self._write_end, termios.FIONREAD, unread)  # bytes not read yet
+        except OSError:
+            counters, unread = b"", array.array("i", [1])
+        if counters[:8] == counters[8:16] and not unread[0]:
+            return  # nothing written to fd 2 since the last clear
+        self._command(b"C", 0)
+
+    def text(self, timeout: float = DRAIN_TIMEOUT_S) -> str:
+        """What was captured since the last ``clear()`` (its tail): every byte written before
+        this call, or "" if the child does not answer within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        seq = self._command(b"R", timeout)
+        if seq is None or self._reply is None or self._store is None:
+            return ""
+        pending = b""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
+            ready, _, _ = select.select([self._reply], [], [], left)
+            if not ready:
+                return ""
+            chunk = os.read(self._reply, 4096)
+            if not chunk:
+                return ""
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                got, _, size = line.partition(b" ")
+                if got == seq:  # earlier answers (a timed-out report) are skipped
+                    data = os.pread(self._store, int(size), 4096)
+                    return data.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        """Give ``fd`` back and let the child go (it ends once no process holds the pipe)."""
+        self._depth = min(self._depth, 1)
+        try:
+            self.stop()
+        finally:
+            self._depth = 0
+            self._release_child()

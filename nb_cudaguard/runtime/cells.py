@@ -2,10 +2,12 @@
 
 CUDA kernels run asynchronously: a bad kernel launched in cell 5 is reported at the next call
 PyTorch checks, sometimes in a later cell (FIELD_NOTES §1); ``diagnosis.where`` turns what this
-module records into a sentence. Two signals per cell, read without touching the device: the
-caching allocator's cumulative allocation count (almost every kernel that produces a tensor
-allocates) and whether the current stream still had work queued when the cell ended. Both read
-host-side state only; after a sticky error they may raise, which counts as "unknown".
+module records into a sentence. Two signals per cell: the caching allocator's cumulative
+allocation count (a host-side read; almost every kernel that produces a tensor allocates) and,
+only where nothing was allocated (in-place ops), whether the current stream still had work queued
+when the cell ended. That one is a driver call, so it is never made in the cell's thread: it is
+handed to the probe's worker thread and its answer collected later (``settle``), so a wedged driver
+can cost an answer, never the notebook. After a sticky error either may fail: "unknown".
 
 ``SyncAfterCell`` is the opt-in setting that makes each cell wait for its own GPU work, so errors
 surface in the cell that launched them. It rewrites the cell's last statement ``x`` into
@@ -18,8 +20,12 @@ from __future__ import annotations
 
 import ast
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from .probe import ask_work_queued
 
 _Node = TypeVar("_Node", bound=ast.AST)
 
@@ -39,12 +45,15 @@ def _cuda_allocations() -> int | None:
         return None
 
 
-def _work_queued() -> bool:
+def _ask_work_queued() -> tuple[list[bool], threading.Event] | None:
     torch = sys.modules.get("torch")
     try:
-        return torch is not None and not torch.cuda.current_stream().query()
+        return None if torch is None else ask_work_queued(torch)
     except Exception:
-        return False
+        return None
+
+
+_KEEP_CELLS = 500  # a long session: the recent cells are the ones a later error can point at
 
 
 @dataclass
@@ -59,6 +68,8 @@ class CellTracker:
     launched: dict[int, bool] = field(default_factory=dict)
     _last: int | None = None  # allocations at the end of the last tracked cell
     _depth: int = 0
+    # Cells that allocated nothing, waiting for the worker's "was work queued?" answer.
+    _asked: dict[int, tuple[list[bool], threading.Event]] = field(default_factory=dict)
 
     def start(self) -> None:
         self._depth += 1
@@ -71,11 +82,28 @@ class CellTracker:
         if allocations is None:
             return
         before, self._last = self._last or 0, allocations
-        # In-place ops allocate nothing: then ask whether the cell left work queued.
-        self.launched[cell] = allocations > before or _work_queued()
-        if len(self.launched) > 1000:  # a long session: keep the recent cells
-            for old in sorted(self.launched)[:-500]:
+        self.launched[cell] = allocations > before
+        if allocations <= before:
+            # In-place ops allocate nothing: ask whether the cell left work queued.
+            asked = _ask_work_queued()
+            if asked is not None:
+                self._asked[cell] = asked
+        if len(self.launched) > 2 * _KEEP_CELLS:
+            for old in sorted(self.launched)[:-_KEEP_CELLS]:
                 del self.launched[old]
+        if len(self._asked) > _KEEP_CELLS:  # answers that never came (a stuck driver)
+            for old in sorted(self._asked)[:-_KEEP_CELLS]:
+                del self._asked[old]
+
+    def settle(self, timeout: float = 0.0) -> dict[int, bool]:
+        """``launched``, with the answers that came back (waiting up to ``timeout`` in all)."""
+        deadline = time.monotonic() + timeout
+        for cell, (answer, done) in list(self._asked.items()):
+            if done.wait(max(0.0, deadline - time.monotonic())):
+                del self._asked[cell]
+                if answer and answer[0] and cell in self.launched:
+                    self.launched[cell] = True
+        return self.launched
 
 
 def sync_after_cell(value: Any = None) -> Any:

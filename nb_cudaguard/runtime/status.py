@@ -12,7 +12,7 @@ from typing import Any
 
 from ..diagnosis.model import ContextState
 from .blocking import VARIABLE, Blocking, blocking_state, marker, watch_cuda_init
-from .probe import probe_context
+from .probe import Probe, probe_devices
 
 
 def _dsa(torch: Any) -> str:
@@ -40,6 +40,7 @@ class Status:
     blocking: Blocking
     dsa: str
     blocking_from_us: bool
+    devices: tuple[tuple[int, ContextState], ...] = ()  # each device with a context
 
     def lines(self) -> list[str]:
         torch = self.torch_version or "not installed"
@@ -49,7 +50,13 @@ class Status:
         if self.torch_imported:
             out.append(f"CUDA (torch built with): {self.cuda_version or 'none (CPU build)'}")
             out.append(f"CUDA initialised: {'yes' if self.cuda_initialised else 'no'}")
-        out.append(f"CUDA context: {self.context.value}")
+        if len(self.devices) > 1:
+            each = ", ".join(f"cuda:{i} {state.value}" for i, state in self.devices)
+            out.append(f"CUDA context: {self.context.value} ({each})")
+        elif self.devices:
+            out.append(f"CUDA context: {self.context.value} (cuda:{self.devices[0][0]})")
+        else:
+            out.append(f"CUDA context: {self.context.value}")
         value = "unset" if self.blocking.value is None else repr(self.blocking.value)
         verdict = {True: "effective", False: "not effective", None: "effect unknown"}
         if self.blocking.value is None and self.blocking.effective is False:
@@ -102,14 +109,16 @@ def gather(torch: Any = None) -> Status:
         initialised = bool(torch.cuda.is_initialized())
     except Exception:
         initialised = None
+    probe: Probe = probe_devices(torch)
     return Status(
         str(getattr(torch, "__version__", "unknown")),
         True,
         # Never torch.cuda.is_available(): it may start the driver before the user sets variables.
         getattr(torch.version, "cuda", None),
         initialised,
-        probe_context(torch),
+        probe.state,
         blocking_state(initialised),
         _dsa(torch),
         marker() is not None,
+        probe.devices,
     )

@@ -73,9 +73,11 @@ def _run_child(body: str) -> subprocess.CompletedProcess[str]:
 def test_real_assert_is_diagnosed_with_the_right_cause(name):
     body, causes = CASES[name]
     child = _run_child(body)
-    # Some inputs are rejected by a host-side check on newer releases: that is not our case.
-    if child.returncode != 3 or "device-side assert" not in child.stdout:
-        pytest.skip(f"no device-side assert on this build: {child.stdout[-300:]}")
+    # On a GPU every case must assert on the device: any other outcome is a failure, not a skip.
+    assert child.returncode == 3 and "device-side assert" in child.stdout, (
+        child.stdout[-300:],
+        child.stderr[-300:],
+    )
     diagnosis = diagnose(child.stdout, device_output=child.stderr)
     assert diagnosis is not None
     assert diagnosis.sticky

@@ -40,6 +40,21 @@ def test_loading_twice_keeps_one_hook(shell):
     assert len(our_callbacks(shell)) == 1
 
 
+def test_loading_twice_keeps_the_magics_and_their_state(shell):
+    # IPython ignores a second registration of the same bound method, so the hook count alone
+    # cannot tell; the magics can: a second load must not replace them with fresh ones.
+    pytest.importorskip("torch")
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    try:
+        shell.run_line_magic("cudacheck", "on")
+        nb_cudaguard.load_ipython_extension(shell)
+        with capture_output() as captured:
+            shell.run_line_magic("cudacheck", "status")
+        assert "cudacheck: on" in captured.stdout
+    finally:
+        shell.run_line_magic("cudacheck", "off")
+
+
 def test_unload_removes_exactly_our_hook_and_magic(shell):
     def other(result):
         return None
@@ -161,6 +176,7 @@ def _simulate_poisoned_context(monkeypatch) -> None:
             raise torch.AcceleratorError(ASSERT)
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: PoisonedStream())
 
 
@@ -185,6 +201,7 @@ def test_probe_that_hangs_reports_unknown_quickly(monkeypatch):
             return True
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: HangingStream())
     from nb_cudaguard.runtime.probe import probe_context
 
@@ -285,7 +302,7 @@ def test_a_process_without_fd_2_runs_its_cells_and_says_so_at_most_once():
     script = "%load_ext nb_cudaguard\nx = 1\ny = x + 1\nprint('y =', y)\nexit\n"
     proc = _run_terminal_ipython(script, pre)
     assert "y = 2" in proc.stdout
-    assert proc.stdout.count("nb_cudaguard: not capturing device output") <= 1
+    assert proc.stdout.count("nb_cudaguard: not capturing device output") == 1
     assert "Error in callback" not in proc.stdout
 
 
@@ -298,3 +315,108 @@ def test_cudacheck_without_torch_is_a_usage_error_not_a_traceback():
     assert "UsageError: %cudacheck needs PyTorch, which cannot be imported" in out
     assert "cudacheck: off" in out
     assert "Traceback" not in out
+
+
+def test_a_restart_in_terminal_ipython_with_ipykernel_imported_is_refused_and_it_lives_on():
+    # ipywidgets 7.7 (Colab's) imports ipykernel in terminal IPython too (FIELD_NOTES §7).
+    pre = "import ipykernel.kernelapp, ipykernel.comm"
+    script = textwrap.dedent(
+        """\
+        %load_ext nb_cudaguard
+        %cudaguard restart --no-blocking
+        %cudaguard restart
+        import nb_cudaguard, time
+        try:
+            nb_cudaguard.restart_kernel(blocking=False)
+        except nb_cudaguard.RestartError as error:
+            print('refused:', error)
+        time.sleep(1.5)
+        print('still', 'alive')
+        exit
+        """
+    )
+    proc = _run_terminal_ipython(script, pre)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "still alive" in out
+    assert out.count("UsageError: cannot restart: this is not a Jupyter kernel") == 2
+    assert "refused: this is not a Jupyter kernel" in out
+
+
+FD2_WATCH = textwrap.dedent(
+    """\
+    import os, sys
+    original = os.fstat(2).st_ino
+    %load_ext nb_cudaguard
+    given_back, ip = [], get_ipython()
+    ip.events.register('post_run_cell', lambda r: given_back.append(os.fstat(2).st_ino == original))
+    """
+)
+
+
+def test_ctrl_c_during_our_analysis_escapes_nothing_and_fd2_is_given_back():
+    # A KeyboardInterrupt raised exactly when our hook starts its analysis, as Ctrl-C would.
+    script = FD2_WATCH + textwrap.dedent(
+        f"""\
+        def interrupt(frame, event, arg):
+            code = frame.f_code
+            if event == 'call' and code.co_name == 'diagnose' and 'cudaguard' in code.co_filename:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        import torch
+        sys.settrace(interrupt); raise torch.AcceleratorError({ASSERT!r})
+        print('given back:', given_back[-1])
+        raise torch.AcceleratorError({ASSERT!r})
+        exit
+        """
+    )
+    proc = _run_terminal_ipython(script)
+    out = proc.stdout + proc.stderr
+    assert "Error in callback" not in out
+    assert "nb_cudaguard: could not analyse this error (KeyboardInterrupt" in out
+    assert "given back: True" in out
+    assert "nb_cudaguard: A GPU kernel hit a device-side assert" in out  # the next error: a panel
+
+
+def test_a_post_run_cell_without_a_result_escapes_nothing_and_fd2_is_given_back():
+    # IPython 7.34 fires post_run_cell from a `finally`, with None, after its pre_run_cell.
+    script = FD2_WATCH + textwrap.dedent(
+        """\
+        ip.events.trigger('pre_run_cell', None); ip.events.trigger('post_run_cell', None)
+        print('given back:', given_back[-1])
+        print('then:', given_back[-1])
+        exit
+        """
+    )
+    proc = _run_terminal_ipython(script)
+    out = proc.stdout + proc.stderr
+    assert "Error in callback" not in out
+    assert "given back: True" in out
+    assert "then: True" in out
+
+
+def test_a_restart_in_an_in_process_kernel_is_refused_and_its_host_lives_on():
+    # An in-process kernel has a kernel object but no process of its own to restart.
+    code = textwrap.dedent(
+        """\
+        from ipykernel.inprocess.manager import InProcessKernelManager
+        from IPython.core.error import UsageError
+        import time, nb_cudaguard
+        manager = InProcessKernelManager()
+        manager.start_kernel()
+        shell = manager.kernel.shell
+        nb_cudaguard.load_ipython_extension(shell)
+        try:
+            shell.run_line_magic("cudaguard", "restart --no-blocking")
+        except UsageError as error:
+            print("refused:", error)
+        time.sleep(1.5)
+        print("host alive")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(ROOT)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: cannot restart: this is not a Jupyter kernel" in proc.stdout
+    assert "host alive" in proc.stdout

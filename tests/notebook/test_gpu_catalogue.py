@@ -233,6 +233,7 @@ def test_a_real_assert_gets_the_panel_with_cause_evidence_probe_and_fallout(kern
     diagnosis = payloads[0]
     assert diagnosis["sticky"] is True
     assert diagnosis["context"] == "poisoned"
+    assert diagnosis["device"] == 0  # the device the probe found poisoned
     # The cause comes from the device lines our fd 2 capture read, not from the exception text
     # alone (which says only "device-side assert triggered").
     if case.device_lines:

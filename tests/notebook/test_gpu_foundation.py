@@ -6,6 +6,7 @@ Each poisoning runs in its own kernel process: a poisoned context cannot be reus
 from __future__ import annotations
 
 import pytest
+from conftest import kernel_env
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +25,11 @@ def test_real_device_side_assert_poisons_the_context_and_shows_the_panel(kernel)
     assert out.reply["status"] == "error"
     panels = [d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", "")]
     assert len(panels) == 1, out.messages
-    assert "CUDA context: poisoned (probed)" in panels[0]["text/plain"]
+    text = panels[0]["text/plain"]
+    assert "CUDA context: poisoned (probed), cuda:0" in text
+    # The cause comes from the device lines that the fd 2 capture read.
+    assert "cause: label-out-of-range" in text
+    assert "Loss.cu" in text and "Assertion `t >= 0 && t < n_classes` failed." in text
 
     probe = kernel.execute("import nb_cudaguard; print(nb_cudaguard.probe_context().value)")
     assert probe.stream.strip() == "poisoned"
@@ -64,8 +69,55 @@ def test_the_probe_asks_the_driver_in_the_callers_context_from_another_thread():
     torch.ones(1, device="cuda").sum().item()
     query = _driver_query(torch)
     assert query is not None, "libcuda could not be loaded"
-    answers: list[ContextState] = []
+    answers: list[list[tuple[int, ContextState]]] = []
     worker = threading.Thread(target=lambda: answers.append(query()))
     worker.start()
     worker.join(10)
-    assert answers == [ContextState.HEALTHY]
+    assert answers == [[(0, ContextState.HEALTHY)]]
+
+
+PRIMARY_CONTEXTS = """
+import ctypes, torch
+driver = ctypes.CDLL("libcuda.so.1")
+def active():
+    states = []
+    for ordinal in range(torch.cuda.device_count()):
+        flags, on = ctypes.c_uint(), ctypes.c_int()
+        driver.cuDevicePrimaryCtxGetState(ordinal, ctypes.byref(flags), ctypes.byref(on))
+        states.append(on.value)
+    return states
+"""
+
+
+def test_the_probe_creates_no_context_on_any_device():
+    import subprocess
+    import sys
+
+    code = PRIMARY_CONTEXTS + (
+        "torch.cuda.init()\n"
+        "from nb_cudaguard.runtime.probe import probe_devices\n"
+        "before = active()\n"
+        "found = probe_devices()\n"
+        "had = tuple(i for i, on in enumerate(before) if on)\n"
+        "print(before == active(), found.state.value, found.used == had)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=kernel_env(),
+    )
+    same, state, asked_those = out.stdout.split()
+    assert same == "True", out.stdout  # nothing created
+    assert asked_those == "True", out.stdout  # only devices that had a context were asked
+    assert state in ("no-cuda", "healthy"), out.stdout
+
+
+def test_status_names_the_device_it_probed(kernel):
+    kernel.execute(
+        "%load_ext nb_cudaguard\nimport torch\ntorch.ones(1, device='cuda').sum().item()"
+    )
+    text = kernel.execute("%cudaguard status").stream
+    assert "CUDA context: healthy (cuda:0)" in text

@@ -47,6 +47,8 @@ def test_a_variable_in_the_start_environment_is_reported_effective():
 def test_restart_is_refused_outside_a_kernel():
     with pytest.raises(RestartError):
         plan_restart(Environment.TERMINAL, None)
+    with pytest.raises(RestartError):
+        plan_restart()  # this test process: ipykernel is imported, but it is not a kernel
 
 
 def test_the_panel_is_followed_by_buttons_with_the_command_as_text(kernel):

@@ -168,9 +168,9 @@ def test_a_stale_injection_is_ignored(server, kernel):
     kid, pid = kernel
     stale = (
         "from nb_cudaguard.restart import injection\n"
-        "from nb_cudaguard.restart.environment import connection_file, launch_args\n"
+        "from nb_cudaguard.restart.environment import running_kernel_connection\n"
         "import time; p = get_ipython().profile_dir\n"
-        "injection.write_pending(p.location, p.startup_dir, connection_file(launch_args()), "
+        "injection.write_pending(p.location, p.startup_dir, running_kernel_connection(), "
         "now=time.time() - injection.TTL_S - 60)"
     )
     assert _run(server, kid, stale).status == "ok"
@@ -229,3 +229,35 @@ def test_on_colab_the_fallback_is_a_kill(tmp_path):
 def test_vscode_restarts_in_place(tmp_path):
     plan = plan_restart(Environment.VSCODE, str(tmp_path / "kernel-v2-1.json"), [], [tmp_path])
     assert plan.method is Method.EXECVE
+
+
+def test_a_blocking_restart_after_dataparallel_or_a_process_group_says_so_first(
+    server, kernel, tmp_path
+):
+    # CUDA_LAUNCH_BLOCKING=1 with DataParallel or NCCL can deadlock (pytorch#9163, nccl#750).
+    kid, pid = kernel
+    setup = (
+        "import torch, torch.distributed as dist\n"
+        "model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/pg', rank=0, "
+        "world_size=1)\n"
+        "%load_ext nb_cudaguard"
+    )
+    assert _run(server, kid, setup).status == "ok"
+    out = _run(server, kid, "%cudaguard restart")
+    text = out.stream
+    assert "WARNING: this notebook may hang in blocking mode" in text
+    assert "a torch.distributed process group is initialised" in text
+    assert "`model` is a DataParallel model" in text
+    assert "pytorch#9163" in text
+    assert text.index("WARNING") < text.index("Restarting this kernel")
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value == "1"
+
+
+def test_a_blocking_restart_of_a_single_gpu_notebook_has_no_such_warning(server, kernel):
+    kid, pid = kernel
+    out = _run(server, kid, "import torch\n%load_ext nb_cudaguard\n%cudaguard restart")
+    assert "Restarting this kernel" in out.stream
+    assert "WARNING" not in out.stream
+    wait_for_new_process(server, kid, pid)

@@ -6,7 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Iterator
 
+import pytest
+from conftest import ROOT
 from pytorch_texts import ASSERT_2_9 as ASSERT_TEXT
 
 from nb_cudaguard.runtime.capture import FdTee
@@ -33,8 +38,31 @@ def _late_stream(kernel, seconds: float = 2.0) -> str:
     return "".join(text)
 
 
-def _device_lines(n: int) -> bytes:
-    return "".join(DEVICE.format(i=i) for i in range(n)).encode()
+INDEX_DEVICE = (
+    "/pytorch/aten/src/ATen/native/cuda/Indexing.cu:1422: indexSelectLargeIndex: block: [0,0,0], "
+    "thread: [{i},0,0] Assertion `srcIndex < srcSelectDimSize` failed.\n"
+)
+
+
+def _device_lines(n: int, line: str = DEVICE) -> bytes:
+    return "".join(line.format(i=i) for i in range(n)).encode()
+
+
+@pytest.fixture
+def private_fd() -> Iterator[tuple[int, int]]:
+    """A pipe to tee instead of this process's own fd 2: (read end, write end)."""
+    read_end, write_end = os.pipe()
+    yield read_end, write_end
+    for fd in (read_end, write_end):
+        os.close(fd)
+
+
+@pytest.fixture
+def tee(private_fd) -> Iterator[FdTee]:
+    """A tee of a private pipe, closed again (its child gone) whatever the test did."""
+    t = FdTee(private_fd[1])
+    yield t
+    t.close()
 
 
 def test_tee_keeps_a_copy_and_forwards_every_byte_to_the_previous_fd2():
@@ -48,6 +76,7 @@ def test_tee_keeps_a_copy_and_forwards_every_byte_to_the_previous_fd2():
         os.write(2, b"line one\\n" * 1000)
         tee.stop()
         sys.stdout.write(str(len(tee.text())))
+        tee.close()
         """
     )
     out = subprocess.run(
@@ -68,34 +97,81 @@ def test_stop_restores_fd2_to_where_it_pointed_before():
         during = os.fstat(2).st_ino
         tee.stop()
         print(before == os.fstat(2).st_ino, before != during)
+        tee.close()
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
 
 
-def test_nested_start_stop_keeps_one_tee_until_the_outer_stop():
-    tee = FdTee(2)
+def test_nested_start_stop_keeps_one_tee_until_the_outer_stop(tee):
     tee.start()
-    try:
-        tee.start()
-        tee.stop()
-        assert tee.active
-    finally:
-        tee.stop()
+    tee.start()
+    tee.stop()
+    assert tee.active
+    tee.stop()
     assert not tee.active
 
 
-def test_captured_text_is_bounded():
-    tee = FdTee(2, keep=100)
-    read_end, write_end = os.pipe()
-    tee.fd = write_end  # tee a private pipe rather than this process's stderr
+def test_captured_text_is_bounded(private_fd):
+    tee = FdTee(private_fd[1], keep=100)
+    try:
+        tee.start()
+        os.write(private_fd[1], b"x" * 1000)
+        tee.stop()
+        assert tee.text() == "x" * 100
+    finally:
+        tee.close()
+
+
+def test_clear_forgets_what_came_before_and_keeps_what_comes_after(tee, private_fd):
     tee.start()
-    os.write(write_end, b"x" * 1000)
+    os.write(private_fd[1], b"old\n")
     tee.stop()
-    os.close(write_end)
-    os.close(read_end)
-    assert len(tee.text()) == 100
+    tee.clear()
+    tee.start()
+    os.write(private_fd[1], b"new\n")
+    tee.stop()
+    assert tee.text() == "new\n"
+    # Both still reached the user, in order.
+    assert os.read(private_fd[0], 100) == b"old\nnew\n"
+
+
+def test_every_clear_that_follows_output_takes_effect(tee, private_fd):
+    # A clear is skipped only where nothing was written since the last one.
+    for round_ in range(20):
+        tee.clear()  # nothing new: skipped
+        tee.start()
+        os.write(private_fd[1], b"round %d\n" % round_)
+        tee.stop()
+        assert tee.text() == f"round {round_}\n"
+        tee.clear()
+        assert tee.text() == ""
+    assert os.read(private_fd[0], 1000).count(b"round") == 20
+
+
+def test_a_report_waits_for_no_longer_than_its_time_limit(private_fd):
+    # The user's stream is stuck (nobody reads it): the child blocks forwarding, the pipe fills.
+    tee = FdTee(private_fd[1])
+    tee.start()
+    writer = threading.Thread(target=os.write, args=(private_fd[1], b"y" * 400_000), daemon=True)
+    writer.start()
+    time.sleep(0.3)
+    try:
+        started = time.monotonic()
+        assert tee.text(timeout=0.5) == ""
+        assert time.monotonic() - started < 1.5
+    finally:
+        # Unblock everyone: drain the user's stream until the writer is done.
+        os.set_blocking(private_fd[0], False)
+        deadline = time.monotonic() + 10
+        while writer.is_alive() and time.monotonic() < deadline:
+            try:
+                os.read(private_fd[0], 1 << 16)
+            except BlockingIOError:
+                time.sleep(0.01)
+        tee.stop()
+        tee.close()
 
 
 def _panel_cause(out) -> str:
@@ -138,11 +214,49 @@ def test_device_lines_are_still_shown_by_a_kernel_that_forwards_fd2():
         kernel.shutdown()
 
 
-def test_device_lines_printed_in_an_earlier_cell_still_reach_the_panel(kernel):
+def test_device_lines_of_an_earlier_successful_cell_never_decide_a_later_error(kernel):
     kernel.execute("%load_ext nb_cudaguard")
     kernel.execute(f"import os, torch\nos.write(2, {_device_lines(3)!r})")
     out = kernel.execute(f"raise torch.AcceleratorError({ASSERT_TEXT!r})")
+    assert _panel_cause(out) == "unknown-assert"
+
+
+def test_device_lines_since_the_last_successful_cell_decide(kernel):
+    kernel.execute("%load_ext nb_cudaguard\nimport os, torch")
+    kernel.execute(f"os.write(2, {_device_lines(3, INDEX_DEVICE)!r})")  # succeeded: out of scope
+    kernel.execute(f"os.write(2, {_device_lines(3)!r})\n1/0")  # failed: still in scope
+    out = kernel.execute(f"raise torch.AcceleratorError({ASSERT_TEXT!r})")
     assert _panel_cause(out) == "label-out-of-range"
+
+
+HOLDS_THE_GIL = (
+    "import ctypes\n"
+    "payload = b'x' * 300_000 + b'\\n'\n"
+    "# PyDLL keeps the GIL during the call, as C code writing to fd 2 may.\n"
+    "ctypes.PyDLL(None).write(2, payload, len(payload))\n"
+    "print('wrote', len(payload))"
+)
+
+
+def test_a_large_c_write_to_fd2_holding_the_gil_does_not_hang_terminal_ipython():
+    argv = ["--simple-prompt", "--no-banner", "--HistoryManager.enabled=False", "--colors=NoColor"]
+    start = f"from IPython import start_ipython; start_ipython(argv={argv!r})"
+    proc = subprocess.run(
+        [sys.executable, "-c", start],
+        input=f"%load_ext nb_cudaguard\nexec({HOLDS_THE_GIL!r})\nexit\n",
+        capture_output=True,
+        text=True,
+        timeout=60,  # the hang this guards against
+        cwd=str(ROOT),
+    )
+    assert "wrote 300001" in proc.stdout
+    assert proc.stderr.count("x") == 300_000  # and every byte still reached the terminal
+
+
+def test_a_large_c_write_to_fd2_holding_the_gil_does_not_hang_a_kernel(kernel):
+    kernel.execute("%load_ext nb_cudaguard")
+    out = kernel.execute(HOLDS_THE_GIL, timeout=30)
+    assert "wrote 300001" in out.stream
 
 
 def test_unload_gives_fd2_back(kernel):
@@ -215,3 +329,38 @@ def test_evidence_from_the_notebook_variables_reaches_the_panel(kernel):
     assert "`labels` contains 3 but the classifier `model.classifier` has 3 outputs" in text
     assert "labels are numbered 1..C" in text.split("Likely causes")[1].splitlines()[1]
     assert "cannot assert" in text  # surfaced at print(float(...)): it says so
+
+
+def test_wurlitzer_inside_a_cell_gets_its_output_and_fd2_comes_back_after():
+    pytest.importorskip("wurlitzer")
+    argv = ["--simple-prompt", "--no-banner", "--HistoryManager.enabled=False", "--colors=NoColor"]
+    start = f"from IPython import start_ipython; start_ipython(argv={argv!r})"
+    cells = textwrap.dedent(
+        """\
+        import os
+        original = os.fstat(2).st_ino
+        %load_ext nb_cudaguard
+        given_back, ip = [], get_ipython()
+        ip.events.register('post_run_cell', lambda r: given_back.append(os.fstat(2).st_ino))
+        from wurlitzer import pipes
+        with pipes() as (out, err):
+            os.write(2, b'inside wurlitzer\\n')
+
+        print('wurlitzer got:', err.read().strip())
+        os.write(2, b"after wurlitzer\\n")
+        print('given back:', set(given_back[-3:]) == {original})
+        exit
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", start],
+        input=cells,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(ROOT),
+    )
+    assert "wurlitzer got: inside wurlitzer" in proc.stdout
+    assert "given back: True" in proc.stdout
+    assert "after wurlitzer" in proc.stderr  # through our tee, to the terminal
+    assert "inside wurlitzer" not in proc.stderr  # wurlitzer's, not shown twice

@@ -69,11 +69,11 @@ def test_synced_error_says_it_was_launched_by_this_cell(shell, poisoned_item):
     assert "launched by this cell" in sentence
 
 
-def test_tracker_without_cuda_records_nothing():
-    tracker = CellTracker()
-    tracker.start()
-    tracker.finish(1)
-    assert tracker.launched == {}
+def test_cells_without_cuda_initialised_record_nothing(shell, loaded):
+    # Real cells through the real hooks; torch imported, CUDA never started: nothing to record.
+    for code in ("import torch", "t = torch.ones(3) * 2", "t.add_(1)"):
+        assert shell.run_cell(code).success
+    assert loaded.cells.settle(timeout=1) == {}
 
 
 def test_sync_is_off_by_default(loaded):
