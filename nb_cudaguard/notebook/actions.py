@@ -21,7 +21,7 @@ PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 LOST = "Either button starts a new kernel process: every variable is lost."
-RERUN = "then run the notebook from the top (all variables are gone)"
+RERUN = "then re-run the notebook from the top (all variables are gone)"
 
 
 def command_text(blocking_on: bool) -> str:
@@ -64,7 +64,7 @@ def after_restart_text(method: str, blocking: bool, blocking_kept: bool = False)
         )
     else:
         mode = ""
-    return f"Restarting. {expect}{mode} Then run the notebook from the top."
+    return f"Restarting. {expect}{mode} Then re-run the notebook from the top."
 
 
 @dataclass(frozen=True)
@@ -103,27 +103,24 @@ class RestartActions:
         self.after_cell = after_cell
         self.blocking_on = blocking_on
         self.blocking_ours = blocking_ours
-        self.blocking_button = widgets.Button(
-            description=BLOCKING_LABEL,
-            button_style="danger",
-            tooltip="A new kernel process whose CUDA launches wait for their kernels, "
-            "this start only: the traceback then points at the line that failed",
-            layout=widgets.Layout(width="auto"),
-        )
+        self.blocking_button: Any = None  # not offered where blocking mode is already on
+        self.buttons: list[Any] = []
+        if not blocking_on:
+            self.blocking_button = widgets.Button(
+                description=BLOCKING_LABEL,
+                button_style="danger",
+                tooltip="A new kernel process whose CUDA launches wait for their kernels, "
+                "this start only: the traceback then points at the line that failed",
+                layout=widgets.Layout(width="auto"),
+            )
+            self.buttons.append(self.blocking_button)
         self.plain_button = widgets.Button(
             description=PLAIN_OFF_LABEL if blocking_on and blocking_ours else PLAIN_LABEL,
             button_style="danger" if blocking_on else "",
             tooltip="A new kernel process with the normal environment",
             layout=widgets.Layout(width="auto"),
         )
-        self.buttons = (
-            [self.plain_button]
-            if blocking_on
-            else [
-                self.blocking_button,
-                self.plain_button,
-            ]
-        )
+        self.buttons.append(self.plain_button)
         self.status = widgets.HTML(
             value="<span style='font-family:sans-serif;color:#555;margin-left:6px'>"
             f"{inline_html(LOST if len(self.buttons) > 1 else LOST.replace('Either', 'The'))}"
