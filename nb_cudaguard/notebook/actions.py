@@ -121,19 +121,21 @@ class RestartActions:
             layout=widgets.Layout(width="auto"),
         )
         self.buttons.append(self.plain_button)
-        self.status = widgets.HTML(
-            value="<span style='font-family:sans-serif;color:#555;margin-left:6px'>"
-            f"{inline_html(LOST if len(self.buttons) > 1 else LOST.replace('Either', 'The'))}"
-            "</span>"
+        note = LOST if len(self.buttons) > 1 else LOST.replace("Either", "The")
+        self.note = widgets.HTML(
+            value="<span style='font-family:sans-serif;color:#555;margin-left:8px'>"
+            f"{inline_html(note)}</span>"
         )
+        self.status = widgets.HTML(value="")  # what happens after a click, under the buttons
         for button in self.buttons:
             button.on_click(self._clicked)
-        self.widget = widgets.HBox([*self.buttons, self.status])
+        self.widget = widgets.VBox([widgets.HBox([*self.buttons, self.note]), self.status])
 
     def _say(self, text: str, color: str = "#1b5e20") -> None:
+        self.note.value = ""
         self.status.value = (
             f"<div style='font-family:sans-serif;font-weight:bold;color:{color};"
-            f"margin-left:6px'>{inline_html(text)}</div>"
+            f"line-height:1.4'>{inline_html(text)}</div>"
         )
 
     def _clicked(self, button: Any) -> None:
