@@ -25,12 +25,12 @@ from .schema import MIME_TYPE, to_json
 
 _CODE = re.compile(r"`([^`]+)`")
 
-RESTART_ONLY = "The GPU context is broken: only a kernel restart helps."
+RESTART_ONLY = "The GPU context is broken: only a kernel restart fixes it."
 PROBABLY_BROKEN = (
     "This error normally breaks the GPU context for good, but a probe found it still answering: "
     "restart the kernel if CUDA calls keep failing."
 )
-ON_A_GPU = "On a GPU this breaks the kernel's CUDA context, and only a restart helps."
+ON_A_GPU = "On a GPU this breaks the kernel's CUDA context, and only a kernel restart fixes it."
 BLOCKING_ON = (
     "Blocking mode is on in this kernel (CUDA_LAUNCH_BLOCKING=1): every launch waits for its "
     "kernel, so the traceback above points at the line that launched the failing one."

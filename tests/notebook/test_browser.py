@@ -148,7 +148,7 @@ def test_panel_click_banner_and_blocking_panel_in_a_real_browser(frontend):
             expect(button).to_be_visible()
             expect(failing.get_by_role("button", name=PLAIN_LABEL, exact=True)).to_be_visible()
             # What a new user sees first: the headline, their own data, the fix; the rest folded.
-            expect(panel).to_contain_text("only a restart helps")
+            expect(panel).to_contain_text("only a kernel restart fixes it")
             expect(panel).to_contain_text("`labels` contains 3".replace("`", ""))
             expect(panel).to_contain_text("Most likely: labels are numbered 1..C")
             expect(panel.locator("details")).not_to_have_attribute("open", "")

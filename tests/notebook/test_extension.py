@@ -74,7 +74,7 @@ def test_sticky_error_keeps_the_cell_failed_and_shows_one_panel(shell):
     assert "AcceleratorError" in captured.stdout + captured.stderr  # IPython's own traceback
     (panel,) = panels(captured)
     headline = panel["text/plain"].splitlines()[1]
-    assert headline.startswith("nb_cudaguard: ") and "only a restart helps" in headline
+    assert headline.startswith("nb_cudaguard: ") and "only a kernel restart fixes it" in headline
 
 
 @pytest.mark.parametrize(
