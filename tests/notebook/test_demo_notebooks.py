@@ -7,6 +7,7 @@ held here to tests/pytorch_texts.py, which keeps what a real H100 printed.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,12 @@ def test_the_runner_prints_one_clean_line_per_notebook_and_where_the_copies_are(
     assert "WARNING" not in result.stdout + result.stderr, "kernel warnings stay out"
     assert any(line.startswith("Executed copies: ") for line in lines)
     assert (ROOT / "demo_notebooks" / "executed" / NOTEBOOKS[0].name).exists()
+
+
+def test_nbconvert_html_keeps_the_panel_with_its_details_folded():
+    nbconvert = pytest.importorskip("nbconvert")
+    body, _ = nbconvert.HTMLExporter().from_notebook_node(executed(PANEL_DEMOS[0]))
+    # nbconvert re-serialises the HTML (double quotes): match either quoting.
+    assert len(re.findall(r"class=[\"']nb-cudaguard-panel[\"']", body)) == 1
+    assert re.search(r"<details class=[\"']nb-cudaguard-details[\"'][^>]*>", body)
+    assert "<details open" not in body
