@@ -106,6 +106,34 @@ def _decline_news(page) -> None:
         page.get_by_role("button", name="No", exact=True).click(timeout=3_000)
 
 
+_RECORD = """() => {
+    window.nbCudaguardStatuses = [];
+    const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
+    new MutationObserver(() => window.nbCudaguardStatuses.push(
+        indicator.getAttribute('data-status'))).observe(
+        indicator, {attributes: true, attributeFilter: ['data-status']});
+}"""
+
+
+def _record_statuses(page) -> None:
+    """Record every status the frontend's indicator shows from now on (a short "starting" would
+    slip between polls)."""
+    page.evaluate(_RECORD)
+
+
+def _wait_for_status(page, status: str, after: str | None = None, timeout: float = 15) -> None:
+    """Until ``status`` is the last status shown (and came after ``after``)."""
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        seen = page.evaluate("() => window.nbCudaguardStatuses")
+        tail = seen[seen.index(after) :] if after in seen else [] if after else seen
+        if status in tail and (after is None or tail[-1] == status):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the frontend's kernel status went {seen}, never {status!r}")
+
+
 def _height(locator) -> float:
     box = locator.bounding_box()
     assert box is not None
@@ -171,17 +199,18 @@ def test_panel_click_banner_and_blocking_panel_in_a_real_browser(frontend):
             _, sessions = server.request("GET", "/api/sessions")
             kid = sessions[0]["kernel"]["id"]
             old_pid, _ = probe(server, kid)
+            _record_statuses(page)
             button.click()
             expect(failing.get_by_text("status returns to Idle")).to_be_visible()
             expect(button).to_be_disabled()
             failing.locator(".jp-Cell-outputWrapper").screenshot(path=shot["clicked"])
+            # Without running anything, and before any probe (whose execute_request would itself
+            # set the status): the new kernel says "starting", and the frontend's own status
+            # must then reach "idle".
+            _wait_for_status(page, "starting")
+            _wait_for_status(page, "idle", after="starting")
             new_pid, value = wait_for_new_process(server, kid, old_pid)
             assert value == "1"
-            # Without running a cell, the frontend's own status leaves "Starting".
-            deadline = time.monotonic() + 15
-            while _kernel_status(page) != "idle" and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert _kernel_status(page) == "idle"
 
             _run_cell(page, 0)
             banner = _cell(page, 0).locator(".nb-cudaguard-banner")
