@@ -1,4 +1,11 @@
-"""Diagnosis -> static text/plain and text/html.
+"""Diagnosis -> static text/plain and text/html, the one thing that matters first.
+
+Reading order (the same in both): one headline (what broke, and that only a restart helps), the
+evidence about the user's own objects (or the GPU's own message where there is none), the single
+best next step; the restart buttons come right after, as a separate display. Everything else
+(other likely causes, all fixes, the error text, where, how blocking mode works, what the probe
+found, the rule's source) sits in one collapsed ``<details>`` section, which Lab, Notebook 7,
+Colab, VS Code, nbconvert HTML and GitHub's renderer all support. No sentence appears twice.
 
 Static on purpose: saved notebooks, nbconvert and Kaggle's rendering of saved versions keep only
 static outputs, and a reopened notebook shows "model not found" for widgets (FIELD_NOTES §5).
@@ -18,74 +25,146 @@ from .schema import MIME_TYPE, to_json
 
 _CODE = re.compile(r"`([^`]+)`")
 
-BROKEN = (
-    "The GPU context of this kernel is broken, and only a kernel restart fixes it: "
-    "re-running cells will keep failing."
-)
+RESTART_ONLY = "The GPU context is broken: only a kernel restart fixes it."
 PROBABLY_BROKEN = (
-    "This kind of error normally breaks the GPU context of the process for good; a probe found "
-    "this kernel's context still answering, so restart the kernel if CUDA calls keep failing."
+    "This error normally breaks the GPU context for good, but a probe found it still answering: "
+    "restart the kernel if CUDA calls keep failing."
 )
-RESTART_HOW = (
-    "To see the true location, restart with blocking launches: run `%cudaguard restart` "
-    "(the next kernel starts with CUDA_LAUNCH_BLOCKING=1, once), then re-run the notebook from "
-    "the top. By hand: restart the kernel and make "
-    "`import os; os.environ['CUDA_LAUNCH_BLOCKING'] = '1'` the first line of the first cell. "
-    "Setting it in this kernel now does nothing: CUDA reads it only when it starts."
+ON_A_GPU = "On a GPU this breaks the kernel's CUDA context, and only a kernel restart fixes it."
+BLOCKING_ON = (
+    "Blocking mode is on in this kernel (CUDA_LAUNCH_BLOCKING=1): every launch waits for its "
+    "kernel, so the traceback above points at the line that launched the failing one."
 )
-
-
-def lead_sentence(diagnosis: Diagnosis) -> str:
-    if not diagnosis.sticky:
-        return diagnosis.explanation
-    return PROBABLY_BROKEN if diagnosis.context is ContextState.HEALTHY else BROKEN
-
-
-def _sections(diagnosis: Diagnosis) -> list[tuple[str, list[str], bool]]:
-    """(heading, items, preformatted) in reading order; empty sections dropped."""
-    what = [diagnosis.explanation]
-    if diagnosis.error is not None:
-        what.insert(0, f"The error: `{diagnosis.error.message}`")
-    sections: list[tuple[str, list[str], bool]] = [
-        ("What happened", what, False),
-        ("The GPU's own message", [str(line) for line in diagnosis.assert_lines], True),
-        ("Likely causes, most likely first", list(diagnosis.likely_causes), False),
-        ("Evidence", list(diagnosis.evidence), False),
-        ("Where", [diagnosis.where] if diagnosis.where else [], False),
-        ("How to fix it", list(diagnosis.fixes), False),
-    ]
-    if diagnosis.sticky:
-        sections.append(("Find the true location", [RESTART_HOW], False))
-    return [section for section in sections if section[1]]
-
+TRUE_LINE = (
+    "CUDA reports a kernel's failure at a later call, so the traceback may point at an innocent "
+    "line. Restart with CUDA_LAUNCH_BLOCKING=1 (`%cudaguard restart`, or the button below) "
+    "and re-run from the top: in that kernel every launch waits for its kernel (slower, that start "
+    "only), and the error is raised at the line that caused it. Setting the variable in this "
+    "kernel now does nothing: CUDA reads it only when it starts."
+)
+_DSA_FACT = "TORCH_USE_CUDA_DSA"  # a fact about a build flag, not a fix: shown with the above
 
 _CONTEXT_WORDS = {
-    ContextState.POISONED: "poisoned (probed)",
-    ContextState.HEALTHY: "still answering (probed)",
-    ContextState.NO_CUDA: "CUDA not initialised in this process",
-    ContextState.UNKNOWN: "could not be probed",
+    ContextState.POISONED: "the probe found this kernel's CUDA context broken",
+    ContextState.HEALTHY: "the probe found this kernel's CUDA context still answering",
+    ContextState.NO_CUDA: (
+        "this process has not started CUDA, so the error did not come from its GPU (a "
+        "simulated failure, as in the demos, or an error re-raised from elsewhere); on a GPU the "
+        "context would be broken"
+    ),
+    ContextState.UNKNOWN: "the probe could not tell whether the CUDA context still answers",
 }
 
 
-def _footer(diagnosis: Diagnosis) -> str:
-    device = "" if diagnosis.device is None else f", cuda:{diagnosis.device}"
-    parts = [
-        f"cause: {diagnosis.cause}",
-        f"CUDA context: {_CONTEXT_WORDS[diagnosis.context]}{device}",
+def headline(diagnosis: Diagnosis) -> str:
+    """What broke, and that only a restart helps, in one line."""
+    if not diagnosis.sticky:
+        return f"{diagnosis.title}. {diagnosis.explanation}"
+    verdict = {
+        ContextState.HEALTHY: PROBABLY_BROKEN,
+        ContextState.NO_CUDA: ON_A_GPU,
+    }.get(diagnosis.context, RESTART_ONLY)
+    return f"{diagnosis.title}. {verdict}"
+
+
+def _fixes(diagnosis: Diagnosis) -> list[str]:
+    return [fix for fix in diagnosis.fixes if _DSA_FACT not in fix]
+
+
+def _dsa_facts(diagnosis: Diagnosis) -> list[str]:
+    return [fix for fix in diagnosis.fixes if _DSA_FACT in fix]
+
+
+def evidence(diagnosis: Diagnosis) -> tuple[str, list[str], bool]:
+    """(label, lines, preformatted): the user's objects, else the GPU's message, else the error."""
+    if diagnosis.evidence:
+        return "Your data", list(diagnosis.evidence), False
+    if diagnosis.assert_lines:
+        return "The GPU said", [str(line) for line in diagnosis.assert_lines], True
+    if diagnosis.error is not None:
+        return "The error", [diagnosis.error.message], True
+    return "", [], False
+
+
+def best_step(diagnosis: Diagnosis) -> tuple[str, str] | None:
+    """The single best next step: the likely cause the evidence ranked first (its words carry the
+    fix), else the rule's first fix."""
+    if diagnosis.evidence and diagnosis.likely_causes:
+        return "Most likely", diagnosis.likely_causes[0]
+    fixes = _fixes(diagnosis)
+    if fixes:
+        return "Fix", fixes[0]
+    if diagnosis.likely_causes:
+        return "Most likely", diagnosis.likely_causes[0]
+    return None
+
+
+def _details(diagnosis: Diagnosis, blocking: bool) -> list[tuple[str, list[str], bool]]:
+    """(heading, items, preformatted) for the collapsed section; what is shown above is left out."""
+    step = best_step(diagnosis)
+    shown = {step[1]} if step else set()
+    label, _, _ = evidence(diagnosis)
+    causes = [c for c in diagnosis.likely_causes if c not in shown]
+    fixes = [f for f in _fixes(diagnosis) if f not in shown]
+    sections: list[tuple[str, list[str], bool]] = [
+        (
+            "Likely causes, most likely first"
+            if len(causes) == len(diagnosis.likely_causes)
+            else "Other likely causes",
+            causes,
+            False,
+        ),
+        ("How to fix it" if not shown & set(diagnosis.fixes) else "Other fixes", fixes, False),
+        ("What the GPU checked", [diagnosis.explanation], False),
     ]
-    if diagnosis.source:
-        parts.append(f"rule from {diagnosis.source}")
-    return "nb_cudaguard · " + " · ".join(parts)
+    if label != "The GPU said":
+        lines = [str(line) for line in diagnosis.assert_lines]
+        sections.append(("The GPU's own message", lines, True))
+    if label != "The error" and diagnosis.error is not None:
+        sections.append(("The error", [diagnosis.error.message], True))
+    if diagnosis.where and not blocking:
+        sections.append(("Where", [diagnosis.where], False))
+    if diagnosis.sticky and not blocking:
+        sections.append(("Finding the true line", [TRUE_LINE, *_dsa_facts(diagnosis)], False))
+    elif _dsa_facts(diagnosis):
+        sections.append(("Device-side assertions", _dsa_facts(diagnosis), False))
+    context = _CONTEXT_WORDS[diagnosis.context]
+    device = "" if diagnosis.device is None else f" (cuda:{diagnosis.device})"
+    about = [context[0].upper() + context[1:] + device + "."]
+    about.append(
+        f"Cause id: `{diagnosis.cause}`"
+        + (f"; rule from {diagnosis.source}." if diagnosis.source else ".")
+    )
+    sections.append(("About this diagnosis", about, False))
+    return [section for section in sections if section[1]]
 
 
-def to_text(diagnosis: Diagnosis) -> str:
-    lines = ["", f"nb_cudaguard: {diagnosis.title}", lead_sentence(diagnosis)]
-    for heading, items, preformatted in _sections(diagnosis):
-        lines.append("")
-        lines.append(f"{heading}:")
-        bullet = "    " if preformatted else "  - "
-        lines.extend(bullet + item for item in items)
-    lines.extend(["", _footer(diagnosis)])
+def _top(diagnosis: Diagnosis, blocking: bool) -> list[tuple[str, list[str], bool]]:
+    """(label, lines, preformatted) shown open, after the headline."""
+    top: list[tuple[str, list[str], bool]] = []
+    label, lines, pre = evidence(diagnosis)
+    if lines:
+        top.append((label, lines, pre))
+    if blocking and diagnosis.sticky:
+        top.append(("", [BLOCKING_ON], False))
+    step = best_step(diagnosis)
+    if step is not None:
+        top.append((step[0], [step[1]], False))
+    return top
+
+
+def to_text(diagnosis: Diagnosis, blocking: bool = False) -> str:
+    lines = ["", f"nb_cudaguard: {headline(diagnosis)}"]
+    for label, items, preformatted in _top(diagnosis, blocking):
+        if len(items) == 1 and not preformatted:
+            lines.append(f"{label}: {items[0]}" if label else items[0])
+        else:
+            lines.append(f"{label}:")
+            lines.extend(("    " if preformatted else "  - ") + item for item in items)
+    lines.extend(["", "Details:"])
+    for heading, items, preformatted in _details(diagnosis, blocking):
+        lines.append(f"  {heading}:")
+        lines.extend(("      " if preformatted else "    - ") + item for item in items)
     return "\n".join(lines)
 
 
@@ -102,49 +181,72 @@ def note_html(css_class: str, color: str, text: str) -> str:
     )
 
 
-def _html_list(items: Iterable[str], ordered: bool) -> str:
+def _html_items(items: list[str], preformatted: bool, ordered: bool = False) -> str:
+    if preformatted:
+        body = html.escape("\n".join(items))
+        return f"<pre style='white-space:pre-wrap;margin:2px 0;font-size:0.9em'>{body}</pre>"
+    if len(items) == 1:
+        return f"<div>{inline_html(items[0])}</div>"
     tag = "ol" if ordered else "ul"
     body = "".join(f"<li>{inline_html(item)}</li>" for item in items)
-    return f"<{tag} style='margin:2px 0 6px 0'>{body}</{tag}>"
+    return f"<{tag} style='margin:2px 0 4px 0;padding-left:1.4em'>{body}</{tag}>"
 
 
-def to_html(diagnosis: Diagnosis) -> str:
+def _summary(sections: Iterable[tuple[str, list[str], bool]]) -> str:
+    names = {
+        "Likely causes, most likely first": "likely causes",
+        "Other likely causes": "other causes",
+        "How to fix it": "fixes",
+        "Other fixes": "more fixes",
+        "The GPU's own message": "the GPU's message",
+        "The error": "the error",
+        "Where": "where",
+        "Finding the true line": "finding the true line",
+    }
+    parts = [names[heading] for heading, _, _ in sections if heading in names]
+    return "Details: " + ", ".join(parts) if parts else "Details"
+
+
+def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
     color = "#b71c1c" if diagnosis.sticky else "#e65100"
     parts = [
         f"<div class='nb-cudaguard-panel' data-cause='{html.escape(diagnosis.cause)}' "
-        f"style='border:2px solid {color};border-radius:6px;padding:8px 12px;margin:6px 0;"
+        f"data-blocking='{str(blocking).lower()}' "
+        f"style='border-left:4px solid {color};padding:4px 10px;margin:6px 0;"
         "font-family:sans-serif;line-height:1.4'>",
-        f"<div style='font-weight:bold;color:{color};font-size:1.1em'>"
-        f"&#9888; {inline_html(diagnosis.title)}</div>",
-        f"<p style='margin:4px 0;font-weight:bold'>{inline_html(lead_sentence(diagnosis))}</p>",
+        f"<div class='nb-cudaguard-headline' style='font-weight:bold;color:{color}'>"
+        f"&#9888; {inline_html(headline(diagnosis))}</div>",
     ]
-    for heading, items, preformatted in _sections(diagnosis):
-        parts.append(f"<div style='margin-top:6px;font-weight:bold'>{html.escape(heading)}</div>")
-        if preformatted:
-            body = html.escape("\n".join(items))
-            parts.append(f"<pre style='white-space:pre-wrap;margin:2px 0'>{body}</pre>")
-        elif len(items) == 1:
-            parts.append(f"<div>{inline_html(items[0])}</div>")
+    for label, items, preformatted in _top(diagnosis, blocking):
+        prefix = f"<b>{html.escape(label)}:</b> " if label else ""
+        if len(items) == 1 and not preformatted:
+            parts.append(f"<div>{prefix}{inline_html(items[0])}</div>")
         else:
-            parts.append(_html_list(items, ordered=heading.startswith("Likely")))
+            parts.append(f"<div>{prefix}</div>{_html_items(items, preformatted)}")
+    details = _details(diagnosis, blocking)
     parts.append(
-        "<div style='margin-top:6px;color:#666;font-size:0.85em'>"
-        f"{html.escape(_footer(diagnosis))}</div>"
+        "<details class='nb-cudaguard-details' style='margin-top:2px'>"
+        f"<summary style='cursor:pointer;color:#555'>{html.escape(_summary(details))}</summary>"
     )
-    parts.append("</div>")
+    for heading, items, preformatted in details:
+        parts.append(f"<div style='margin-top:4px;font-weight:bold'>{html.escape(heading)}</div>")
+        parts.append(_html_items(items, preformatted, ordered=heading.startswith("Likely")))
+    parts.append("</details></div>")
     return "".join(parts)
 
 
 @dataclass(frozen=True)
 class Panel:
-    """A displayable diagnosis: IPython's display() asks it for its mimebundle."""
+    """A displayable diagnosis: IPython's display() asks it for its mimebundle. ``blocking``: this
+    kernel already runs with CUDA_LAUNCH_BLOCKING in force, so the traceback is already right."""
 
     diagnosis: Diagnosis
+    blocking: bool = False
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {
-            "text/plain": to_text(self.diagnosis),
-            "text/html": to_html(self.diagnosis),
+            "text/plain": to_text(self.diagnosis, self.blocking),
+            "text/html": to_html(self.diagnosis, self.blocking),
             MIME_TYPE: to_json(self.diagnosis),  # for assistants and tools that read outputs
         }
 

@@ -48,7 +48,9 @@ def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
         plan = state.restart(blocking)
     except RestartError as error:
         raise UsageError(f"cannot restart: {error}") from None
-    print(f"nb_cudaguard: {plan.describe(blocking)}", flush=True)
+    from .actions import after_restart_text
+
+    print(f"nb_cudaguard: {after_restart_text(plan.method.value, blocking)}", flush=True)
 
 
 def _sync(state: ExtensionState, args: argparse.Namespace) -> None:
@@ -102,6 +104,15 @@ COMMANDS: dict[str, Callable[[ExtensionState, argparse.Namespace], None]] = {
 }
 
 
+LISTING = """\
+%cudaguard commands (`%cudaguard?` for the manual):
+  %cudaguard status                 torch and CUDA state: is the context healthy, is blocking on
+  %cudaguard restart                a new kernel, with CUDA_LAUNCH_BLOCKING=1 for that start only
+  %cudaguard restart --no-blocking  a plain new kernel
+  %cudaguard sync on|off            wait for each cell's GPU work at its end (errors surface there)
+  %cudaguard repro [PATH]           write a script that replays the failing op on CPU"""
+
+
 @magics_class
 class CudaGuardMagics(Magics):
     def __init__(self, shell: InteractiveShell, state: ExtensionState) -> None:
@@ -111,6 +122,7 @@ class CudaGuardMagics(Magics):
     @magic_arguments()
     @argument(
         "command",
+        nargs="?",
         choices=list(COMMANDS),
         help="status: torch and CUDA state of this kernel, whether its CUDA context is healthy, "
         "and whether CUDA_LAUNCH_BLOCKING is set and effective. "
@@ -133,6 +145,7 @@ class CudaGuardMagics(Magics):
 
         Usage::
 
+            %cudaguard                        # lists the commands
             %cudaguard status
             %cudaguard restart                # next kernel starts with CUDA_LAUNCH_BLOCKING=1
             %cudaguard restart --no-blocking  # plain restart
@@ -143,6 +156,19 @@ class CudaGuardMagics(Magics):
         After a restart, re-run the notebook from the top: all variables are gone.
         """
         args = parse_argstring(self.cudaguard, line)
+        if args.command is None:
+            if args.value is not None or args.no_blocking:
+                raise UsageError("%cudaguard: name a command first: " + ", ".join(COMMANDS))
+            print(LISTING)
+            return
         if args.value is not None and args.command not in ("sync", "repro"):
-            raise UsageError(f"%cudaguard {args.command} takes no {args.value!r}")
+            raise UsageError(
+                f"%cudaguard {args.command} takes no {args.value!r}: only sync (on|off) and "
+                "repro (PATH) take a value"
+            )
+        if args.no_blocking and args.command != "restart":
+            raise UsageError(
+                f"%cudaguard {args.command} takes no --no-blocking: it chooses the kind of "
+                "restart, so it goes with restart only"
+            )
         COMMANDS[args.command](self.state, args)

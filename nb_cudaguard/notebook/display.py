@@ -11,15 +11,36 @@ from ..runtime.blocking import Marker
 from .actions import Restarter
 
 
+def blocking_in_force() -> tuple[bool, bool]:
+    """(blocking mode is in force in this kernel, nb_cudaguard switched it on), from
+    runtime/blocking.py; never initialises CUDA."""
+    import sys
+
+    from ..runtime.blocking import blocking_state, marker
+
+    ours = marker() is not None
+    torch = sys.modules.get("torch")
+    initialised: bool | None = False
+    if torch is not None:
+        try:
+            initialised = bool(torch.cuda.is_initialized())
+        except Exception:
+            initialised = None
+    return ours or blocking_state(initialised).effective is True, ours
+
+
 def show_diagnosis(diagnosis: Diagnosis, cell: int | None, restart: Restarter) -> None:
-    """The panel; under it, for a broken context, the restart actions (naming ``cell``)."""
+    """The panel; under it, for a broken context, the restart actions (naming ``cell``). In a
+    kernel already in blocking mode the panel says the traceback is right, and only a plain
+    restart is offered."""
     from IPython.display import display
 
-    display(Panel(diagnosis))
+    blocking_on, ours = blocking_in_force()
+    display(Panel(diagnosis, blocking=blocking_on))
     if diagnosis.sticky:
         from .actions import restart_actions
 
-        actions = restart_actions(restart, cell)
+        actions = restart_actions(restart, cell, blocking_on=blocking_on, blocking_ours=ours)
         if actions is not None:
             display(actions)
 

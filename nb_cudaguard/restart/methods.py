@@ -244,6 +244,10 @@ def restart_kernel(
         time.sleep(delay)
         action()
 
+    if plan.method in (Method.REST, Method.EXIT):  # the frontend is not told: tell it (frontend.py)
+        from .frontend import nudge_after_restart
+
+        nudge_after_restart(plan.connection_file)
     _flush()
     threading.Thread(target=later, name="nb_cudaguard-restart", daemon=True).start()
     return plan

@@ -110,7 +110,7 @@ def test_demo_01_fails_with_the_panel_at_the_failing_cell_and_papermill_markers(
     assert outputs_of(failing, "error"), "the anchor sits just before the failing cell"
     payload = next(o["data"][MIME_TYPE] for o in outputs_of(failing, "display_data"))
     assert payload["cause"] == "label-out-of-range"
-    assert any("`target` contains 3" in e for e in payload["evidence"])
+    assert any("`labels` contains 3" in e for e in payload["evidence"])
 
 
 def test_demo_02_stops_at_the_guarded_cell_without_a_panel(tmp_path: Path):

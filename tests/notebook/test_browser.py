@@ -1,29 +1,44 @@
-"""The whole path in a real browser: JupyterLab 4 in headless Chromium, driven by Playwright.
+"""The whole path in a real browser: JupyterLab 4 and Notebook 7 in headless Chromium (Playwright).
 
-Open a demo notebook, run the failing cell, see the panel and the buttons, click "Restart with
-CUDA_LAUNCH_BLOCKING=1", run a probe cell, and read the variable from the new kernel's output.
-Skipped, with the reason, only where Chromium (Debian's ``chromium``) or Playwright is missing.
+Open a notebook, run a failing cell, see the panel (its visible height measured) and the buttons,
+open the details, click "Restart with CUDA_LAUNCH_BLOCKING=1", see the kernel status return to
+Idle without running anything, see the banner in the new kernel, then the blocking-aware panel for
+the same failure, and read the variable from the new kernel's output. Screenshots of each step go
+to ``NB_CUDAGUARD_SCREENSHOTS`` (default /tmp/nb_cudaguard_screens). Skipped, with the reason, only
+where Chromium (Debian's ``chromium``), Playwright or the frontend is missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from jupyter_harness import JupyterServer, probe, wait_for_new_process
-from pytorch_texts import RAISE_ASSERT
+from pytorch_texts import ASSERT_2_9, H100_TORCH_2_11
 
-from nb_cudaguard.notebook.actions import BLOCKING_LABEL
+from nb_cudaguard.notebook.actions import BLOCKING_LABEL, PLAIN_LABEL, PLAIN_OFF_LABEL
 
 CHROMIUM = os.environ.get("NB_CUDAGUARD_CHROMIUM") or shutil.which("chromium") or ""
-SCREENSHOT = os.environ.get("NB_CUDAGUARD_SCREENSHOT", "/tmp/nb_cudaguard_panel.png")
+SCREENS = Path(os.environ.get("NB_CUDAGUARD_SCREENSHOTS", "/tmp/nb_cudaguard_screens"))
+# The panel and its buttons, collapsed, on a 1280 px wide page: 88 px and 124 px in JupyterLab
+# 4.6 and Notebook 7.6 (2026-11-23). The first release's panel was about 700 px, under a traceback
+# of about 380 px.
+MAX_PANEL_PX = 110
+MAX_PANEL_AND_BUTTONS_PX = 150
 
+LINE = H100_TORCH_2_11["cross-entropy-label"][0]
 CELLS = [
     "%load_ext nb_cudaguard",
-    RAISE_ASSERT,
+    "import os, torch\nfrom torch import nn\n"
+    "model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))\n"
+    "labels = torch.randint(1, 4, (64,))  # 1..3 for 3 classes",
+    f"os.write(2, {(LINE + chr(10)).encode()!r})  # what the GPU prints, then what PyTorch raises\n"
+    f"raise torch.AcceleratorError({ASSERT_2_9!r})",
     "import os\nprint('CLB=' + str(os.environ.get('CUDA_LAUNCH_BLOCKING')))",
 ]
 CHROMIUM_ARGS = [
@@ -35,6 +50,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+APPS = {  # app module -> (URL of the notebook, the package that must be importable)
+    "jupyterlab": ("/lab/tree/demo.ipynb", "jupyterlab"),
+    "notebook": ("/notebooks/demo.ipynb", "notebook.app"),
+}
 
 
 def _notebook() -> dict[str, object]:
@@ -57,59 +76,158 @@ def _notebook() -> dict[str, object]:
     }
 
 
-@pytest.fixture
-def lab(tmp_path):
+@pytest.fixture(params=list(APPS), ids=["jupyterlab4", "notebook7"])
+def frontend(request, tmp_path):
     if not CHROMIUM or not os.access(CHROMIUM, os.X_OK):
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
-    server = JupyterServer(tmp_path, app="jupyterlab")
+    app = request.param
+    path, package = APPS[app]
+    pytest.importorskip(package, reason=f"{app} is not installed")
+    server = JupyterServer(tmp_path, app=app)
     (server.root / "demo.ipynb").write_text(json.dumps(_notebook()))
-    yield server
+    yield app, server, path
     server.stop()
 
 
+def _cell(page, index: int):
+    return page.locator(".jp-Notebook .jp-Cell").nth(index)
+
+
 def _run_cell(page, index: int) -> None:
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
-    cell.locator(".jp-InputArea-editor").click()
+    _cell(page, index).locator(".jp-InputArea-editor").click()
     page.keyboard.press("Escape")  # command mode on this cell
     page.keyboard.press("Control+Enter")  # run it, stay put
 
 
-def test_clicking_the_button_gives_a_new_kernel_with_the_variable(lab):
+def _decline_news(page) -> None:
+    """JupyterLab 4 asks once whether to fetch Jupyter news; its toast would cover the output."""
+    with contextlib.suppress(Exception):  # Notebook 7 does not ask
+        page.get_by_role("button", name="No", exact=True).click(timeout=3_000)
+
+
+_RECORD = """() => {
+    window.nbCudaguardStatuses = [];
+    const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
+    new MutationObserver(() => window.nbCudaguardStatuses.push(
+        indicator.getAttribute('data-status'))).observe(
+        indicator, {attributes: true, attributeFilter: ['data-status']});
+}"""
+
+
+def _record_statuses(page) -> None:
+    """Record every status the frontend's indicator shows from now on (a short "starting" would
+    slip between polls)."""
+    page.evaluate(_RECORD)
+
+
+def _wait_for_status(page, status: str, after: str | None = None, timeout: float = 15) -> None:
+    """Until ``status`` is the last status shown (and came after ``after``)."""
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        seen = page.evaluate("() => window.nbCudaguardStatuses")
+        tail = seen[seen.index(after) :] if after in seen else [] if after else seen
+        if status in tail and (after is None or tail[-1] == status):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the frontend's kernel status went {seen}, never {status!r}")
+
+
+def _height(locator) -> float:
+    box = locator.bounding_box()
+    assert box is not None
+    return float(box["height"])
+
+
+def _kernel_status(page) -> str:
+    """The frontend's kernel status, as its own indicator shows it (Lab's toolbar and Notebook 7's
+    both use JupyterLab's execution indicator)."""
+    return str(page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status"))
+
+
+def test_panel_click_banner_and_blocking_panel_in_a_real_browser(frontend):
     from playwright.sync_api import expect, sync_playwright
 
+    app, server, path = frontend
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    shot = {name: str(SCREENS / f"{app}_{name}.png") for name in ("panel", "details", "clicked")}
+    shot.update(
+        banner=str(SCREENS / f"{app}_banner.png"), blocking=str(SCREENS / f"{app}_blocking.png")
+    )
     started = time.monotonic()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
             page.set_default_timeout(30_000)
-            page.goto(f"{lab.url}/lab/tree/demo.ipynb?token={lab.token}")
-            page.locator(".jp-Notebook .jp-Cell").nth(2).wait_for()
+            page.goto(f"{server.url}{path}?token={server.token}")
+            _cell(page, 3).wait_for()
+            _decline_news(page)
             expect(
-                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-            ).to_have_count(1, timeout=30_000)
-            _run_cell(page, 0)
-            _run_cell(page, 1)
-            expect(page.locator(".nb-cudaguard-panel")).to_be_visible()
-            button = page.get_by_role("button", name=BLOCKING_LABEL)
+                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
+            ).to_be_visible(timeout=30_000)
+            for index in (0, 1, 2):
+                _run_cell(page, index)
+            failing = _cell(page, 2)
+            panel = failing.locator(".nb-cudaguard-panel")
+            expect(panel).to_be_visible()
+            button = failing.get_by_role("button", name=BLOCKING_LABEL)
             expect(button).to_be_visible()
-            page.locator(".jp-Notebook .jp-Cell").nth(1).screenshot(path=SCREENSHOT)
+            expect(failing.get_by_role("button", name=PLAIN_LABEL, exact=True)).to_be_visible()
+            # What a new user sees first: the headline, their own data, the fix; the rest folded.
+            expect(panel).to_contain_text("only a kernel restart fixes it")
+            expect(panel).to_contain_text("`labels` contains 3".replace("`", ""))
+            expect(panel).to_contain_text("Most likely: labels are numbered 1..C")
+            expect(panel.locator("details")).not_to_have_attribute("open", "")
+            expect(panel.locator("pre").first).to_be_hidden()
+            panel_px = _height(panel)
+            buttons_px = _height(button)
+            top = panel.bounding_box()["y"]
+            bottom = button.bounding_box()["y"] + buttons_px
+            failing.locator(".jp-Cell-outputWrapper").screenshot(path=shot["panel"])
+            print(f"{app}: panel {panel_px:.0f} px, panel+buttons {bottom - top:.0f} px")
+            assert panel_px <= MAX_PANEL_PX, f"panel {panel_px:.0f} px"
+            assert bottom - top <= MAX_PANEL_AND_BUTTONS_PX, f"panel+buttons {bottom - top:.0f} px"
 
-            _, sessions = lab.request("GET", "/api/sessions")
+            panel.locator("summary").click()
+            expect(panel.locator("pre").first).to_be_visible()
+            failing.locator(".jp-Cell-outputWrapper").screenshot(path=shot["details"])
+            assert _height(panel) > panel_px + 100
+            panel.locator("summary").click()
+
+            _, sessions = server.request("GET", "/api/sessions")
             kid = sessions[0]["kernel"]["id"]
-            old_pid, _ = probe(lab, kid)
+            old_pid, _ = probe(server, kid)
+            _record_statuses(page)
             button.click()
-            expect(page.get_by_text("re-run the notebook from the top").first).to_be_visible()
+            expect(failing.get_by_text("status returns to Idle")).to_be_visible()
             expect(button).to_be_disabled()
-            page.locator(".jp-Notebook .jp-Cell").nth(1).screenshot(
-                path=SCREENSHOT.replace(".png", "_clicked.png")
-            )
-            wait_for_new_process(lab, kid, old_pid)
+            failing.locator(".jp-Cell-outputWrapper").screenshot(path=shot["clicked"])
+            # Without running anything, and before any probe (whose execute_request would itself
+            # set the status): the new kernel says "starting", and the frontend's own status
+            # must then reach "idle".
+            _wait_for_status(page, "starting")
+            _wait_for_status(page, "idle", after="starting")
+            new_pid, value = wait_for_new_process(server, kid, old_pid)
+            assert value == "1"
 
-            _run_cell(page, 2)
+            _run_cell(page, 0)
+            banner = _cell(page, 0).locator(".nb-cudaguard-banner")
+            expect(banner).to_be_visible()
+            _cell(page, 0).locator(".jp-Cell-outputWrapper").screenshot(path=shot["banner"])
+
+            for index in (1, 2):
+                _run_cell(page, index)
+            expect(failing.locator(".nb-cudaguard-panel[data-blocking='true']")).to_be_visible()
+            expect(failing.get_by_text("the traceback above points at the line")).to_be_visible()
+            expect(failing.get_by_role("button", name=PLAIN_OFF_LABEL)).to_be_visible()
+            expect(failing.get_by_role("button", name=BLOCKING_LABEL)).to_have_count(0)
+            failing.locator(".jp-Cell-outputWrapper").screenshot(path=shot["blocking"])
+
+            _run_cell(page, 3)
             expect(page.get_by_text("CLB=1")).to_be_visible()
+            assert new_pid != old_pid
         finally:
             browser.close()
-    assert time.monotonic() - started < 90
+    assert time.monotonic() - started < 120

@@ -26,9 +26,9 @@ def test_real_device_side_assert_poisons_the_context_and_shows_the_panel(kernel)
     panels = [d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", "")]
     assert len(panels) == 1, out.messages
     text = panels[0]["text/plain"]
-    assert "CUDA context: poisoned (probed), cuda:0" in text
+    assert "The probe found this kernel's CUDA context broken (cuda:0)." in text
     # The cause comes from the device lines that the fd 2 capture read.
-    assert "cause: label-out-of-range" in text
+    assert "Cause id: `label-out-of-range`" in text
     assert "Loss.cu" in text and "Assertion `t >= 0 && t < n_classes` failed." in text
 
     probe = kernel.execute("import nb_cudaguard; print(nb_cudaguard.probe_context().value)")
