@@ -25,28 +25,38 @@ file name is therefore read as the last path component before ``:<line>:``, neve
 of a line. Path prefixes and line numbers differ per build and release, so only the file name,
 the function and the condition are kept. Lines of many threads interleave; identical sites fold
 into one.
+
+Pasted lines lose parts: the path (``nll_loss_...: block: ...`` with no file: ``file`` is then
+""), the quotes (re-quoted ``'cond'`` or none), the block/thread numbers (``[...]``). A line of a
+known kernel file that says "Assertion" but whose condition cannot be read (cut off, two
+threads' lines interleaved) still counts, with an empty condition.
 """
 
 from __future__ import annotations
 
 import re
 
+from .classify import normalize
 from .model import AssertLine
 
-_FILE = r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|c|py)):(?P<line>\d+): "
+_FILE = r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|c|py)|unknown):(?P<line>\d+): "
+_BLOCK = r"block: ?\[[^\]\n]*\],?\s*thread: ?\[[^\]\n]*\]\s*(?:\.\.\.\s*)?"
+# The condition may contain backticks of its own (`inf`, `nan`): stop at the closing "` failed.";
+# pastes re-quote it ('cond', "cond") or drop the quotes.
+_ASSERTION = r"Assertion\s*[`'\"]?(?P<cond>[^\n]*?)[`'\"]?\s*failed\.?"
 
 _CUDA = re.compile(
     _FILE
     # The function may itself contain ": " (C++ scopes, pretty signatures); Windows prints none.
     + r"(?:(?P<func>[^\n]*?): )?"
-    r"block: \[[\d,\s]*\],\s*thread: \[[\d,\s]*\]\s*"
-    # The condition may contain backticks of its own (`inf`, `nan`): stop at the closing "` failed."
-    r"Assertion `(?P<cond>[^\n]*?)` failed\.?"
+    + _BLOCK
+    + _ASSERTION
 )
 
 # HIP prints "Device-side assertion `cond' failed." (backtick, apostrophe) and no block/thread.
 _HIP = re.compile(
-    _FILE + r"(?:(?P<func>[^\n]*?): )?Device-side assertion `(?P<cond>[^\n]*?)' failed\.?"
+    _FILE
+    + r"(?:(?P<func>[^\n]*?): )?Device-side assertion [`'\"]?(?P<cond>[^\n]*?)[`'\"]? failed\.?"
 )
 
 _DSA = re.compile(
@@ -55,22 +65,54 @@ _DSA = re.compile(
     r"(?:\s*Device function containing assertion = (?P<func>[^\n]*))?"
 )
 
-_PATTERNS = (_CUDA, _HIP, _DSA)
+_STRICT = (_CUDA, _HIP, _DSA)
+
+# A line pasted without its path: "nll_loss_forward_..._kernel_2d: block: [...] Assertion ...".
+_NO_FILE = re.compile(r"(?:(?P<func>[A-Za-z_~][\w:<>~]*(?:\(\))?): )?" + _BLOCK + _ASSERTION)
+
+# A kernel source file's line that says "Assertion ... failed" (or prints a block) but whose
+# condition cannot be read. Only CUDA/HIP sources: glibc's own assert prints "file.c:81: ...:
+# Assertion `...' failed." too.
+_LOOSE = re.compile(
+    r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip)):\d+:(?:[^\n]*?\bAssertion\b[^\n]*?\bfailed"
+    r"|[^\n]*?\bblock: ?\[)"
+)
+
+
+def _key(match: re.Match[str], file: str) -> tuple[str, str | None, str]:
+    groups = match.groupdict()
+    function = (groups.get("func") or "").strip() or None
+    return file, function, (groups.get("cond") or "").strip()
 
 
 def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
     """Every distinct assert site in ``text``, in order of first appearance, folded by thread."""
-    found: list[tuple[int, re.Match[str]]] = []
-    for pattern in _PATTERNS:
-        found.extend((match.start(), match) for match in pattern.finditer(text))
+    if "ssert" not in text and "block" not in text:  # the common case of a long log: nothing
+        return ()
+    text = normalize(text)
+    found: list[tuple[int, tuple[str, str | None, str], str]] = []
+    taken: list[tuple[int, int]] = []
+
+    def free(match: re.Match[str]) -> bool:
+        return all(match.end() <= start or match.start() >= end for start, end in taken)
+
+    for pattern in _STRICT:
+        for match in pattern.finditer(text):
+            found.append((match.start(), _key(match, match.group("file")), match.group(0)))
+            taken.append(match.span())
+    for match in _NO_FILE.finditer(text):
+        if free(match):
+            found.append((match.start(), _key(match, ""), match.group(0)))
+            taken.append(match.span())
+    for match in _LOOSE.finditer(text):
+        if free(match):
+            found.append((match.start(), (match.group("file"), None, ""), match.group(0)))
     found.sort(key=lambda item: item[0])
     counts: dict[tuple[str, str | None, str], int] = {}
     first_raw: dict[tuple[str, str | None, str], str] = {}
-    for _start, match in found:
-        function = (match.group("func") or "").strip() or None
-        key = (match.group("file"), function, match.group("cond").strip())
+    for _start, key, raw in found:
         counts[key] = counts.get(key, 0) + 1
-        first_raw.setdefault(key, match.group(0).strip())
+        first_raw.setdefault(key, raw.strip())
     return tuple(
         AssertLine(
             file=file, function=function, condition=condition, count=count, raw=first_raw[key]
