@@ -65,8 +65,6 @@ _DSA = re.compile(
     r"(?:\s*Device function containing assertion = (?P<func>[^\n]*))?"
 )
 
-_STRICT = (_CUDA, _HIP, _DSA)
-
 # A line pasted without its path: "nll_loss_forward_..._kernel_2d: block: [...] Assertion ...".
 _NO_FILE = re.compile(r"(?:(?P<func>[A-Za-z_~][\w:<>~]*(?:\(\))?): )?" + _BLOCK + _ASSERTION)
 
@@ -85,34 +83,59 @@ def _key(match: re.Match[str], file: str) -> tuple[str, str | None, str]:
     return file, function, (groups.get("cond") or "").strip()
 
 
-def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
-    """Every distinct assert site in ``text``, in order of first appearance, folded by thread."""
-    if "ssert" not in text and "block" not in text:  # the common case of a long log: nothing
-        return ()
-    text = normalize(text)
-    found: list[tuple[int, tuple[str, str | None, str], str]] = []
+_Site = tuple[str, "str | None", str]
+# Thread and block numbers: the only difference between the lines of one site's threads.
+_NUMBERS = re.compile(r"\[[\d,\s]*\]")
+
+
+def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
+    """The assert sites one printed line holds (two when threads' lines ran together)."""
+    found: list[tuple[int, _Site, str]] = []
     taken: list[tuple[int, int]] = []
 
     def free(match: re.Match[str]) -> bool:
         return all(match.end() <= start or match.start() >= end for start, end in taken)
 
-    for pattern in _STRICT:
-        for match in pattern.finditer(text):
+    for pattern in (_CUDA, _HIP):
+        for match in pattern.finditer(line):
             found.append((match.start(), _key(match, match.group("file")), match.group(0)))
             taken.append(match.span())
-    for match in _NO_FILE.finditer(text):
-        if free(match):
-            found.append((match.start(), _key(match, ""), match.group(0)))
-            taken.append(match.span())
-    for match in _LOOSE.finditer(text):
+    if "block" in line:
+        for match in _NO_FILE.finditer(line):
+            if free(match):
+                found.append((match.start(), _key(match, ""), match.group(0)))
+                taken.append(match.span())
+    for match in _LOOSE.finditer(line):
         if free(match):
             found.append((match.start(), (match.group("file"), None, ""), match.group(0)))
     found.sort(key=lambda item: item[0])
-    counts: dict[tuple[str, str | None, str], int] = {}
-    first_raw: dict[tuple[str, str | None, str], str] = {}
-    for _start, key, raw in found:
-        counts[key] = counts.get(key, 0) + 1
-        first_raw.setdefault(key, raw.strip())
+    return [(site, raw.strip()) for _start, site, raw in found]
+
+
+def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
+    """Every distinct assert site in ``text``, in order of first appearance, folded by thread."""
+    if "ssert" not in text:  # the common case of a long log: nothing to read
+        return ()
+    text = normalize(text)
+    counts: dict[_Site, int] = {}
+    first_raw: dict[_Site, str] = {}
+    # Thousands of threads print the same site: each distinct line shape is parsed once.
+    seen: dict[str, list[tuple[_Site, str]]] = {}
+    for line in text.splitlines():
+        if "ssert" not in line:
+            continue
+        shape = _NUMBERS.sub("[]", line)
+        sites = seen.get(shape)
+        if sites is None:
+            sites = seen[shape] = _sites_in_line(line)
+        for site, raw in sites:
+            counts[site] = counts.get(site, 0) + 1
+            first_raw.setdefault(site, raw)
+    if "GPU assertion failure message" in text:
+        for match in _DSA.finditer(text):
+            site = _key(match, match.group("file"))
+            counts[site] = counts.get(site, 0) + 1
+            first_raw.setdefault(site, match.group(0).strip())
     return tuple(
         AssertLine(
             file=file, function=function, condition=condition, count=count, raw=first_raw[key]

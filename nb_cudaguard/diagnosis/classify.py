@@ -21,8 +21,6 @@ from collections.abc import Iterable, Iterator
 from .error_tables import DRIVER, HIP, HIP_LEGACY_CODES, RUNTIME
 from .model import CudaError
 
-_Entry = tuple[str, int, "int | None", str, bool]
-
 _BY_CODE: dict[int, tuple[str, int, int | None, str, bool]] = {e[1]: e for e in RUNTIME}
 _BY_NAME: dict[str, tuple[str, int, int | None, str, bool]] = {e[0]: e for e in RUNTIME}
 for _name, _code in DRIVER:
@@ -153,7 +151,7 @@ _HEADLINES: tuple[re.Pattern[str], ...] = (
     # "CUDA Runtime Error: X", "cuda error: cudaErrorX: X".
     re.compile(
         r"\b(?:CUDA|HIP)(?: driver| runtime| kernel)? error(?: \([^)]*\))?\s*:\s*"
-        r"(?:(?P<name>(?:cuda|hip)Error\w+|CUDA_ERROR_\w+)\s*:?\s*)?(?P<text>.+)",
+        r"(?:(?P<name>(?:cuda|hip)Error\w+|CUDA_ERROR_\w+)\b\s*:?\s*)?(?P<text>.*)",
         re.IGNORECASE,
     ),
     re.compile(r"Triton Error \[(?:CUDA|HIP)\]: (?P<text>.+)"),
@@ -201,7 +199,7 @@ TRANSLATED: tuple[tuple[str, str], ...] = (
         "cudaErrorAssert",
         r"设备端断言|设备侧断言|裝置端斷言|設備端斷言|デバイス側(?:の)?(?:アサート|アサーション)"
         r"|geräteseitige[rn]? (?:Assertion|Zusicherung)"
-        r"|assertion (?:côté|du côté de l')(?:appareil|périphérique|dispositif)"
+        r"|assertion (?:côté|du côté de l')\s*(?:appareil|périphérique|dispositif)"
         r"|aserci[oó]n (?:del lado del|en el) dispositivo"
         r"|asser[cç][aã]o (?:do lado do|no) dispositivo|asserzione lato dispositivo"
         r"|утверждение на стороне устройства|assert на стороне устройства"
@@ -210,7 +208,8 @@ TRANSLATED: tuple[tuple[str, str], ...] = (
     (
         "cudaErrorIllegalAddress",
         r"非法(?:的)?内存访问|非法記憶體存取|不正なメモリアクセス|illegale[rn]? Speicherzugriff"
-        r"|accès (?:à la )?mémoire illégal|acceso (?:a memoria )?ilegal|acceso ilegal a (?:la )?memoria"
+        r"|accès (?:à la )?mémoire illégal|acceso (?:a memoria )?ilegal"
+        r"|acceso ilegal a (?:la )?memoria"
         r"|acesso (?:à memória )?ilegal|acesso ilegal à memória"
         r"|недопустимый доступ к памяти|незаконный доступ к памяти"
         r"|잘못된 메모리 (?:액세스|접근)|불법 메모리 (?:액세스|접근)",
@@ -230,12 +229,24 @@ _LIBRARY = re.compile(
     r"|cuDNN error: \w+|Creating MTGP constants failed|NCCL error\b.*)"
 )
 
-# Cheap test that a line can name a CUDA error at all: most lines of a long log cannot.
-_RELEVANT = re.compile(
-    r"cuda|hip|gpu|device|illegal|launch|misaligned|hardware stack|program counter|tensor memory"
-    r"|synchronize|failed|status_|mtgp|nccl|" + "|".join(p for _n, p in TRANSLATED),
-    re.IGNORECASE,
-)
+# Cheap test that a line can name a CUDA error at all: most lines of a long log cannot. Plain
+# substring tests of the lowered line; a regular expression of alternatives costs 10x more.
+_RELEVANT_WORDS = (
+    "cuda", "hip", "gpu", "device", "illegal", "launch", "misaligned", "hardware stack",
+    "program counter", "tensor memory", "synchroniz", "failed", "status_", "mtgp", "nccl",
+)  # fmt: skip
+_TRANSLATED_ANY = re.compile("|".join(p for _n, p in TRANSLATED), re.IGNORECASE)
+
+
+def _relevant(line: str) -> bool:
+    lowered = line.lower()
+    if any(word in lowered for word in _RELEVANT_WORDS):
+        return True
+    return not line.isascii() and _TRANSLATED_ANY.search(line) is not None
+
+
+# A device assert line (assert_lines.py reads those) is no headline; thousands of them are normal.
+_DEVICE_LINE = re.compile(r"block: ?\[[^\]]*\],? ?thread: ?\[[^\]]*\] ?Assertion")
 
 
 def _lookup(text: str, name: str | None, code: int | None) -> CudaError:
@@ -250,9 +261,9 @@ def _lookup(text: str, name: str | None, code: int | None) -> CudaError:
     if named and named.group(1) in _BY_NAME:
         return _error(_BY_NAME[named.group(1)], message)
     if code is not None:
-        entry = _BY_CODE.get(code) or _LEGACY.get(code)
-        if entry:
-            return _error(entry, message)
+        by_code = _BY_CODE.get(code) or _LEGACY.get(code)
+        if by_code:
+            return _error(by_code, message)
     library = _LIBRARY.search(text)
     if library:
         return CudaError(library.group("text").split(":")[0].strip(), code, False, message)
@@ -264,7 +275,7 @@ def _lookup(text: str, name: str | None, code: int | None) -> CudaError:
 
 def classify_line(line: str) -> CudaError | None:
     """The CUDA error a single (logical) line announces, or None."""
-    if not _RELEVANT.search(line) or _BOILERPLATE.match(line.lstrip()):
+    if not _relevant(line) or _BOILERPLATE.match(line.lstrip()) or _DEVICE_LINE.search(line):
         return None
     for pattern in _HEADLINES:
         match = pattern.search(line)
@@ -276,9 +287,7 @@ def classify_line(line: str) -> CudaError | None:
     named = _NAME.search(line)
     if named and named.group(1) in _BY_NAME:
         return _error(_BY_NAME[named.group(1)], line)
-    bare = _BARE_STICKY.search(line) or (
-        _GPU_CONTEXT.search(line) and _PLAIN_STICKY.search(line)
-    )
+    bare = _BARE_STICKY.search(line) or (_GPU_CONTEXT.search(line) and _PLAIN_STICKY.search(line))
     if bare:
         found = _lookup(bare.group(0), None, None)
         return CudaError(found.name, found.code, found.sticky, line.strip())

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (generated tables: NVIDIA's texts are kept whole)
 """Every CUDA and HIP error, as NVIDIA's and AMD's headers define them (FIELD_NOTES §2).
 
 Generated, not hand-picked, so that no spelling is missing:
