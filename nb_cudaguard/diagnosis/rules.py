@@ -160,8 +160,22 @@ RULES: tuple[Rule, ...] = (
         cause="pytorch-internal",
         files=(),
         condition=r"\b(?:blockDim|gridDim|threadIdx|warpSize|C10_WARP_SIZE|sizeof)\b"
-        r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath",
+        r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath"
+        # host-side property lookups and TensorIterator arity (MultinomialKernel, MemoryAccess)
+        r"|\bprops\s*!=\s*(?:NULL|nullptr)|\biter\.n(?:in|out)puts\(\)",
         source="kernel launch invariants across aten/src/ATen/native/cuda",
+        title=_INTERNAL_TITLE,
+        explanation=_INTERNAL_EXPLANATION,
+        likely_causes=_INTERNAL_CAUSES,
+        fixes=_INTERNAL_FIXES,
+        op="internal",
+    ),
+    Rule(
+        cause="pytorch-internal",
+        files=("Loss.cu",),
+        # nll_loss backward guards its own int64 offset arithmetic against overflow.
+        condition=r"^\s*index\s*>=\s*0\s*$",
+        source="aten/src/ATen/native/cuda/Loss.cu (nll_loss_backward_reduce_cuda_kernel_2d)",
         title=_INTERNAL_TITLE,
         explanation=_INTERNAL_EXPLANATION,
         likely_causes=_INTERNAL_CAUSES,
@@ -375,6 +389,26 @@ RULES: tuple[Rule, ...] = (
         ),
         op="masked-scatter",
     ),
+    Rule(
+        cause="size-mismatch",
+        files=("EmbeddingBag.cu", "LookupTableBag.cu"),
+        condition=r"\bend\s*>=\s*begin\b",
+        source="aten/src/ATen/native/cuda/EmbeddingBag.cu (EmbeddingBag_updateOutputKernel_*)",
+        title="embedding_bag got offsets that decrease",
+        explanation=(
+            "nn.EmbeddingBag / F.embedding_bag reads bag i from offsets[i] to offsets[i+1]; an "
+            "offset smaller than the one before it makes a bag end before it begins."
+        ),
+        likely_causes=(
+            "offsets that are not a running sum of bag lengths (lengths passed as offsets)",
+            "offsets of another batch, or not sorted after the bags were shuffled",
+        ),
+        fixes=(
+            "Build offsets on CPU: `offsets = torch.cat([torch.zeros(1, dtype=torch.long), "
+            "lengths.cumsum(0)[:-1]])` and check `(offsets.diff() >= 0).all()`.",
+        ),
+        op="embedding-bag-offsets",
+    ),
     # --- gather / scatter -------------------------------------------------------------------------
     Rule(
         cause="index-out-of-range",
@@ -438,7 +472,7 @@ RULES: tuple[Rule, ...] = (
             "THCTensorRandom.cu",
             "Multinomial.cu",
         ),
-        condition=r"val\s*>=\s*zero|!\s*\(\s*val\s*<\s*zero\s*\)|ge\(val,\s*zero\)"
+        condition=r"val\s*>=\s*zero|!\s*\(\s*val\s*<\s*zero\s*\)|ge\(val,\s*zero\)|lt\(val,\s*zero\)"
         r"|sum\s*>\s*(?:acc)?[Zz]ero|cumdist\[size\s*-\s*1\]\s*>",
         source="aten/src/ATen/native/cuda/MultinomialKernel.cu (renormRows, "
         "sampleMultinomialOnce, binarySearchForMultinomial)",
@@ -600,7 +634,8 @@ RULES: tuple[Rule, ...] = (
         cause="size-mismatch",
         files=(),
         condition=r"expected (?:gemm dimension|ofsets|offsets) to be greater or equal 0"
-        r"|expected input tensor dynamic dimension byte size",
+        r"|expected (?:input|output) tensor dynamic dimension byte size"
+        r"|expected offset to be less than tensor size",
         source="aten/src/ATen/native/cuda/GroupMMCommon.cuh (torch._grouped_mm offsets)",
         title="grouped matmul got bad group offsets",
         explanation=(
