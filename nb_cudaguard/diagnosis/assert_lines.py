@@ -59,6 +59,17 @@ _HIP = re.compile(
     + r"(?:(?P<func>[^\n]*?): )?Device-side assertion [`'\"]?(?P<cond>[^\n]*?)[`'\"]? failed\.?"
 )
 
+# CUDA_KERNEL_ASSERT_PRINTF (and _VERBOSE in verbose builds) first prints its own line (c10
+# Macros.h): "[CUDA_KERNEL_ASSERT] <path>:<line>: <func>: block: [..], thread: [..]: Assertion
+# failed: `<cond>`: <message>", then the runtime's usual line for the same site.
+_PRINTF = re.compile(
+    r"\[CUDA_KERNEL_ASSERT\] [^\n]*?"
+    + _FILE
+    + r"(?:(?P<func>[^\n]*?): )?"
+    + r"block: ?\[[^\]\n]*\],?\s*thread: ?\[[^\]\n]*\]:?\s*"
+    r"Assertion failed: `(?P<cond>[^\n]*?)`(?::|$)"
+)
+
 _DSA = re.compile(
     r"GPU assertion failure message = (?P<cond>[^\n]*)\n"
     r"\s*File containing assertion = [^\n]*?(?P<file>[^\\/\s:]+):(?P<line>\d+)\s*\n"
@@ -96,8 +107,10 @@ def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
     def free(match: re.Match[str]) -> bool:
         return all(match.end() <= start or match.start() >= end for start, end in taken)
 
-    for pattern in (_CUDA, _HIP):
+    for pattern in (_PRINTF, _CUDA, _HIP):
         for match in pattern.finditer(line):
+            if not free(match):
+                continue
             found.append((match.start(), _key(match, match.group("file")), match.group(0)))
             taken.append(match.span())
     if "block" in line:
