@@ -39,7 +39,8 @@ import re
 from .classify import normalize
 from .model import AssertLine
 
-_FILE = r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|c|py)|unknown):(?P<line>\d+): "
+# Pastes drop the colon after the line number ("TensorCompare.cu:109 _assert_async_cuda_kernel").
+_FILE = r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|c|py)|unknown):(?P<line>\d+):? "
 _BLOCK = r"block: ?\[[^\]\n]*\],?\s*thread: ?\[[^\]\n]*\]\s*(?:\.\.\.\s*)?"
 # The condition may contain backticks of its own (`inf`, `nan`): stop at the closing "` failed.";
 # pastes re-quote it ('cond', "cond") or drop the quotes.
@@ -79,11 +80,19 @@ _DSA = re.compile(
 # A line pasted without its path: "nll_loss_forward_..._kernel_2d: block: [...] Assertion ...".
 _NO_FILE = re.compile(r"(?:(?P<func>[A-Za-z_~][\w:<>~]*(?:\(\))?): )?" + _BLOCK + _ASSERTION)
 
+# The kernel function and the condition, without path or block/thread ("_assert_async_cuda_kernel:
+# ... Assertion 'probability tensor ...' failed." in an issue). glibc's own asserts have this
+# shape too ("__pthread_mutex_lock: Assertion ..."): not after a C/C++ path, not a "__" name.
+_NO_BLOCK = re.compile(
+    r"(?<![\w./:])(?P<func>(?!__)[A-Za-z_][\w:<>~]*(?:\(\))?):(?:\s*\.\.\.)?\s*" + _ASSERTION
+)
+_HOST_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp):\d+:")
+
 # A kernel source file's line that says "Assertion ... failed" (or prints a block) but whose
 # condition cannot be read. Only CUDA/HIP sources: glibc's own assert prints "file.c:81: ...:
 # Assertion `...' failed." too.
 _LOOSE = re.compile(
-    r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip)):\d+:(?:[^\n]*?\bAssertion\b[^\n]*?\bfailed"
+    r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip)):\d+:?(?:[^\n]*?\bAssertion\b[^\n]*?\bfailed"
     r"|[^\n]*?\bblock: ?\[)"
 )
 
@@ -95,6 +104,29 @@ def _key(match: re.Match[str], file: str) -> tuple[str, str | None, str]:
 
 
 _Site = tuple[str, "str | None", str]
+_WRAPPED_AFTER_FUNCTION = re.compile(r"(?<=\w):[ \t]*\n[ \t]*(?=Assertion\s*[`'\"])")
+_OPEN_CONDITION = re.compile(r"Assertion\s*[`'\"](?![^\n]*failed)")
+
+
+def _unwrap(text: str) -> str:
+    """Device lines a paste wrapped ("..._kernel:\nAssertion `...` failed.", a condition broken
+    over two lines) joined back into one."""
+    text = _WRAPPED_AFTER_FUNCTION.sub(": ", text)
+    lines = text.split("\n")
+    out: list[str] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        joined = 0
+        while joined < 2 and index + 1 < len(lines) and _OPEN_CONDITION.search(line) is not None:
+            index += 1
+            joined += 1
+            line = f"{line.rstrip()} {lines[index].strip()}"
+        out.append(line)
+        index += 1
+    return "\n".join(out)
+
+
 # Thread and block numbers: the only difference between the lines of one site's threads.
 _NUMBERS = re.compile(r"\[[\d,\s]*\]")
 
@@ -118,6 +150,10 @@ def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
             if free(match):
                 found.append((match.start(), _key(match, ""), match.group(0)))
                 taken.append(match.span())
+    if not found and not _HOST_SOURCE.search(line):
+        for match in _NO_BLOCK.finditer(line):
+            found.append((match.start(), _key(match, ""), match.group(0)))
+            taken.append(match.span())
     for match in _LOOSE.finditer(line):
         if free(match):
             found.append((match.start(), (match.group("file"), None, ""), match.group(0)))
@@ -130,6 +166,8 @@ def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
     if "ssert" not in text:  # the common case of a long log: nothing to read
         return ()
     text = normalize(text)
+    if "Assertion" in text:
+        text = _unwrap(text)
     counts: dict[_Site, int] = {}
     first_raw: dict[_Site, str] = {}
     # Thousands of threads print the same site: each distinct line shape is parsed once.

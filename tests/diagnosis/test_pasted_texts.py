@@ -413,3 +413,33 @@ def test_the_assert_at_the_end_of_a_long_pasted_log_is_found():
     text = noise + LOSS_LINE + "\n" + "RuntimeError: " + ASSERT_2_9
     diagnosis = diagnose(text)
     assert diagnosis is not None and diagnosis.cause == "label-out-of-range"
+
+
+# Shapes seen in public write-ups of real failures (issue threads, READMEs, code comments).
+SEEN_IN_WRITE_UPS = {
+    "function and condition only, quotes changed": (
+        "_assert_async_cuda_kernel: ... Assertion 'probability tensor contains either 'inf', "
+        "'nan' or element < 0' failed.\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered"
+    ),
+    "no colon after the line number, backticks lost": (
+        "TensorCompare.cu:109 _assert_async_cuda_kernel: Assertion `probability tensor contains "
+        "either inf, nan or element < 0` failed\n-> torch.AcceleratorError: CUDA error: "
+        "device-side assert triggered"
+    ),
+    "wrapped after the function": (
+        "/pytorch/aten/src/ATen/native/cuda/TensorCompare.cu:112: _assert_async_cuda_kernel:\n"
+        "Assertion `probability tensor contains either `inf`, `nan` or element < 0` failed.\n"
+    ),
+    "condition wrapped over two lines": (
+        "    TensorCompare.cu:109 _assert_async_cuda_kernel: Assertion `probability\n"
+        "    tensor contains either inf, nan or element < 0` failed\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("text", SEEN_IN_WRITE_UPS.values(), ids=SEEN_IN_WRITE_UPS.keys())
+def test_device_lines_as_written_up_name_the_sampling_cause(text):
+    diagnosis = diagnose(text)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == "probability-out-of-range"
