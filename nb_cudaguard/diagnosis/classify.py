@@ -175,6 +175,13 @@ _HEADLINES: tuple[re.Pattern[str], ...] = (
     re.compile(r"\b(?:CUDA|HIP) (?P<text>out of memory)\b"),
 )
 
+# Where an error's headline starts: the line itself, after an exception's class name, after a C++
+# wrapper's "what():".
+_HEADLINE_START = re.compile(
+    r"\s*(?:(?:[\w.]+(?:Error|Exception)|what\(\))\s*:\s*)*"
+    r"(?:CUDA|HIP)(?: driver| runtime)? error\b"
+)
+
 # Sticky texts distinctive enough to trust without any prefix (custom wrappers, NCCL's
 # "Cuda failure 'an illegal memory access was encountered'").
 _BARE_STICKY = re.compile(
@@ -283,6 +290,10 @@ def classify_line(line: str) -> CudaError | None:
             groups = match.groupdict()
             number = groups.get("code") or groups.get("code2")
             found = _lookup(groups["text"], groups.get("name"), int(number) if number else None)
+            if found.name == "cudaError" and found.code is None and not _HEADLINE_START.match(line):
+                # "checking for CUDA error: none" names no error: only an error's own headline
+                # may carry a text no table knows.
+                continue
             return CudaError(found.name, found.code, found.sticky, line.strip())
     named = _NAME.search(line)
     if named and named.group(1) in _BY_NAME:

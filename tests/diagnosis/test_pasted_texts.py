@@ -376,6 +376,7 @@ NEGATIVES = {
     ),
     "cpu sigbus": "Bus error (core dumped): misaligned address at 0x7f00",
     "download failed": "Download failed: connection reset by peer",
+    "a log line about checking": "INFO checking for cuda error: none found after 100 steps",
     "quoted source line": (
         'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\n'
         '    raise ValueError("CUDA error: device-side assert triggered")\nValueError: x'
