@@ -118,7 +118,12 @@ def _unwrap(text: str) -> str:
     while index < len(lines):
         line = lines[index]
         joined = 0
-        while joined < 2 and index + 1 < len(lines) and _OPEN_CONDITION.search(line) is not None:
+        while (
+            joined < 2
+            and index + 1 < len(lines)
+            and "Assertion" in line
+            and ("failed" not in line or _OPEN_CONDITION.search(line) is not None)
+        ):
             index += 1
             joined += 1
             line = f"{line.rstrip()} {lines[index].strip()}"

@@ -113,6 +113,11 @@ _CUT = re.compile(
     r"|(?<![\w.])(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): )",
     re.IGNORECASE,
 )
+# Cheap test that a long line can need cutting (the pattern above costs ~15 us a line).
+_CUT_MARKS = (
+    "rror: ", "xception: ", "asynchronously", "launch_blocking", "torch_use_", "search for",
+    "terminate called", "what():", "driver logged", "device-side assertion",
+)  # fmt: skip
 # PyTorch names the error in its "Search for `cudaErrorAssert' ..." hint: a last resort when the
 # headline was lost.
 _SEARCH_FOR = re.compile(r"Search for .?((?:cuda|hip)Error\w+)")
@@ -132,7 +137,7 @@ def logical_lines(text: str) -> Iterator[tuple[str, bool]]:
             yield line, False
             continue
         source, after_frame = after_frame and line[:1].isspace(), False
-        if len(line) > 100:
+        if len(line) > 100 and any(mark in line.lower() for mark in _CUT_MARKS):
             for part in _CUT.split(line):
                 if part.strip():
                     yield part, source
