@@ -105,7 +105,16 @@ def _key(match: re.Match[str], file: str) -> tuple[str, str | None, str]:
 
 _Site = tuple[str, "str | None", str]
 _WRAPPED_AFTER_FUNCTION = re.compile(r"(?<=\w):[ \t]*\n[ \t]*(?=Assertion\s*[`'\"])")
-_OPEN_CONDITION = re.compile(r"Assertion\s*[`'\"](?![^\n]*failed)")
+_OPENING_QUOTE = re.compile(r"Assertion\s*[`'\"]")
+
+
+def _condition_left_open(line: str) -> bool:
+    """The line's last "Assertion `..." has no "failed" after it: the paste broke the line."""
+    at = line.rfind("Assertion")
+    if at < 0:
+        return False
+    tail = line[at:]
+    return "failed" not in tail and _OPENING_QUOTE.match(tail) is not None
 
 
 def _unwrap(text: str) -> str:
@@ -118,12 +127,7 @@ def _unwrap(text: str) -> str:
     while index < len(lines):
         line = lines[index]
         joined = 0
-        while (
-            joined < 2
-            and index + 1 < len(lines)
-            and "Assertion" in line
-            and ("failed" not in line or _OPEN_CONDITION.search(line) is not None)
-        ):
+        while joined < 2 and index + 1 < len(lines) and _condition_left_open(line):
             index += 1
             joined += 1
             line = f"{line.rstrip()} {lines[index].strip()}"
