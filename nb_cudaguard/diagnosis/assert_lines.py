@@ -170,11 +170,65 @@ def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
     return [(site, raw.strip()) for _start, site, raw in found]
 
 
+# Machine-translated pastes translate the words around the condition; mapped back before parsing
+# (longest first). The condition itself is code and stays as printed.
+TRANSLATED_WORDS: tuple[tuple[str, str], ...] = (
+    ("が失敗しました", " failed"),
+    ("に失敗しました", " failed"),
+    ("失敗しました", "failed"),
+    ("실패했습니다", "failed"),
+    ("не выполнено", "failed"),
+    ("fehlgeschlagen", "failed"),
+    ("a échoué", "failed"),
+    ("échouée", "failed"),
+    ("échoué", "failed"),
+    ("fallida", "failed"),
+    ("falló", "failed"),
+    ("falhou", "failed"),
+    ("失败", "failed"),
+    ("失敗", "failed"),
+    ("실패", "failed"),
+    ("アサーション", "Assertion"),
+    ("Behauptung", "Assertion"),
+    ("Zusicherung", "Assertion"),
+    ("L'assertion", "Assertion"),
+    ("Aserción", "Assertion"),
+    ("aserción", "Assertion"),
+    ("Asserção", "Assertion"),
+    ("Утверждение", "Assertion"),
+    ("утверждение", "Assertion"),
+    ("어설션", "Assertion"),
+    ("断言", "Assertion"),
+    ("ブロック", "block"),
+    ("블록", "block"),
+    ("блок", "block"),
+    ("块", "block"),
+    ("スレッド", "thread"),
+    ("스레드", "thread"),
+    ("поток", "thread"),
+    ("线程", "thread"),
+    ("執行緒", "thread"),
+    ("Block:", "block:"),
+    ("Thread:", "thread:"),
+)
+_ASCII_WORDS = tuple((word, english) for word, english in TRANSLATED_WORDS if word.isascii())
+
+
+def _untranslate(text: str, words: tuple[tuple[str, str], ...] = TRANSLATED_WORDS) -> str:
+    for word, english in words:
+        if word in text:
+            text = text.replace(word, english)
+    return text
+
+
 def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
     """Every distinct assert site in ``text``, in order of first appearance, folded by thread."""
+    if not text.isascii():
+        text = _untranslate(normalize(text))
+    elif "ssert" not in text:
+        text = _untranslate(text, _ASCII_WORDS)
     if "ssert" not in text:  # the common case of a long log: nothing to read
         return ()
-    text = normalize(text)
     if "Assertion" in text:
         text = _unwrap(text)
     counts: dict[_Site, int] = {}

@@ -444,3 +444,25 @@ def test_device_lines_as_written_up_name_the_sampling_cause(text):
     diagnosis = diagnose(text)
     assert diagnosis is not None and diagnosis.sticky
     assert diagnosis.cause == "probability-out-of-range"
+
+
+# Device lines through a machine translation: the words change, the condition (code) does not.
+TRANSLATED_DEVICE_LINES = {
+    "chinese": "Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: 块: [0,0,0], 线程: [1,0,0] "
+    "断言 `t >= 0 && t < n_classes` 失败。",
+    "japanese": "Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: ブロック: [0,0,0], スレッド: "
+    "[1,0,0] アサーション `t >= 0 && t < n_classes` が失敗しました。",
+    "german": "Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: Block: [0,0,0], Thread: "
+    "[1,0,0] Behauptung `t >= 0 && t < n_classes` fehlgeschlagen.",
+    "russian": "Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: блок: [0,0,0], поток: "
+    "[1,0,0] Утверждение `t >= 0 && t < n_classes` не выполнено.",
+}
+
+
+@pytest.mark.parametrize(
+    "text", TRANSLATED_DEVICE_LINES.values(), ids=TRANSLATED_DEVICE_LINES.keys()
+)
+def test_translated_device_lines_name_their_cause(text):
+    diagnosis = diagnose(text)
+    assert diagnosis is not None
+    assert (diagnosis.cause, diagnosis.sticky) == ("label-out-of-range", True)
