@@ -92,8 +92,11 @@ _HOST_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp):\d+:")
 # condition cannot be read. Only CUDA/HIP sources: glibc's own assert prints "file.c:81: ...:
 # Assertion `...' failed." too.
 _LOOSE = re.compile(
-    r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip)):\d+:?(?:[^\n]*?\bAssertion\b[^\n]*?\bfailed"
+    r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip))(?::\d+:?(?:[^\n]*?\bAssertion\b[^\n]*?\bfailed"
     r"|[^\n]*?\bblock: ?\[)"
+    # without its line number: "Assertion failed in Loss.cu" needs both words on the line
+    r"|\b[^\n]*?\bAssertion\b[^\n]*?\bfailed)"
+    r"|\bAssertion\b[^\n]*?\bfailed\b[^\n]*?\b(?P<file2>[^\\/\s:`'\"]+\.(?:cu|cuh|hip))\b"
 )
 
 
@@ -165,7 +168,8 @@ def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
             taken.append(match.span())
     for match in _LOOSE.finditer(line):
         if free(match):
-            found.append((match.start(), (match.group("file"), None, ""), match.group(0)))
+            file = match.group("file") or match.group("file2")
+            found.append((match.start(), (file, None, ""), match.group(0)))
     found.sort(key=lambda item: item[0])
     return [(site, raw.strip()) for _start, site, raw in found]
 

@@ -100,8 +100,15 @@ def test_a_kernel_file_line_with_an_unreadable_condition_is_an_unknown_assert():
     assert (diagnosis.cause, diagnosis.sticky) == ("unknown-assert", True)
 
 
-def test_a_cut_off_line_of_a_known_kernel_is_still_a_sticky_assert():
-    text = "../aten/src/ATen/native/cuda/Loss.cu:242: Assertion ... failed (log truncated)"
+@pytest.mark.parametrize(
+    "text",
+    [
+        "../aten/src/ATen/native/cuda/Loss.cu:242: Assertion ... failed (log truncated)",
+        "got an Assertion failed in Indexing.cu and then the kernel died",
+        "Loss.cu Assertion `t >= 0 && t < n_cl... failed",
+    ],
+)
+def test_a_cut_off_line_of_a_known_kernel_is_still_a_sticky_assert(text):
     diagnosis = diagnose(text)
     assert diagnosis is not None and diagnosis.sticky
 
