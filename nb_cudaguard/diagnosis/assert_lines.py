@@ -227,8 +227,9 @@ def _untranslate(text: str, words: tuple[tuple[str, str], ...] = TRANSLATED_WORD
 
 def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
     """Every distinct assert site in ``text``, in order of first appearance, folded by thread."""
+    text = normalize(text)
     if not text.isascii():
-        text = _untranslate(normalize(text))
+        text = _untranslate(text)
     elif "ssert" not in text:
         text = _untranslate(text, _ASCII_WORDS)
     if "ssert" not in text:  # the common case of a long log: nothing to read

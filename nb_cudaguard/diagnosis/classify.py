@@ -14,6 +14,7 @@ dialogs), prefixed (timestamps, ``[rank3]:``), re-quoted, full-width or machine-
 
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -72,8 +73,19 @@ _PUNCTUATION = str.maketrans(
 )
 
 
+# Terminal colours: nbformat keeps them in a traceback's lines, and terminal pastes carry them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Conditions copied from a web page keep their HTML escapes ("t &gt;= 0 &amp;&amp; ...").
+_HTML_ESCAPE = re.compile(r"&(?:gt|lt|amp|quot|#39|#x27|#96);")
+
+
 def normalize(text: str) -> str:
-    """Full-width punctuation, typographic quotes and invisible characters made plain ASCII."""
+    """Terminal colours and HTML escapes removed; full-width punctuation, typographic quotes and
+    invisible characters made plain ASCII."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if "&" in text and _HTML_ESCAPE.search(text):
+        text = html.unescape(text)
     if text.isascii():
         return text
     return unicodedata.normalize("NFKC", text).translate(_PUNCTUATION)

@@ -279,6 +279,8 @@ PASTED = {
     "spanish": "RuntimeError: error de CUDA: se activó la aserción del lado del dispositivo",
     "russian": "RuntimeError: ошибка CUDA: сработало утверждение на стороне устройства",
     "korean": "RuntimeError: CUDA 오류: 장치 측 어설션이 트리거되었습니다",
+    # nbformat keeps a traceback's colours (ipykernel's `traceback` field), so do terminal pastes
+    "ansi colours": "\x1b[0;31mRuntimeError\x1b[0m: CUDA error: device-side assert triggered",
     "only the search hint survived": "...\nSearch for `cudaErrorAssert' in "
     "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.",
 }
@@ -333,6 +335,16 @@ DEVICE_LINES_AS_PASTED = {
             "Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
             "thread: [1,0,0] Assertion `t >= 0 && t < n_classes` failed."
         ),
+        "label-out-of-range",
+    ),
+    "html escapes (copied from a web page)": (
+        "Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], thread: [1,0,0] "
+        "Assertion `t &gt;= 0 &amp;&amp; t &lt; n_classes` failed.",
+        "label-out-of-range",
+    ),
+    "ansi colours": (
+        "\x1b[1;31mLoss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], thread: "
+        "[1,0,0] Assertion `t >= 0 && t < n_classes` failed.\x1b[0m",
         "label-out-of-range",
     ),
     "triton unknown file": (
