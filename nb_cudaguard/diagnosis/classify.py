@@ -215,6 +215,16 @@ _PLAIN_STICKY = re.compile(
     r"|tensor memory not completely freed",
     re.IGNORECASE,
 )
+# Abridged forms of the sticky texts (issue titles, "CUDA error: illegal memory access"), each
+# with its error; trusted on a line that speaks of the GPU, like the plain texts above.
+ABRIDGED_STICKY: tuple[tuple[str, str], ...] = (
+    ("cudaErrorAssert", r"device[- ]?side[- ]assert(?:ion)?s? (?:was )?(?:triggered|failed|hit)"),
+    ("cudaErrorIllegalAddress", r"illegal (?:memory )?access|illegal address"),
+    ("cudaErrorLaunchFailure", r"unspecified launch failure"),
+    ("cudaErrorIllegalInstruction", r"illegal instruction"),
+    ("cudaErrorLaunchTimeout", r"launch timed out"),
+)
+_ABRIDGED = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in ABRIDGED_STICKY)
 _GPU_CONTEXT = re.compile(r"cuda|\bgpu\b|\bhip\b|cupy|triton|nccl|kernel", re.IGNORECASE)
 
 # Machine-translated pastes keep "CUDA" and translate the rest; (error name, translated texts).
@@ -294,6 +304,9 @@ def _lookup(text: str, name: str | None, code: int | None) -> CudaError:
     bare = _BARE_STICKY.search(text)
     if bare:
         return _lookup(bare.group(0), None, None)
+    for abridged, pattern in _ABRIDGED:
+        if pattern.search(text) and "prior launch" not in lowered:
+            return _error(_BY_NAME[abridged], message)
     return CudaError(name or "cudaError", code, False, message)
 
 
@@ -320,6 +333,9 @@ def classify_line(line: str) -> CudaError | None:
         found = _lookup(bare.group(0), None, None)
         return CudaError(found.name, found.code, found.sticky, line.strip())
     if _GPU_CONTEXT.search(line):
+        for name, pattern in _ABRIDGED:
+            if pattern.search(line) and "prior launch" not in line.lower():
+                return _error(_BY_NAME[name], line)
         for name, pattern in _TRANSLATED:
             if pattern.search(line):
                 return _error(_BY_NAME[name], line)

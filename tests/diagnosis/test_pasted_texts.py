@@ -281,6 +281,7 @@ PASTED = {
     "korean": "RuntimeError: CUDA 오류: 장치 측 어설션이 트리거되었습니다",
     # nbformat keeps a traceback's colours (ipykernel's `traceback` field), so do terminal pastes
     "ansi colours": "\x1b[0;31mRuntimeError\x1b[0m: CUDA error: device-side assert triggered",
+    "issue title, no hyphen": "CUDA device side assert triggered when fine-tuning on my dataset",
     "only the search hint survived": "...\nSearch for `cudaErrorAssert' in "
     "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.",
 }
@@ -291,6 +292,20 @@ def test_pasted_device_side_asserts_are_sticky_asserts(text):
     diagnosis = diagnose(text)
     assert diagnosis is not None, text
     assert (diagnosis.sticky, diagnosis.error.name) == (True, "cudaErrorAssert")
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("RuntimeError: CUDA error: illegal memory access", "cudaErrorIllegalAddress"),
+        ("[BUG] CUDA illegal memory access in flash attention backward", "cudaErrorIllegalAddress"),
+        ("CUDA error: unspecified launch failure (core dumped)", "cudaErrorLaunchFailure"),
+        ("GPU kernel launch timed out after 2 s (display watchdog)", "cudaErrorLaunchTimeout"),
+    ],
+)
+def test_abridged_sticky_texts_are_sticky(text, name):
+    found = classify_text(text)
+    assert found is not None and (found.name, found.sticky) == (name, True)
 
 
 def test_interleaved_lines_of_two_processes_still_name_the_assert():
@@ -394,6 +409,7 @@ NEGATIVES = {
         "See aten/src/ATen/native/cuda/Loss.cu for the nll_loss kernel."
     ),
     "cpu sigbus": "Bus error (core dumped): misaligned address at 0x7f00",
+    "python illegal instruction": "Illegal instruction (core dumped)",
     "download failed": "Download failed: connection reset by peer",
     "a log line about checking": "INFO checking for cuda error: none found after 100 steps",
     "quoted source line": (
