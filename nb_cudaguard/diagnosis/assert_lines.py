@@ -25,28 +25,50 @@ file name is therefore read as the last path component before ``:<line>:``, neve
 of a line. Path prefixes and line numbers differ per build and release, so only the file name,
 the function and the condition are kept. Lines of many threads interleave; identical sites fold
 into one.
+
+Pasted lines lose parts: the path (``nll_loss_...: block: ...`` with no file: ``file`` is then
+""), the quotes (re-quoted ``'cond'`` or none), the block/thread numbers (``[...]``). A line of a
+known kernel file that says "Assertion" but whose condition cannot be read (cut off, two
+threads' lines interleaved) still counts, with an empty condition.
 """
 
 from __future__ import annotations
 
 import re
 
+from .classify import normalize
 from .model import AssertLine
 
-_FILE = r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|c|py)):(?P<line>\d+): "
+# Pastes drop the colon after the line number ("TensorCompare.cu:109 _assert_async_cuda_kernel").
+_FILE = r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|c|py)|unknown):(?P<line>\d+):? "
+_BLOCK = r"block: ?\[[^\]\n]*\],?\s*thread: ?\[[^\]\n]*\]\s*(?:\.\.\.\s*)?"
+# The condition may contain backticks of its own (`inf`, `nan`): stop at the closing "` failed.";
+# pastes re-quote it ('cond', "cond") or drop the quotes.
+_ASSERTION = r"Assertion\s*[`'\"]?(?P<cond>[^\n]*?)[`'\"]?\s*failed\.?"
 
 _CUDA = re.compile(
     _FILE
     # The function may itself contain ": " (C++ scopes, pretty signatures); Windows prints none.
     + r"(?:(?P<func>[^\n]*?): )?"
-    r"block: \[[\d,\s]*\],\s*thread: \[[\d,\s]*\]\s*"
-    # The condition may contain backticks of its own (`inf`, `nan`): stop at the closing "` failed."
-    r"Assertion `(?P<cond>[^\n]*?)` failed\.?"
+    + _BLOCK
+    + _ASSERTION
 )
 
 # HIP prints "Device-side assertion `cond' failed." (backtick, apostrophe) and no block/thread.
 _HIP = re.compile(
-    _FILE + r"(?:(?P<func>[^\n]*?): )?Device-side assertion `(?P<cond>[^\n]*?)' failed\.?"
+    _FILE
+    + r"(?:(?P<func>[^\n]*?): )?Device-side assertion [`'\"]?(?P<cond>[^\n]*?)[`'\"]? failed\.?"
+)
+
+# CUDA_KERNEL_ASSERT_PRINTF (and _VERBOSE in verbose builds) first prints its own line (c10
+# Macros.h): "[CUDA_KERNEL_ASSERT] <path>:<line>: <func>: block: [..], thread: [..]: Assertion
+# failed: `<cond>`: <message>", then the runtime's usual line for the same site.
+_PRINTF = re.compile(
+    r"\[CUDA_KERNEL_ASSERT\] [^\n]*?"
+    + _FILE
+    + r"(?:(?P<func>[^\n]*?): )?"
+    + r"block: ?\[[^\]\n]*\],?\s*thread: ?\[[^\]\n]*\]:?\s*"
+    r"Assertion failed: `(?P<cond>[^\n]*?)`(?::|$)"
 )
 
 _DSA = re.compile(
@@ -55,22 +77,184 @@ _DSA = re.compile(
     r"(?:\s*Device function containing assertion = (?P<func>[^\n]*))?"
 )
 
-_PATTERNS = (_CUDA, _HIP, _DSA)
+# A line pasted without its path: "nll_loss_forward_..._kernel_2d: block: [...] Assertion ...".
+_NO_FILE = re.compile(r"(?:(?P<func>[A-Za-z_~][\w:<>~]*(?:\(\))?): )?" + _BLOCK + _ASSERTION)
+
+# The kernel function and the condition, without path or block/thread ("_assert_async_cuda_kernel:
+# ... Assertion 'probability tensor ...' failed." in an issue). glibc's own asserts have this
+# shape too ("__pthread_mutex_lock: Assertion ..."): not after a C/C++ path, not a "__" name.
+_NO_BLOCK = re.compile(
+    r"(?<![\w./:])(?P<func>(?!__)[A-Za-z_][\w:<>~]*(?:\(\))?):(?:\s*\.\.\.)?\s*" + _ASSERTION
+)
+_HOST_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp):\d+:")
+
+# A kernel source file's line that says "Assertion ... failed" (or prints a block) but whose
+# condition cannot be read. Only CUDA/HIP sources: glibc's own assert prints "file.c:81: ...:
+# Assertion `...' failed." too.
+_LOOSE = re.compile(
+    r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip))(?::\d+:?(?:[^\n]*?\bAssertion\b[^\n]*?\bfailed"
+    r"|[^\n]*?\bblock: ?\[)"
+    # without its line number: "Assertion failed in Loss.cu" needs both words on the line
+    r"|\b[^\n]*?\bAssertion\b[^\n]*?\bfailed)"
+    r"|\bAssertion\b[^\n]*?\bfailed\b[^\n]*?\b(?P<file2>[^\\/\s:`'\"]+\.(?:cu|cuh|hip))\b"
+)
+
+
+def _key(match: re.Match[str], file: str) -> tuple[str, str | None, str]:
+    groups = match.groupdict()
+    function = (groups.get("func") or "").strip() or None
+    return file, function, (groups.get("cond") or "").strip()
+
+
+_Site = tuple[str, "str | None", str]
+_WRAPPED_AFTER_FUNCTION = re.compile(r"(?<=\w):[ \t]*\n[ \t]*(?=Assertion\s*[`'\"])")
+_OPENING_QUOTE = re.compile(r"Assertion\s*[`'\"]")
+
+
+def _condition_left_open(line: str) -> bool:
+    """The line's last "Assertion `..." has no "failed" after it: the paste broke the line."""
+    at = line.rfind("Assertion")
+    if at < 0:
+        return False
+    tail = line[at:]
+    return "failed" not in tail and _OPENING_QUOTE.match(tail) is not None
+
+
+def _unwrap(text: str) -> str:
+    """Device lines a paste wrapped ("..._kernel:\nAssertion `...` failed.", a condition broken
+    over two lines) joined back into one."""
+    text = _WRAPPED_AFTER_FUNCTION.sub(": ", text)
+    lines = text.split("\n")
+    out: list[str] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        joined = 0
+        while joined < 2 and index + 1 < len(lines) and _condition_left_open(line):
+            index += 1
+            joined += 1
+            line = f"{line.rstrip()} {lines[index].strip()}"
+        out.append(line)
+        index += 1
+    return "\n".join(out)
+
+
+# Thread and block numbers: the only difference between the lines of one site's threads.
+_NUMBERS = re.compile(r"\[[\d,\s]*\]")
+
+
+def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
+    """The assert sites one printed line holds (two when threads' lines ran together)."""
+    found: list[tuple[int, _Site, str]] = []
+    taken: list[tuple[int, int]] = []
+
+    def free(match: re.Match[str]) -> bool:
+        return all(match.end() <= start or match.start() >= end for start, end in taken)
+
+    for pattern in (_PRINTF, _CUDA, _HIP):
+        for match in pattern.finditer(line):
+            if not free(match):
+                continue
+            found.append((match.start(), _key(match, match.group("file")), match.group(0)))
+            taken.append(match.span())
+    if "block" in line:
+        for match in _NO_FILE.finditer(line):
+            if free(match):
+                found.append((match.start(), _key(match, ""), match.group(0)))
+                taken.append(match.span())
+    if not found and not _HOST_SOURCE.search(line):
+        for match in _NO_BLOCK.finditer(line):
+            found.append((match.start(), _key(match, ""), match.group(0)))
+            taken.append(match.span())
+    for match in _LOOSE.finditer(line):
+        if free(match):
+            file = match.group("file") or match.group("file2")
+            found.append((match.start(), (file, None, ""), match.group(0)))
+    found.sort(key=lambda item: item[0])
+    return [(site, raw.strip()) for _start, site, raw in found]
+
+
+# Machine-translated pastes translate the words around the condition; mapped back before parsing
+# (longest first). The condition itself is code and stays as printed.
+TRANSLATED_WORDS: tuple[tuple[str, str], ...] = (
+    ("が失敗しました", " failed"),
+    ("に失敗しました", " failed"),
+    ("失敗しました", "failed"),
+    ("실패했습니다", "failed"),
+    ("не выполнено", "failed"),
+    ("fehlgeschlagen", "failed"),
+    ("a échoué", "failed"),
+    ("échouée", "failed"),
+    ("échoué", "failed"),
+    ("fallida", "failed"),
+    ("falló", "failed"),
+    ("falhou", "failed"),
+    ("失败", "failed"),
+    ("失敗", "failed"),
+    ("실패", "failed"),
+    ("アサーション", "Assertion"),
+    ("Behauptung", "Assertion"),
+    ("Zusicherung", "Assertion"),
+    ("L'assertion", "Assertion"),
+    ("Aserción", "Assertion"),
+    ("aserción", "Assertion"),
+    ("Asserção", "Assertion"),
+    ("Утверждение", "Assertion"),
+    ("утверждение", "Assertion"),
+    ("어설션", "Assertion"),
+    ("断言", "Assertion"),
+    ("ブロック", "block"),
+    ("블록", "block"),
+    ("блок", "block"),
+    ("块", "block"),
+    ("スレッド", "thread"),
+    ("스레드", "thread"),
+    ("поток", "thread"),
+    ("线程", "thread"),
+    ("執行緒", "thread"),
+    ("Block:", "block:"),
+    ("Thread:", "thread:"),
+)
+_ASCII_WORDS = tuple((word, english) for word, english in TRANSLATED_WORDS if word.isascii())
+
+
+def _untranslate(text: str, words: tuple[tuple[str, str], ...] = TRANSLATED_WORDS) -> str:
+    for word, english in words:
+        if word in text:
+            text = text.replace(word, english)
+    return text
 
 
 def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
     """Every distinct assert site in ``text``, in order of first appearance, folded by thread."""
-    found: list[tuple[int, re.Match[str]]] = []
-    for pattern in _PATTERNS:
-        found.extend((match.start(), match) for match in pattern.finditer(text))
-    found.sort(key=lambda item: item[0])
-    counts: dict[tuple[str, str | None, str], int] = {}
-    first_raw: dict[tuple[str, str | None, str], str] = {}
-    for _start, match in found:
-        function = (match.group("func") or "").strip() or None
-        key = (match.group("file"), function, match.group("cond").strip())
-        counts[key] = counts.get(key, 0) + 1
-        first_raw.setdefault(key, match.group(0).strip())
+    text = normalize(text)
+    if not text.isascii():
+        text = _untranslate(text)
+    elif "ssert" not in text:
+        text = _untranslate(text, _ASCII_WORDS)
+    if "ssert" not in text:  # the common case of a long log: nothing to read
+        return ()
+    if "Assertion" in text:
+        text = _unwrap(text)
+    counts: dict[_Site, int] = {}
+    first_raw: dict[_Site, str] = {}
+    # Thousands of threads print the same site: each distinct line shape is parsed once.
+    seen: dict[str, list[tuple[_Site, str]]] = {}
+    for line in text.splitlines():
+        if "ssert" not in line:
+            continue
+        shape = _NUMBERS.sub("[]", line)
+        sites = seen.get(shape)
+        if sites is None:
+            sites = seen[shape] = _sites_in_line(line)
+        for site, raw in sites:
+            counts[site] = counts.get(site, 0) + 1
+            first_raw.setdefault(site, raw)
+    if "GPU assertion failure message" in text:
+        for match in _DSA.finditer(text):
+            site = _key(match, match.group("file"))
+            counts[site] = counts.get(site, 0) + 1
+            first_raw.setdefault(site, match.group(0).strip())
     return tuple(
         AssertLine(
             file=file, function=function, condition=condition, count=count, raw=first_raw[key]

@@ -1,151 +1,175 @@
-"""Recognise CUDA errors in exception texts of every PyTorch era (FIELD_NOTES §1, §2).
+"""Recognise CUDA errors in exception texts of every PyTorch era and in text as people paste it
+(FIELD_NOTES §1, §2, §7).
 
-Classification reads the *headline* of an error, never PyTorch's boilerplate hint: until recently
-"CUDA kernel errors might be asynchronously reported ..." was appended to every CUDA error, out of
-memory included.
+Two rules decide. The error's *headline* names it, never PyTorch's boilerplate hint: until
+recently "CUDA kernel errors might be asynchronously reported ..." was appended to every CUDA
+error, out of memory included. And a poisoned context always wins: a sticky error named anywhere
+in the text (a follow-on cuBLAS error's traceback often quotes the assert further down) makes the
+text sticky, whatever its first line says.
+
+Pasted text is rarely what the program printed: lines get flattened into one (issue titles,
+dialogs), prefixed (timestamps, ``[rank3]:``), re-quoted, full-width or machine-translated.
+``normalize`` and ``logical_lines`` undo what can be undone before any pattern runs.
 """
 
 from __future__ import annotations
 
+import html
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 
+from .error_tables import DRIVER, HIP, HIP_LEGACY_CODES, RUNTIME
 from .model import CudaError
 
-# cudaGetErrorString texts (driver_types.h), lower case:
-# (name, code, legacy code before CUDA 10.1, text, sticky)
-_RUNTIME_ERRORS: tuple[tuple[str, int, int | None, str, bool], ...] = (
-    # Sticky: NVIDIA documents that the process "must be terminated and relaunched".
-    ("cudaErrorAssert", 710, 59, "device-side assert triggered", True),
-    ("cudaErrorIllegalAddress", 700, 77, "an illegal memory access was encountered", True),
-    ("cudaErrorLaunchFailure", 719, 4, "unspecified launch failure", True),
-    ("cudaErrorMisalignedAddress", 716, 74, "misaligned address", True),
-    ("cudaErrorIllegalInstruction", 715, 73, "an illegal instruction was encountered", True),
-    ("cudaErrorHardwareStackError", 714, 72, "hardware stack error", True),
-    (
-        "cudaErrorInvalidAddressSpace",
-        717,
-        75,
-        "operation not supported on global/shared address space",
-        True,
-    ),
-    ("cudaErrorInvalidPc", 718, 76, "invalid program counter", True),
-    ("cudaErrorLaunchTimeout", 702, 6, "the launch timed out and was terminated", True),
-    ("cudaErrorTensorMemoryLeak", 721, None, "tensor memory not completely freed", True),
-    (
-        "cudaErrorContained",
-        226,
-        None,
-        "invalid access of peer gpu memory over nvlink or a hardware error",
-        True,
-    ),
-    (
-        "cudaErrorExternalDevice",
-        911,
-        None,
-        "an async error has occured in external entity outside of cuda",
-        True,
-    ),
-    (
-        "cudaErrorMpsClientTerminated",
-        810,
-        None,
-        "the mps client has been terminated by the server",
-        True,
-    ),
-    # Not sticky: the process can go on.
-    ("cudaErrorMemoryAllocation", 2, None, "out of memory", False),
-    ("cudaErrorInvalidValue", 1, 11, "invalid argument", False),
-    ("cudaErrorInvalidConfiguration", 9, None, "invalid configuration argument", False),
-    ("cudaErrorInvalidDevice", 101, 10, "invalid device ordinal", False),
-    (
-        "cudaErrorNoKernelImageForDevice",
-        209,
-        48,
-        "no kernel image is available for execution on the device",
-        False,
-    ),
-    (
-        "cudaErrorInsufficientDriver",
-        35,
-        None,
-        "cuda driver version is insufficient for cuda runtime version",
-        False,
-    ),
-    ("cudaErrorNoDevice", 100, 38, "no cuda-capable device is detected", False),
-    ("cudaErrorInitializationError", 3, None, "initialization error", False),
-    ("cudaErrorInvalidDeviceFunction", 98, 8, "invalid device function", False),
-    ("cudaErrorLaunchOutOfResources", 701, 7, "too many resources requested for launch", False),
-    (
-        "cudaErrorStreamCaptureUnsupported",
-        900,
-        None,
-        "operation not permitted when stream is capturing",
-        False,
-    ),
-    (
-        "cudaErrorDevicesUnavailable",
-        46,
-        None,
-        "cuda-capable device(s) is/are busy or unavailable",
-        False,
-    ),
-    (
-        "cudaErrorDevicesUnavailable",
-        46,
-        None,
-        "all cuda-capable devices are busy or unavailable",
-        False,
-    ),
-    (
-        "cudaErrorUnsupportedPtxVersion",
-        222,
-        None,
-        "the provided ptx was compiled with an unsupported toolchain",
-        False,
-    ),
-    ("cudaErrorNotSupported", 801, None, "operation not supported", False),
-    ("cudaErrorInvalidResourceHandle", 400, 33, "invalid resource handle", False),
-    (
-        "cudaErrorPeerAccessUnsupported",
-        217,
-        None,
-        "peer access is not supported between these two devices",
-        False,
-    ),
-    ("cudaErrorUnknown", 999, 30, "unknown error", False),
-)
-_BY_NAME = {
-    name: (name, code, legacy, text, sticky) for name, code, legacy, text, sticky in _RUNTIME_ERRORS
-}
+_BY_CODE: dict[int, tuple[str, int, int | None, str, bool]] = {e[1]: e for e in RUNTIME}
+_BY_NAME: dict[str, tuple[str, int, int | None, str, bool]] = {e[0]: e for e in RUNTIME}
+for _name, _code in DRIVER:
+    if _code in _BY_CODE:
+        _BY_NAME.setdefault(_name, _BY_CODE[_code])
+for _name, _code in HIP:
+    _code = HIP_LEGACY_CODES.get(_code, _code)
+    if _code in _BY_CODE:
+        _BY_NAME.setdefault(_name, _BY_CODE[_code])
+# Longest first: "unspecified launch failure in prior launch" is not "unspecified launch failure".
+_BY_TEXT = sorted(((e[3].lower(), e) for e in RUNTIME), key=lambda item: -len(item[0]))
+_LEGACY = {e[2]: e for e in RUNTIME if e[2] is not None}
+
+
+def _error(entry: tuple[str, int, int | None, str, bool], message: str) -> CudaError:
+    return CudaError(entry[0], entry[1], entry[4], message.strip())
 
 
 def error_for_code(code: int) -> CudaError | None:
-    """The runtime error with this current code (the driver API's ``CUresult`` shares the codes
-    of the sticky errors: CUDA_ERROR_ASSERT is 710, CUDA_ERROR_ILLEGAL_ADDRESS 700, ...)."""
-    for name, ecode, _legacy, text, sticky in _RUNTIME_ERRORS:
-        if ecode == code:
-            return CudaError(name, ecode, sticky, text)
-    return None
+    """The runtime error with this code (the driver API's ``CUresult`` and HIP's ``hipError_t``
+    share the codes: 710 is an assert, 700 an illegal address, ...)."""
+    entry = _BY_CODE.get(HIP_LEGACY_CODES.get(code, code))
+    return _error(entry, entry[3]) if entry else None
 
 
-# Lines PyTorch appends to CUDA errors. They mention CUDA but say nothing about which error it was.
-_BOILERPLATE = re.compile(
-    r"CUDA kernel errors might be asynchronously reported"
-    r"|consider passing CUDA_LAUNCH_BLOCKING"
-    r"|Compile with `TORCH_USE_CUDA_DSA`"
-    r"|^\s*Search for `cuda\w+'"
-    r"|The CUDA driver logged these messages"
-    r"|Device-side assertion tracking was not enabled"
-    r"|Device-side assertions were explicitly omitted",
-    re.IGNORECASE,
+# --- normalising pasted text ---------------------------------------------------------------------
+_PUNCTUATION = str.maketrans(
+    {
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201a": "'",
+        "\u201b": "'",
+        "\u2032": "'",
+        "\u00b4": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u201e": '"',
+        "\u00ab": '"',
+        "\u00bb": '"',
+        "\u3002": ".",
+        "\u3001": ",",
+        "\u300c": '"',
+        "\u300d": '"',
+        "\u2026": "...",
+        "\u00a0": " ",
+        "\u200b": None,
+        "\ufeff": None,
+    }
 )
 
-# Headline forms, newest first. Each captures the cudaGetErrorString text as `text`.
+
+# Terminal colours: nbformat keeps them in a traceback's lines, and terminal pastes carry them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Conditions copied from a web page keep their HTML escapes ("t &gt;= 0 &amp;&amp; ...").
+_HTML_ESCAPE = re.compile(r"&(?:gt|lt|amp|quot|#39|#x27|#96);")
+
+
+def normalize(text: str) -> str:
+    """Terminal colours and HTML escapes removed; full-width punctuation, typographic quotes and
+    invisible characters made plain ASCII."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if "&" in text and _HTML_ESCAPE.search(text):
+        text = html.unescape(text)
+    if text.isascii():
+        return text
+    return unicodedata.normalize("NFKC", text).translate(_PUNCTUATION)
+
+
+# Prefixes that loggers and launchers put before each line; stripped before a line is read.
+_LOG_PREFIX = re.compile(
+    r"^(?:\s*(?:"
+    r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"  # ISO time
+    r"|\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"
+    r"|[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]"  # glog
+    r"|\[(?:rank|default|Rank|RANK|worker|GPU)\s*\d+\]:?"  # torchrun [rank3]:, [default0]:
+    r"|(?:rank|Rank)\s*\d+:"
+    r"|\((?:\w+ )?pid=\d+(?:, ip=[\d.]+)?\)"  # Ray
+    r"|\[(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)\]"
+    r"|(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)(?::[\w.]+)?:(?!\w)"  # logging: ERROR:root:
+    r"|\||>+"
+    r")\s*)+"
+)
+
+# PyTorch's boilerplate, which names no error; a flattened paste is cut before each of these.
+_BOILERPLATE_STARTS = (
+    r"CUDA kernel errors might be asynchronously reported",
+    r"HIP kernel errors might be asynchronously reported",
+    r"For debugging consider passing \w+_LAUNCH_BLOCKING",
+    r"Compile with .?TORCH_USE_\w+_DSA.? to enable",
+    r"Search for .?(?:cuda|hip)Error\w+'? in https?://",
+    r"The CUDA driver logged these messages",
+    r"Device-side assertion tracking was not enabled",
+    r"Device-side assertions were explicitly omitted",
+)
+_BOILERPLATE = re.compile("|".join(_BOILERPLATE_STARTS), re.IGNORECASE)
+# Where a flattened line is cut: before boilerplate, before an exception's class name and before
+# the C++ wrappers.
+_CUT = re.compile(
+    r"\s+(?=" + "|".join(_BOILERPLATE_STARTS) + r"|terminate called after throwing|what\(\):"
+    r"|(?<![\w.])(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): )",
+    re.IGNORECASE,
+)
+# Cheap test that a long line can need cutting (the pattern above costs ~15 us a line).
+_CUT_MARKS = (
+    "rror: ", "xception: ", "asynchronously", "launch_blocking", "torch_use_", "search for",
+    "terminate called", "what():", "driver logged", "device-side assertion",
+)  # fmt: skip
+# PyTorch names the error in its "Search for `cudaErrorAssert' ..." hint: a last resort when the
+# headline was lost.
+_SEARCH_FOR = re.compile(r"Search for .?((?:cuda|hip)Error\w+)")
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+
+
+def logical_lines(text: str) -> Iterator[tuple[str, bool]]:
+    """The text's lines, normalised, stripped of log prefixes and cut where they were flattened,
+    each with whether it is the quoted source line of a traceback frame (code, not an error)."""
+    after_frame = False
+    for raw in normalize(text).splitlines():
+        line = _LOG_PREFIX.sub("", raw, count=1) if raw[:1] in "[(|>0123456789EWIFDRrC" else raw
+        if not line.strip():
+            continue
+        if _FRAME.match(line):
+            after_frame = True
+            yield line, False
+            continue
+        source, after_frame = after_frame and line[:1].isspace(), False
+        if len(line) > 100 and any(mark in line.lower() for mark in _CUT_MARKS):
+            for part in _CUT.split(line):
+                if part.strip():
+                    yield part, source
+        else:
+            yield line, source
+
+
+# --- reading one line ----------------------------------------------------------------------------
+_NAME = re.compile(r"\b(cudaError[A-Z]\w*|CUDA_ERROR_[A-Z0-9_]+|hipError[A-Z]\w*)\b")
+_CODE = r"(?:\s*\(\s*(?P<code2>\d{1,4})\s*\))"
+
+# Headline forms; each captures the error's text as `text` (and a name or code where printed).
 _HEADLINES: tuple[re.Pattern[str], ...] = (
-    # 1.5+ (and HIP builds, and the CUDA driver API, and wrappers: what():, NCCL watchdog, Triton).
+    # PyTorch 1.5+, HIP builds, the driver API, custom extensions and attention libraries:
+    # "CUDA error: X", "CUDA Error: X (700)", "CUDA error (/src/flash_api.cpp:12): X",
+    # "CUDA Runtime Error: X", "cuda error: cudaErrorX: X".
     re.compile(
-        r"\b(?:CUDA|HIP)(?: driver)? error: (?:(?P<name>(?:cuda|hip)Error\w+): )?(?P<text>.+)"
+        r"\b(?:CUDA|HIP)(?: driver| runtime| kernel)? error(?: \([^)]*\))?\s*:\s*"
+        r"(?:(?P<name>(?:cuda|hip)Error\w+|CUDA_ERROR_\w+)\b\s*:?\s*)?(?P<text>.*)",
+        re.IGNORECASE,
     ),
     re.compile(r"Triton Error \[(?:CUDA|HIP)\]: (?P<text>.+)"),
     # <= 1.4: "cuda runtime error (59) : device-side assert triggered at /pytorch/aten/...cu:26"
@@ -155,18 +179,83 @@ _HEADLINES: tuple[re.Pattern[str], ...] = (
     # THC: "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=383 error=59 : ..."
     re.compile(r"\bTHCudaCheck FAIL file=\S+ line=\d+ error=(?P<code>\d+) : (?P<text>.+)"),
     # Thrust/CUB: "reduce failed to synchronize: device-side assert triggered",
-    # "merge_sort: failed to synchronize: cudaErrorIllegalAddress: an illegal memory access ..."
-    re.compile(r"\bfailed to synchronize: (?:(?P<name>cudaError\w+): )?(?P<text>.+)"),
+    # "parallel_for failed: cudaErrorIllegalAddress: an illegal memory access was encountered"
+    re.compile(r"\bfailed to synchronize:\s*(?:(?P<name>cudaError\w+):\s*)?(?P<text>.+)"),
+    re.compile(r"\b\w+ failed(?: on \d+\w* step)?:\s*(?P<name>cudaError\w+):\s*(?P<text>.+)"),
+    # The error-checking macro of countless forum answers: "GPUassert: <text> <file> <line>".
+    re.compile(r"\bGPUassert: (?P<text>.+)"),
+    # numba: "CudaAPIError: [700] Call to cuCtxSynchronize results in UNKNOWN_CUDA_ERROR".
+    re.compile(r"\[(?P<code>\d{1,4})\] Call to cu\w+ results in (?P<text>\w+)"),
+    # CUDA samples' checkCudaErrors: "CUDA error at file.cu:12 code=700(cudaErrorIllegalAddress)".
+    re.compile(r"\bCUDA error at \S+ code=(?P<code>\d+)\((?P<text>\w*)\)"),
     # PyTorch's own allocator message for OOM: "CUDA out of memory. Tried to allocate 2.00 GiB ..."
     re.compile(r"\b(?:CUDA|HIP) (?P<text>out of memory)\b"),
 )
 
-# Sticky texts distinctive enough to trust without a "CUDA error:" prefix (custom wrappers).
+# Where an error's headline starts: the line itself, after an exception's class name, after a C++
+# wrapper's "what():".
+_HEADLINE_START = re.compile(
+    r"\s*(?:(?:[\w.]+(?:Error|Exception)|what\(\))\s*:\s*)*"
+    r"(?:CUDA|HIP)(?: driver| runtime)? error\b"
+)
+
+# Sticky texts distinctive enough to trust without any prefix (custom wrappers, NCCL's
+# "Cuda failure 'an illegal memory access was encountered'").
 _BARE_STICKY = re.compile(
-    r"(device-side assert triggered|an illegal memory access was encountered"
-    r"|unspecified launch failure)",
+    r"device-side assert(?:ion)? triggered|an illegal memory access was encountered"
+    r"|unspecified launch failure(?! in prior launch)|an illegal instruction was encountered"
+    r"|the launch timed out and was terminated"
+    r"|operation not supported on global/shared address space",
     re.IGNORECASE,
 )
+# Sticky texts that are too plain alone ("misaligned address" is also a CPU SIGBUS): trusted on
+# a line that speaks of the GPU.
+_PLAIN_STICKY = re.compile(
+    r"misaligned address|hardware stack error|invalid program counter"
+    r"|tensor memory not completely freed",
+    re.IGNORECASE,
+)
+# Abridged forms of the sticky texts (issue titles, "CUDA error: illegal memory access"), each
+# with its error; trusted on a line that speaks of the GPU, like the plain texts above.
+ABRIDGED_STICKY: tuple[tuple[str, str], ...] = (
+    ("cudaErrorAssert", r"device[- ]?side[- ]assert(?:ion)?s? (?:was )?(?:triggered|failed|hit)"),
+    ("cudaErrorIllegalAddress", r"illegal (?:memory )?access|illegal address"),
+    ("cudaErrorLaunchFailure", r"unspecified launch failure"),
+    ("cudaErrorIllegalInstruction", r"illegal instruction"),
+    ("cudaErrorLaunchTimeout", r"launch timed out"),
+)
+_ABRIDGED = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in ABRIDGED_STICKY)
+_GPU_CONTEXT = re.compile(r"cuda|\bgpu\b|\bhip\b|cupy|triton|nccl|kernel", re.IGNORECASE)
+
+# Machine-translated pastes keep "CUDA" and translate the rest; (error name, translated texts).
+TRANSLATED: tuple[tuple[str, str], ...] = (
+    (
+        "cudaErrorAssert",
+        r"设备端断言|设备侧断言|裝置端斷言|設備端斷言|デバイス側(?:の)?(?:アサート|アサーション)"
+        r"|geräteseitige[rn]? (?:Assertion|Zusicherung)"
+        r"|assertion (?:côté|du côté de l')\s*(?:appareil|périphérique|dispositif)"
+        r"|aserci[oó]n (?:del lado del|en el) dispositivo"
+        r"|asser[cç][aã]o (?:do lado do|no) dispositivo|asserzione lato dispositivo"
+        r"|утверждение на стороне устройства|assert на стороне устройства"
+        r"|장치 측 (?:어설션|assert)|디바이스 측 (?:어설션|assert)",
+    ),
+    (
+        "cudaErrorIllegalAddress",
+        r"非法(?:的)?内存访问|非法記憶體存取|不正なメモリアクセス|illegale[rn]? Speicherzugriff"
+        r"|accès (?:à la )?mémoire illégal|acceso (?:a memoria )?ilegal"
+        r"|acceso ilegal a (?:la )?memoria"
+        r"|acesso (?:à memória )?ilegal|acesso ilegal à memória"
+        r"|недопустимый доступ к памяти|незаконный доступ к памяти"
+        r"|잘못된 메모리 (?:액세스|접근)|불법 메모리 (?:액세스|접근)",
+    ),
+    (
+        "cudaErrorLaunchFailure",
+        r"未指定的启动失败|未指定的啟動失敗|不特定の起動エラー|nicht spezifizierter Startfehler"
+        r"|échec de lancement non spécifié|fallo de lanzamiento no especificado"
+        r"|неопределенный сбой запуска|지정되지 않은 실행 실패",
+    ),
+)
+_TRANSLATED = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in TRANSLATED)
 
 # Library errors that follow a poisoned context (FIELD_NOTES §2) or stand on their own.
 _LIBRARY = re.compile(
@@ -174,90 +263,142 @@ _LIBRARY = re.compile(
     r"|cuDNN error: \w+|Creating MTGP constants failed|NCCL error\b.*)"
 )
 
+# Cheap test that a line can name a CUDA error at all: most lines of a long log cannot. Plain
+# substring tests of the lowered line; a regular expression of alternatives costs 10x more.
+_RELEVANT_WORDS = (
+    "cuda", "hip", "gpu", "device", "illegal", "launch", "misaligned", "hardware stack",
+    "program counter", "tensor memory", "synchroniz", "failed", "status_", "mtgp", "nccl",
+)  # fmt: skip
+_TRANSLATED_ANY = re.compile("|".join(p for _n, p in TRANSLATED), re.IGNORECASE)
+
+
+def _relevant(line: str) -> bool:
+    lowered = line.lower()
+    if any(word in lowered for word in _RELEVANT_WORDS):
+        return True
+    return not line.isascii() and _TRANSLATED_ANY.search(line) is not None
+
+
+# A device assert line (assert_lines.py reads those) is no headline; thousands of them are normal.
+_DEVICE_LINE = re.compile(r"block: ?\[[^\]]*\],? ?thread: ?\[[^\]]*\] ?Assertion")
+
 
 def _lookup(text: str, name: str | None, code: int | None) -> CudaError:
-    lowered = text.strip().lower()
+    message = text.strip()
     if name and name in _BY_NAME:
-        entry = _BY_NAME[name]
-        return CudaError(entry[0], entry[1], entry[4], text.strip())
-    for ename, ecode, _legacy, etext, sticky in _RUNTIME_ERRORS:
+        return _error(_BY_NAME[name], message)
+    lowered = message.lower().lstrip("'\"` ")
+    for etext, entry in _BY_TEXT:
         if lowered.startswith(etext):
-            return CudaError(ename, ecode, sticky, text.strip())
-    for ename, ecode, legacy, _etext, sticky in _RUNTIME_ERRORS:
-        if code is not None and code in (ecode, legacy):
-            return CudaError(ename, ecode, sticky, text.strip())
+            return _error(entry, message)
+    named = _NAME.search(message)
+    if named and named.group(1) in _BY_NAME:
+        return _error(_BY_NAME[named.group(1)], message)
+    if code is not None:
+        by_code = _BY_CODE.get(code) or _LEGACY.get(code)
+        if by_code:
+            return _error(by_code, message)
     library = _LIBRARY.search(text)
     if library:
-        return CudaError(library.group("text").split(":")[0].strip(), code, False, text.strip())
-    return CudaError(name or "cudaError", code, False, text.strip())
+        return CudaError(library.group("text").split(":")[0].strip(), code, False, message)
+    bare = _BARE_STICKY.search(text)
+    if bare:
+        return _lookup(bare.group(0), None, None)
+    for abridged, pattern in _ABRIDGED:
+        if pattern.search(text) and "prior launch" not in lowered:
+            return _error(_BY_NAME[abridged], message)
+    return CudaError(name or "cudaError", code, False, message)
 
 
 def classify_line(line: str) -> CudaError | None:
-    """The CUDA error a single line announces, or None."""
-    if _BOILERPLATE.search(line):
+    """The CUDA error a single (logical) line announces, or None."""
+    if not _relevant(line) or _BOILERPLATE.match(line.lstrip()) or _DEVICE_LINE.search(line):
         return None
     for pattern in _HEADLINES:
         match = pattern.search(line)
         if match:
             groups = match.groupdict()
-            code = int(groups["code"]) if groups.get("code") else None
-            error = _lookup(groups["text"], groups.get("name"), code)
-            return CudaError(error.name, error.code, error.sticky, line.strip())
-    bare = _BARE_STICKY.search(line)
+            number = groups.get("code") or groups.get("code2")
+            found = _lookup(groups["text"], groups.get("name"), int(number) if number else None)
+            if found.name == "cudaError" and found.code is None and not _HEADLINE_START.match(line):
+                # "checking for CUDA error: none" names no error: only an error's own headline
+                # may carry a text no table knows.
+                continue
+            return CudaError(found.name, found.code, found.sticky, line.strip())
+    named = _NAME.search(line)
+    if named and named.group(1) in _BY_NAME:
+        return _error(_BY_NAME[named.group(1)], line)
+    bare = _BARE_STICKY.search(line) or (_GPU_CONTEXT.search(line) and _PLAIN_STICKY.search(line))
     if bare:
-        error = _lookup(bare.group(1), None, None)
-        return CudaError(error.name, error.code, error.sticky, line.strip())
+        found = _lookup(bare.group(0), None, None)
+        return CudaError(found.name, found.code, found.sticky, line.strip())
+    if _GPU_CONTEXT.search(line):
+        for name, pattern in _ABRIDGED:
+            if pattern.search(line) and "prior launch" not in line.lower():
+                return _error(_BY_NAME[name], line)
+        for name, pattern in _TRANSLATED:
+            if pattern.search(line):
+                return _error(_BY_NAME[name], line)
     library = _LIBRARY.search(line)
     if library:
         return CudaError(library.group("text").split(":")[0].strip(), None, False, line.strip())
     return None
 
 
-def _headline_candidates(text: str) -> Iterator[str]:
-    for line in text.splitlines():
-        if line.strip():
-            yield line
-
-
-def _embedded_headlines(text: str) -> list[str]:
+def _embedded_headlines(lines: list[tuple[str, bool]]) -> list[str]:
     """The exception lines of tracebacks quoted inside a message.
 
     Errors re-raised from another thread or process quote the original traceback:
     ``nn.DataParallel`` ("Caught RuntimeError in replica 0 on device 0.\nOriginal Traceback ..."),
     DataLoader workers, ``torch.multiprocessing.spawn`` ("-- Process 0 terminated with the
     following error:\nTraceback ..."), Ray. The original error is the first unindented line
-    after the frames; its continuation lines follow it.
+    after the frames; its continuation line follows it.
     """
     headlines: list[str] = []
-    for quoted in text.split("Traceback (most recent call last):")[1:]:
-        lines = [line for line in quoted.splitlines() if line.strip()]
-        for index, line in enumerate(lines):
-            if not line[0].isspace():
-                headlines.extend(lines[index : index + 2])
-                break
+    in_traceback = False
+    for index, (line, _source) in enumerate(lines):
+        if line.lstrip().startswith("Traceback (most recent call last)") or (
+            "Original Traceback" in line
+        ):
+            in_traceback = True
+        elif in_traceback and not line[0].isspace():
+            headlines.extend(text for text, _s in lines[index : index + 2])
+            in_traceback = False
     return headlines
 
 
 def classify_text(text: str, *, first_line_only: bool = False) -> CudaError | None:
     """Classify an error text.
 
-    With ``first_line_only`` (an exception's message), only its first non-blank line counts, plus
-    the ``what():`` line of a C++ ``terminate called ...`` wrapper and the exception line of a
-    traceback quoted in the message. For a log, every line counts. Either way the first sticky
-    error wins over a non-sticky one.
+    With ``first_line_only`` (an exception's message), the *name* of a non-sticky error comes
+    only from its first line, the ``what():`` line of a C++ ``terminate called ...`` wrapper
+    and the exception line of a traceback quoted in the message. For a log, every line counts.
+    Either way a sticky error anywhere (outside quoted source lines and boilerplate) wins.
     """
-    lines = list(_headline_candidates(text))
-    if first_line_only and lines:
-        wrapped = lines[0].startswith("terminate called after throwing")
-        lines = (lines[:2] if wrapped else lines[:1]) + _embedded_headlines(text)
+    lines = list(logical_lines(text))
     first: CudaError | None = None
-    for line in lines:
+    headline: set[str] | None = None
+    if first_line_only and lines:
+        wrapped = lines[0][0].startswith("terminate called after throwing")
+        heads = [t for t, _s in (lines[:2] if wrapped else lines[:1])]
+        headline = {*heads, *_embedded_headlines(lines)}
+    searched: str | None = None
+    for line, source in lines:
+        if source:
+            continue
         error = classify_line(line)
         if error is None:
+            if searched is None:
+                hint = _SEARCH_FOR.search(line)
+                searched = hint.group(1) if hint else None
             continue
         if error.sticky:
             return error
-        first = first or error
+        if headline is None or line in headline:
+            first = first or error
+    if first is None and searched in _BY_NAME:
+        # Only PyTorch's hint survived the paste: it names the error it was printed for.
+        return _error(_BY_NAME[searched], f"Search for `{searched}'")
     return first
 
 
@@ -272,7 +413,12 @@ def exception_chain(error: BaseException) -> Iterable[BaseException]:
 
 
 def classify_exception(error: BaseException) -> CudaError | None:
-    """The CUDA error behind an exception or anything it was raised from."""
+    """The CUDA error behind an exception or anything it was raised from.
+
+    A ``torch.AcceleratorError`` raised from C++ carries the ``cudaError_t`` as ``.error_code``:
+    that code decides first, the text only adds what the code does not know (a sticky error
+    named in the text still wins).
+    """
     found: CudaError | None = None
     for link in exception_chain(error):
         try:
@@ -280,11 +426,17 @@ def classify_exception(error: BaseException) -> CudaError | None:
         except Exception:  # a broken __str__ is the user's, not a CUDA error
             continue
         result = classify_text(message, first_line_only=True)
+        code = getattr(link, "error_code", None)
+        by_code = (
+            error_for_code(code) if isinstance(code, int) and not isinstance(code, bool) else None
+        )
+        if by_code is not None and not (result is not None and result.sticky):
+            headline = message.strip().splitlines()[0] if message.strip() else by_code.message
+            result = CudaError(by_code.name, by_code.code, by_code.sticky, headline)
         if result is None and type(link).__name__ == "OutOfMemoryError":
             result = CudaError("cudaErrorMemoryAllocation", 2, False, message.strip()[:200])
         if result is None:
             continue
-        code = getattr(link, "error_code", None)
         if isinstance(code, int) and result.code is None:
             result = CudaError(result.name, code, result.sticky, result.message)
         if result.sticky:

@@ -153,6 +153,17 @@ def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
     )
 
 
+def _merge(*groups: tuple[AssertLine, ...]) -> tuple[AssertLine, ...]:
+    """Assert lines of several texts, first seen first, the same site counted once per text."""
+    merged: dict[tuple[str, str | None, str], AssertLine] = {}
+    for group in groups:
+        for line in group:
+            key = (line.file, line.function, line.condition)
+            if key not in merged:
+                merged[key] = line
+    return tuple(merged.values())
+
+
 def diagnose(
     error: BaseException | str,
     *,
@@ -165,8 +176,10 @@ def diagnose(
 
     ``error`` is an exception or a text (an error message, a log, a traceback; it may include the
     device assert lines). ``device_output`` is extra text captured from the process's fd 2, where
-    the CUDA runtime prints those lines. Returns None for anything that is not a CUDA error; a
-    CUDA error that leaves the context usable gives ``sticky=False``.
+    the CUDA runtime prints those lines, scoped by the caller to this failure (what was captured
+    since the last cell that succeeded): its assert lines decide the cause, and make a follow-on
+    CUDA error (cuBLAS, cuDNN, ...) the fallout of an assert. Returns None for anything that is
+    not a CUDA error; a CUDA error that leaves the context usable gives ``sticky=False``.
 
     With ``namespace`` (the user's variables) or ``frames`` (local variables of the failing
     frames, innermost first; taken from the exception's traceback when only ``namespace`` is
@@ -182,17 +195,31 @@ def diagnose(
         text = error
     else:
         raise TypeError(f"diagnose() takes an exception or a text, not {type(error).__name__}")
+    own_lines = parse_assert_lines(text)
     if cuda_error is None:
         # Device assert lines alone (a pasted log, a wrapper's message) are a device-side assert
-        # too. Only the error's own text counts: captured output may be from an earlier cell.
-        own_lines = parse_assert_lines(text)
+        # too. Only the error's own text counts here: a Python error is never a CUDA error.
         if not own_lines:
             return None
         cuda_error = CudaError("cudaErrorAssert", 710, True, own_lines[0].raw)
+    device_lines = parse_assert_lines(device_output) if device_output else ()
+    fallout: CudaError | None = None
     if not cuda_error.sticky:
-        return _not_sticky_diagnosis(cuda_error)
-    lines = parse_assert_lines(f"{device_output}\n{text}" if device_output else text)
+        if not (own_lines or device_lines):
+            return _not_sticky_diagnosis(cuda_error)
+        # A poisoned context wins: cuBLAS/cuDNN/MTGP errors and the like under an assert are its
+        # fallout (FIELD_NOTES §7). ``device_output`` is the caller's, scoped to this failure.
+        fallout = cuda_error
+        first = (own_lines or device_lines)[0]
+        cuda_error = CudaError("cudaErrorAssert", 710, True, first.raw)
+    lines = _merge(device_lines, own_lines)
     diagnosis = _sticky_diagnosis(cuda_error, lines)
+    if fallout is not None:
+        diagnosis = replace(
+            diagnosis,
+            explanation=f"{diagnosis.explanation} The error raised (`{fallout.message[:160]}`) "
+            "is fallout of this assert, not its cause.",
+        )
     if namespace is not None or frames is not None:
         diagnosis = _with_evidence(diagnosis, error, frames, namespace)
     if where:

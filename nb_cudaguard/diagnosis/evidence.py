@@ -17,6 +17,11 @@ from typing import Any
 _LABEL_NAMES = ("labels", "label", "targets", "target", "y", "y_true", "yb", "masks", "mask", "gt")
 _ID_NAMES = ("input_ids", "ids", "tokens", "token_ids", "x", "xb", "inputs", "input")
 _PROB_NAMES = ("probs", "preds", "pred", "outputs", "output", "out", "y_pred", "scores", "p")
+# Names that say what a tensor holds. Evidence never blames a tensor for a generic name alone
+# (`x`, `out`, `p` hold anything): only these, and only for values that prove the point.
+_BLAME_ID_NAMES = ("input_ids", "ids", "tokens", "token_ids")
+_DECODER_ID_NAMES = ("decoder_input_ids",)
+_BLAME_PROB_NAMES = ("probs", "probabilities", "preds", "pred", "predictions", "y_pred", "y_hat")
 _MAX_MODULES = 5000
 _HEAD = re.compile(r"classifier|score|head|fc|out|logits|cls", re.IGNORECASE)
 _MAX_NUMEL = 50_000_000
@@ -217,6 +222,10 @@ def _classifier(found: _Found) -> tuple[str, int] | None:
     return candidates[-1] if candidates else None
 
 
+def _encoder_decoder(found: _Found) -> bool:
+    return any(getattr(config, "is_encoder_decoder", False) is True for config in found.configs)
+
+
 def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
     num_labels = _config_attr(found, "num_labels")
     head = _classifier(found)
@@ -227,7 +236,9 @@ def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
     ignore = found.ignore_index if found.ignore_index is not None else -100
     sentences: list[str] = []
     hints: list[str] = []
-    for name, labels in _named(found, _LABEL_NAMES, integer=True):
+    # A seq2seq model's labels are the decoder's token ids: _token_ids reads them.
+    names = [n for n in _LABEL_NAMES if not (_encoder_decoder(found) and n == "labels")]
+    for name, labels in _named(found, names, integer=True):
         bad = labels[((labels < 0) | (labels >= classes)) & (labels != ignore)]
         if bad.numel() == 0:
             continue
@@ -237,13 +248,15 @@ def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
             f"`{name}` contains {shown} but {source} {classes} outputs "
             f"(valid: 0..{classes - 1} or {ignore})."
         )
-        lo, hi = int(labels[labels != ignore].min()), int(labels[labels != ignore].max())
+        kept = labels[labels != ignore]
+        lo, hi = int(kept.min()), int(kept.max())
+        if 255 in values:
+            # Segmentation masks mark "void" pixels 255: ignore_index=255 is the fix.
+            hints.insert(0, "255")
         if lo >= 1 and hi == classes:
             hints.append("1..C")
         if -1 in values or any(v == _config_attr(found, "pad_token_id") for v in values):
             hints.append("-1 or the tokenizer")
-        if 255 in values:
-            hints.append("255")
         if hi >= classes:
             hints.append("fewer outputs")
     if num_labels is not None and head and num_labels != classes:
@@ -253,29 +266,103 @@ def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
     return Evidence(tuple(sentences), _rank(likely, hints))
 
 
-def _token_ids(found: _Found, likely: Sequence[str]) -> Evidence:
-    sentences: list[str] = []
-    hints: list[str] = []
-    vocab = _config_attr(found, "vocab_size")
-    words = max(found.embeddings, key=lambda e: e[1]) if found.embeddings else None
-    size = words[1] if words else vocab
-    tokenizer_len = None
+def _vocabulary(found: _Found) -> int | None:
+    """Rows of the word embedding (the largest), else the config's vocab_size."""
+    words = [e for e in found.embeddings if "position" not in e[0] and "type" not in e[0]]
+    if words:
+        return max(words, key=lambda e: e[1])[1]
+    return _config_attr(found, "vocab_size")
+
+
+def _usable_positions(found: _Found) -> tuple[int, int] | None:
+    """(positions a sequence may use, max_position_embeddings). RoBERTa-style models number
+    positions from ``padding_idx + 1``, so they have ``padding_idx + 1`` fewer than the table."""
+    table = [e for e in found.embeddings if e[0].endswith("position_embeddings")]
+    if table:
+        _name, rows, padding_idx = table[0]
+        offset = padding_idx + 1 if padding_idx is not None and padding_idx >= 0 else 0
+        return rows - offset, rows
+    max_pos = _config_attr(found, "max_position_embeddings")
+    if max_pos is None:
+        return None
+    model_type = str(getattr(found.configs[0], "model_type", "")) if found.configs else ""
+    if model_type in _OFFSET_POSITION_MODELS:
+        pad = _config_attr(found, "pad_token_id")
+        return max_pos - ((pad if pad is not None else 1) + 1), max_pos
+    return max_pos, max_pos
+
+
+# Hugging Face models whose position ids start after the padding index (create_position_ids_
+# from_input_ids): RoBERTa and its descendants.
+_OFFSET_POSITION_MODELS = (
+    "roberta", "xlm-roberta", "camembert", "longformer", "data2vec-text", "xmod", "ibert",
+    "roberta-prelayernorm", "xlm-roberta-xl", "luke", "mpnet", "esm", "markuplm", "layoutlmv3",
+)  # fmt: skip
+
+
+def _tokenizer_length(found: _Found) -> int | None:
     for tokenizer in found.tokenizers:
         try:
-            tokenizer_len = len(tokenizer)
-            break
+            return len(tokenizer)
         except Exception:
             continue
-    added = tokenizer_len is not None and size is not None and tokenizer_len > size
-    if added:
+    return None
+
+
+def _object_mismatches(found: _Found) -> tuple[list[str], list[str]]:
+    """Mismatches between the user's objects, true whatever kernel fired: a tokenizer larger
+    than the embedding, sequences longer than the positions, token types past the table."""
+    sentences: list[str] = []
+    hints: list[str] = []
+    size = _vocabulary(found)
+    tokenizer_len = _tokenizer_length(found)
+    if tokenizer_len is not None and size is not None and tokenizer_len > size:
         sentences.append(
             f"len(tokenizer) is {tokenizer_len} but the embedding has {size} rows: tokens were "
             "added without model.resize_token_embeddings(len(tokenizer))."
         )
         hints.append("token id >=")
-    for name, ids in _named(found, ("input_ids", *_ID_NAMES[1:]), integer=True):
+    positions = _usable_positions(found)
+    if positions is not None:
+        usable, table = positions
+        for name, ids in _named(found, ("input_ids",), integer=True):
+            length = int(ids.shape[-1]) if ids.dim() >= 1 else 0
+            if length > usable:
+                sentences.append(
+                    f"`{name}` has sequence length {length} but max_position_embeddings is "
+                    f"{table}" + (f" ({usable} usable positions)" if usable != table else "") + "."
+                )
+                hints.append("longer than")
+    types = _config_attr(found, "type_vocab_size")
+    for name, tti in _named(found, ("token_type_ids",), integer=True):
+        top = int(tti.max())
+        if types is not None and (top >= types or int(tti.min()) < 0):
+            advice = (
+                "this model has one token type; drop token_type_ids."
+                if types == 1
+                else f"valid token types are 0..{types - 1}."
+            )
+            sentences.append(f"`{name}` contains {top} but type_vocab_size is {types}: {advice}")
+            hints.append("token_type_ids")
+    return sentences, hints
+
+
+def _token_ids(found: _Found, likely: Sequence[str]) -> Evidence:
+    sentences, hints = _object_mismatches(found)
+    size = _vocabulary(found)
+    tokenizer_len = _tokenizer_length(found)
+    added = tokenizer_len is not None and size is not None and tokenizer_len > size
+    names: tuple[str, ...] = (*_BLAME_ID_NAMES, *_DECODER_ID_NAMES)
+    if _encoder_decoder(found):
+        names = (*names, "labels")  # the decoder's targets are token ids of the shared embedding
+    ignore = found.ignore_index if found.ignore_index is not None else -100
+    for name, ids in _named(found, names, integer=True):
         if size is None:
             break
+        if _key(name) == "labels":
+            ids = ids[ids != ignore]
+            if ids.numel() == 0:
+                continue
         top, low = int(ids.max()), int(ids.min())
         if top >= size:
             reason = (
@@ -283,39 +370,27 @@ def _token_ids(found: _Found, likely: Sequence[str]) -> Evidence:
                 if added
                 else ": the tokenizer does not match the model"
             )
-            sentences.append(f"token id {top} in `{name}` >= vocab size {size}{reason}.")
+            shared = (
+                " (the decoder's shared embedding)"
+                if _key(name) != "input_ids" and (_encoder_decoder(found))
+                else ""
+            )
+            sentences.append(f"token id {top} in `{name}` >= vocab size {size}{shared}{reason}.")
             hints.append("token id >=")
         if low < 0:
             sentences.append(f"`{name}` contains the negative id {low}.")
             hints.append("negative index")
-        max_pos = _config_attr(found, "max_position_embeddings")
-        if max_pos is not None and ids.dim() >= 1:
-            length = int(ids.shape[-1])
-            model_type = str(getattr(found.configs[0], "model_type", "")) if found.configs else ""
-            offset = 2 if "roberta" in model_type or model_type == "camembert" else 0
-            if length + offset > max_pos:
-                sentences.append(
-                    f"`{name}` has sequence length {length} but max_position_embeddings is "
-                    f"{max_pos}"
-                    + (f" ({max_pos - offset} usable positions)" if offset else "")
-                    + "."
-                )
-                hints.append("longer than")
-    types = _config_attr(found, "type_vocab_size")
-    for name, tti in _named(found, ("token_type_ids",), integer=True):
-        if types is not None and int(tti.max()) >= types:
-            sentences.append(
-                f"`{name}` contains {int(tti.max())} but type_vocab_size is {types}: this model "
-                "has one token type; drop token_type_ids."
-            )
-            hints.append("token_type_ids")
     return Evidence(tuple(sentences), _rank(likely, hints))
 
 
 def _bce(found: _Found, likely: Sequence[str], *, target: bool) -> Evidence:
     sentences: list[str] = []
     hints: list[str] = []
-    names = _LABEL_NAMES if target else _PROB_NAMES
+    names = _LABEL_NAMES if target else _BLAME_PROB_NAMES
+    if not target and found.bce_loss:
+        # With an nn.BCELoss in scope, a model's outputs are what it is fed (still never `out`
+        # or `p` alone: too many things are called that).
+        names = (*names, "outputs", "output", "scores", "logits")
     for name, tensor in _named(found, names, integer=False):
         nan = bool(tensor.isnan().any())
         values = tensor[~tensor.isnan()]
@@ -349,7 +424,7 @@ def _sampling(found: _Found, likely: Sequence[str]) -> Evidence:
     if found.half_model:
         sentences.append("The model's parameters are float16: logits can overflow to inf/NaN.")
         hints.append("fp16")
-    for name, tensor in _named(found, ("logits", *_PROB_NAMES), integer=False):
+    for name, tensor in _named(found, ("logits", *_BLAME_PROB_NAMES), integer=False):
         if bool((~tensor.isfinite()).any()):
             sentences.append(f"`{name}` contains NaN or inf.")
             hints.append("NaN")
@@ -359,6 +434,9 @@ def _sampling(found: _Found, likely: Sequence[str]) -> Evidence:
     return Evidence(tuple(sentences), _rank(likely, hints))
 
 
+_TOKEN_OPS = ("embedding", "inductor-index", "index", "gather")
+
+
 def gather_evidence(
     op: str,
     likely: Sequence[str],
@@ -366,19 +444,35 @@ def gather_evidence(
     frames: Sequence[Mapping[str, Any]] = (),
     namespace: Mapping[str, Any] | None = None,
 ) -> Evidence:
-    """Sentences and a ranking of ``likely`` for the assert family ``op`` (see Rule.op)."""
+    """Sentences and a ranking of ``likely`` for the assert family ``op`` (see Rule.op).
+
+    The family's own checks rank its causes; mismatches between the user's objects (tokenizer
+    vs embedding, sequence vs positions, token types, labels vs the classifier) are reported
+    whatever kernel fired: RoBERTa's positions overflow in a gather, a label in a loss.
+    """
     if not frames and namespace is None:
         return Evidence((), tuple(likely))
     try:
         found = collect(frames, namespace)
+        own = Evidence((), tuple(likely))
         if op == "class-target":
-            return _labels(found, likely)
-        if op in ("embedding", "inductor-index", "index"):
-            return _token_ids(found, likely)
-        if op in ("bce-input", "bce-target"):
-            return _bce(found, likely, target=op == "bce-target")
-        if op in ("multinomial", "bernoulli"):
-            return _sampling(found, likely)
+            own = _labels(found, likely)
+        elif op in _TOKEN_OPS:
+            own = _token_ids(found, likely)
+        elif op in ("bce-input", "bce-target"):
+            own = _bce(found, likely, target=op == "bce-target")
+        elif op in ("multinomial", "bernoulli"):
+            own = _sampling(found, likely)
+        if op == "internal":
+            return own
+        sentences = list(own.sentences)
+        extra = (
+            _object_mismatches(found)[0],
+            [] if op == "class-target" else list(_labels(found, ()).sentences),
+        )
+        for group in extra:
+            sentences.extend(s for s in group if s not in sentences)
+        return Evidence(tuple(sentences), own.ranked_causes)
     except Exception:  # evidence is a bonus: never let it cost the diagnosis
         pass
     return Evidence((), tuple(likely))

@@ -38,6 +38,7 @@ class Rule:
     # Kernel function names (glob patterns) that identify the family when a line prints no
     # readable condition (``torch._assert_async`` without a message prints an empty one).
     functions: tuple[str, ...] = ()
+    file_only: bool = False  # the condition is too generic to match without the file name
     _compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -54,14 +55,28 @@ class Rule:
                 return True
         return False
 
+    @property
+    def needs_file(self) -> bool:
+        """A rule whose condition says too little alone ("." for "anything in this file") cannot
+        match a line pasted without its file name."""
+        return self.file_only or self.condition in (".", "")
+
     def matches(self, line: AssertLine) -> bool:
-        if not self.matches_file(line.file):
+        """By the condition (or message) the line prints, in a file of this rule; a line without
+        a file name matches on its condition alone."""
+        if line.file:
+            if not self.matches_file(line.file):
+                return False
+        elif self.needs_file:
             return False
-        if line.condition.strip():
-            return self._compiled.search(line.condition) is not None
-        return line.function is not None and any(
-            fnmatch.fnmatchcase(line.function, pattern) for pattern in self.functions
-        )
+        return bool(line.condition.strip()) and self._compiled.search(line.condition) is not None
+
+    def matches_function(self, line: AssertLine) -> bool:
+        """By the kernel function, for a line whose condition is unreadable or unknown: empty
+        (``torch._assert_async`` without a message), cut off, or interleaved with another."""
+        if line.function is None or (line.file and not self.matches_file(line.file)):
+            return False
+        return any(fnmatch.fnmatchcase(line.function, pattern) for pattern in self.functions)
 
 
 # --- shared words -------------------------------------------------------------------------------
@@ -145,8 +160,22 @@ RULES: tuple[Rule, ...] = (
         cause="pytorch-internal",
         files=(),
         condition=r"\b(?:blockDim|gridDim|threadIdx|warpSize|C10_WARP_SIZE|sizeof)\b"
-        r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath",
+        r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath"
+        # host-side property lookups and TensorIterator arity (MultinomialKernel, MemoryAccess)
+        r"|\bprops\s*!=\s*(?:NULL|nullptr)|\biter\.n(?:in|out)puts\(\)",
         source="kernel launch invariants across aten/src/ATen/native/cuda",
+        title=_INTERNAL_TITLE,
+        explanation=_INTERNAL_EXPLANATION,
+        likely_causes=_INTERNAL_CAUSES,
+        fixes=_INTERNAL_FIXES,
+        op="internal",
+    ),
+    Rule(
+        cause="pytorch-internal",
+        files=("Loss.cu",),
+        # nll_loss backward guards its own int64 offset arithmetic against overflow.
+        condition=r"^\s*index\s*>=\s*0\s*$",
+        source="aten/src/ATen/native/cuda/Loss.cu (nll_loss_backward_reduce_cuda_kernel_2d)",
         title=_INTERNAL_TITLE,
         explanation=_INTERNAL_EXPLANATION,
         likely_causes=_INTERNAL_CAUSES,
@@ -176,6 +205,12 @@ RULES: tuple[Rule, ...] = (
         likely_causes=_LABEL_CAUSES,
         fixes=_LABEL_FIXES,
         op="class-target",
+        functions=(
+            "nll_loss*",
+            "cunn_ClassNLLCriterion*",
+            "cunn_SpatialClassNLLCriterion*",
+            "*ClassNLLCriterion*",
+        ),
     ),
     Rule(
         cause="label-out-of-range",
@@ -196,6 +231,13 @@ RULES: tuple[Rule, ...] = (
         likely_causes=_LABEL_CAUSES[:2],
         fixes=_LABEL_FIXES[:2],
         op="class-target",
+        functions=(
+            "MultiMarginLoss_*",
+            "MultilabelMarginLoss_*",
+            "multilabel_margin*",
+            "cunn_MultiMarginCriterion*",
+            "cunn_MultiLabelMarginCriterion*",
+        ),
     ),
     # --- binary cross entropy ---------------------------------------------------------------------
     Rule(
@@ -271,6 +313,15 @@ RULES: tuple[Rule, ...] = (
         likely_causes=_INDEX_CAUSES,
         fixes=_INDEX_FIXES,
         op="embedding",
+        functions=(
+            "indexSelectSmallIndex",
+            "indexSelectLargeIndex",
+            "vectorized_gather_kernel*",
+            "EmbeddingBag_*",
+            "embedding_backward*",
+            "embedding_bag*",
+            "cunn_LookupTable*",
+        ),
     ),
     Rule(
         cause="index-out-of-range",
@@ -290,6 +341,7 @@ RULES: tuple[Rule, ...] = (
         ),
         fixes=("Check on CPU: `assert 0 <= index.min() and index.max() < dest.shape[dim]`.",),
         op="index",
+        functions=("indexFuncSmallIndex", "indexFuncLargeIndex", "index_copy*", "index_fill*"),
     ),
     Rule(
         cause="index-out-of-range",
@@ -337,6 +389,26 @@ RULES: tuple[Rule, ...] = (
         ),
         op="masked-scatter",
     ),
+    Rule(
+        cause="size-mismatch",
+        files=("EmbeddingBag.cu", "LookupTableBag.cu"),
+        condition=r"\bend\s*>=\s*begin\b",
+        source="aten/src/ATen/native/cuda/EmbeddingBag.cu (EmbeddingBag_updateOutputKernel_*)",
+        title="embedding_bag got offsets that decrease",
+        explanation=(
+            "nn.EmbeddingBag / F.embedding_bag reads bag i from offsets[i] to offsets[i+1]; an "
+            "offset smaller than the one before it makes a bag end before it begins."
+        ),
+        likely_causes=(
+            "offsets that are not a running sum of bag lengths (lengths passed as offsets)",
+            "offsets of another batch, or not sorted after the bags were shuffled",
+        ),
+        fixes=(
+            "Build offsets on CPU: `offsets = torch.cat([torch.zeros(1, dtype=torch.long), "
+            "lengths.cumsum(0)[:-1]])` and check `(offsets.diff() >= 0).all()`.",
+        ),
+        op="embedding-bag-offsets",
+    ),
     # --- gather / scatter -------------------------------------------------------------------------
     Rule(
         cause="index-out-of-range",
@@ -354,6 +426,11 @@ RULES: tuple[Rule, ...] = (
         likely_causes=_GATHER_CAUSES,
         fixes=_GATHER_FIXES,
         op="gather",
+        functions=(
+            "_scatter_gather_elementwise_kernel*",
+            "*scatter_gather*",
+            "vectorized_scatter*",
+        ),
     ),
     # --- sampling ---------------------------------------------------------------------------------
     Rule(
@@ -395,7 +472,7 @@ RULES: tuple[Rule, ...] = (
             "THCTensorRandom.cu",
             "Multinomial.cu",
         ),
-        condition=r"val\s*>=\s*zero|!\s*\(\s*val\s*<\s*zero\s*\)|ge\(val,\s*zero\)"
+        condition=r"val\s*>=\s*zero|!\s*\(\s*val\s*<\s*zero\s*\)|ge\(val,\s*zero\)|lt\(val,\s*zero\)"
         r"|sum\s*>\s*(?:acc)?[Zz]ero|cumdist\[size\s*-\s*1\]\s*>",
         source="aten/src/ATen/native/cuda/MultinomialKernel.cu (renormRows, "
         "sampleMultinomialOnce, binarySearchForMultinomial)",
@@ -413,6 +490,12 @@ RULES: tuple[Rule, ...] = (
             *_PROB_NAN_FIXES[1:],
         ),
         op="multinomial",
+        functions=(
+            "sampleMultinomialOnce*",
+            "renormRows*",
+            "sampleMultinomialWithReplacement*",
+            "multinomial*",
+        ),
     ),
     Rule(
         cause="probability-out-of-range",
@@ -432,6 +515,7 @@ RULES: tuple[Rule, ...] = (
         ),
         fixes=(_RANDOM_FIX, "Use `torch.sigmoid(scores)` to turn scores into probabilities."),
         op="bernoulli",
+        functions=("bernoulli*",),
     ),
     Rule(
         cause="probability-out-of-range",
@@ -477,6 +561,7 @@ RULES: tuple[Rule, ...] = (
         likely_causes=("`output_size` computed from another tensor than `repeats`",),
         fixes=("Check on CPU: `assert (repeats >= 0).all() and repeats.sum() == output_size`.",),
         op="repeat-interleave",
+        functions=("compute_cuda_kernel*",),
     ),
     Rule(
         cause="size-mismatch",
@@ -493,11 +578,13 @@ RULES: tuple[Rule, ...] = (
             "Check on CPU: `assert (lengths >= 0).all() and lengths.sum() == data.shape[axis]`.",
         ),
         op="segment-reduce",
+        functions=("segment_reduce*", "post_sum_div_kernel*"),
     ),
     Rule(
         cause="index-out-of-range",
         files=("MaxUnpooling.cu", "SpatialMaxUnpooling.cu", "VolumetricMaxUnpooling.cu"),
         condition=r"maxind|index|<",
+        file_only=True,
         source="aten/src/ATen/native/cuda/MaxUnpooling.cu (max_unpool2d/3d)",
         title="max_unpool got an index outside the output",
         explanation=(
@@ -510,6 +597,7 @@ RULES: tuple[Rule, ...] = (
         ),
         fixes=("Pass `output_size=x.shape` of the tensor that was pooled, and its own indices.",),
         op="max-unpool",
+        functions=("max_unpooling*",),
     ),
     Rule(
         cause="nan-detected",
@@ -534,6 +622,7 @@ RULES: tuple[Rule, ...] = (
         cause="index-out-of-range",
         files=("FractionalMaxPool2d.cu", "FractionalMaxPool3d.cu"),
         condition=r"index|<",
+        file_only=True,
         source="aten/src/ATen/native/cuda/FractionalMaxPool2d.cu / 3d.cu (backward)",
         title="fractional_max_pool backward got an index outside the input",
         explanation="The indices given to fractional_max_pool's backward point outside the input.",
@@ -545,7 +634,8 @@ RULES: tuple[Rule, ...] = (
         cause="size-mismatch",
         files=(),
         condition=r"expected (?:gemm dimension|ofsets|offsets) to be greater or equal 0"
-        r"|expected input tensor dynamic dimension byte size",
+        r"|expected (?:input|output) tensor dynamic dimension byte size"
+        r"|expected offset to be less than tensor size",
         source="aten/src/ATen/native/cuda/GroupMMCommon.cuh (torch._grouped_mm offsets)",
         title="grouped matmul got bad group offsets",
         explanation=(
@@ -601,6 +691,7 @@ RULES: tuple[Rule, ...] = (
         cause="nan-detected",
         files=("NanCheck.cu",),
         condition=r"isnan|nan",
+        file_only=True,
         source="torch/csrc/distributed/c10d/NanCheck.cu (TORCH_NCCL_NAN_CHECK)",
         title="NCCL NaN check: a collective's input contains NaN",
         explanation=(
@@ -620,7 +711,8 @@ RULES: tuple[Rule, ...] = (
     # --- compiled code ----------------------------------------------------------------------------
     Rule(
         cause="index-out-of-range",
-        files=("*.py",),
+        # Triton may print the file as "unknown:0: unknown: block: ...".
+        files=("*.py", "unknown"),
         condition=r"index out of bounds: 0 <= tmp\d+ < \S+",
         source="torch/_inductor (the bounds check torch.compile adds to generated Triton kernels)",
         title="An index is out of range in a torch.compile'd kernel",
@@ -638,7 +730,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="user-assert",
-        files=("*.py",),
+        files=("*.py", "unknown"),
         condition=r".",
         source="a Triton kernel's tl.device_assert",
         title="A Triton kernel's device assert failed",
@@ -702,18 +794,22 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def match_rules(lines: Sequence[AssertLine]) -> tuple[Rule, AssertLine] | None:
-    """The first rule matching any of the assert lines, in the order the lines were printed."""
-    for line in lines:
-        for rule in RULES:
-            if rule.matches(line):
-                return rule, line
-    return None
-
-
 def rule_for(line: AssertLine) -> Rule | None:
-    """The rule for one assert line, or None when no rule knows it."""
+    """The rule for one assert line, or None when no rule knows it: by its condition first,
+    then by its kernel function."""
     for rule in RULES:
         if rule.matches(line):
             return rule
+    for rule in RULES:
+        if rule.matches_function(line):
+            return rule
+    return None
+
+
+def match_rules(lines: Sequence[AssertLine]) -> tuple[Rule, AssertLine] | None:
+    """The first rule matching any of the assert lines, in the order the lines were printed."""
+    for line in lines:
+        rule = rule_for(line)
+        if rule is not None:
+            return rule, line
     return None

@@ -132,3 +132,36 @@ def test_path_prefix_and_line_number_do_not_change_the_site():
 
 def test_text_without_assert_lines_gives_nothing():
     assert parse_assert_lines("RuntimeError: CUDA error: device-side assert triggered\n") == ()
+
+
+def test_printf_assert_line_and_the_runtime_line_fold_into_one_site():
+    # CUDA_KERNEL_ASSERT_PRINTF (c10 Macros.h) prints its own line, then __assert_fail's.
+    text = (
+        "[CUDA_KERNEL_ASSERT] /pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: "
+        "vectorized_gather_kernel: block: [3,0,0], thread: [0,0,0]: Assertion failed: "
+        '`ind >=0 && ind < ind_dim_size && "vectorized gather kernel index out of bounds"`: '
+        "Expected 0 <= index < ind_dim_size(10), but got index = 12\n"
+        "/pytorch/aten/src/ATen/native/cuda/IndexKernelUtils.cu:16: vectorized_gather_kernel: "
+        "block: [3,0,0], thread: [0,0,0] Assertion `ind >=0 && ind < ind_dim_size && "
+        '"vectorized gather kernel index out of bounds"` failed.\n'
+    )
+    (line,) = parse_assert_lines(text)
+    assert (line.file, line.function, line.count) == (
+        "IndexKernelUtils.cu",
+        "vectorized_gather_kernel",
+        2,
+    )
+    assert line.condition.startswith("ind >=0 && ind < ind_dim_size")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # glibc's own assert has the same shape as a device line without block/thread
+        "python: ../nptl/pthread_mutex_lock.c:81: __pthread_mutex_lock: Assertion "
+        "`mutex->__data.__owner == 0' failed.",
+        "See aten/src/ATen/native/cuda/Loss.cu for the nll_loss kernel.",
+    ],
+)
+def test_texts_that_only_look_like_device_lines_give_none(text):
+    assert parse_assert_lines(text) == ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import UserDict
 from dataclasses import dataclass
 
 import pytest
@@ -226,3 +227,133 @@ def test_unknown_assert_without_device_lines_still_reports_found_evidence():
     d = diagnose(HEADLINE, namespace={"model": model, "labels": torch.tensor([0, 2])})
     assert d.cause == "unknown-assert"
     assert any("`labels` contains 2" in s for s in d.evidence)
+
+
+# --- evidence follows the objects, not the kernel family (issue 9, item 5) ----------------------
+GATHER = device_line(
+    "ScatterGatherKernel.cu",
+    'idx_dim >= 0 && idx_dim < index_size && "scatter gather kernel index out of bounds"',
+)
+
+
+class TinyRobertaEmbeddings(nn.Module):
+    """Like transformers' RobertaEmbeddings: positions numbered from padding_idx + 1."""
+
+    def __init__(self, rows: int = 18, pad: int = 1) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(100, 8, padding_idx=pad)
+        self.position_embeddings = nn.Embedding(rows, 8, padding_idx=pad)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_named_whatever_kernel_fired():
+    model = TinyBert(TinyBertConfig(vocab_size=100))
+    ns = {"model": model, "tokenizer": TinyTokenizer(103), "labels": torch.tensor([0, 1])}
+    d = diagnose(HEADLINE, device_output=NLL, namespace=ns)
+    assert d.cause == "label-out-of-range"
+    assert any("len(tokenizer) is 103 but the embedding has 100 rows" in s for s in d.evidence)
+
+
+def test_roberta_style_positions_count_the_padding_offset():
+    model = nn.Module()
+    model.embeddings = TinyRobertaEmbeddings(rows=18, pad=1)
+    input_ids = torch.ones(1, 17, dtype=torch.long)  # 17 > 16 usable, though < 18 rows
+    d = diagnose(HEADLINE, device_output=GATHER, namespace={"model": model, "input_ids": input_ids})
+    assert any(
+        "sequence length 17 but max_position_embeddings is 18 (16 usable positions)" in s
+        for s in d.evidence
+    )
+    assert "longer than" in d.likely_causes[0] or d.cause == "index-out-of-range"
+
+
+def test_a_sequence_that_fits_the_usable_positions_gives_no_sentence():
+    model = nn.Module()
+    model.embeddings = TinyRobertaEmbeddings(rows=18, pad=1)
+    input_ids = torch.ones(1, 16, dtype=torch.long)
+    d = diagnose(HEADLINE, device_output=GATHER, namespace={"model": model, "input_ids": input_ids})
+    assert not any("sequence length" in s for s in d.evidence)
+
+
+@dataclass
+class TinyT5Config:
+    vocab_size: int = 100
+    is_encoder_decoder: bool = True
+    model_type: str = "t5"
+
+
+class TinyT5(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = TinyT5Config()
+        self.shared = nn.Embedding(100, 8)
+        self.lm_head = nn.Linear(8, 100, bias=False)
+
+
+def test_seq2seq_labels_are_read_as_decoder_token_ids_against_the_shared_embedding():
+    labels = torch.tensor([[5, 100, -100, -100]])
+    d = diagnose(
+        HEADLINE, device_output=INDEX_SELECT, namespace={"model": TinyT5(), "labels": labels}
+    )
+    text = " ".join(d.evidence)
+    assert "token id 100 in `labels` >= vocab size 100 (the decoder's shared embedding)" in text
+    assert "classifier" not in text
+
+
+def test_decoder_input_ids_past_the_shared_embedding_are_named():
+    batch = {"decoder_input_ids": torch.tensor([[0, 7, 120]])}
+    d = diagnose(
+        HEADLINE, device_output=INDEX_SELECT, namespace={"model": TinyT5(), "batch": batch}
+    )
+    assert any("token id 120 in `batch['decoder_input_ids']`" in s for s in d.evidence)
+
+
+@pytest.mark.parametrize(
+    ("types", "value", "words"),
+    [
+        (1, 1, "this model has one token type; drop token_type_ids"),
+        (2, 2, "valid token types are 0..1"),
+    ],
+)
+def test_token_type_ids_are_worded_for_every_type_vocab_size(types, value, words):
+    model = TinyBert(TinyBertConfig(type_vocab_size=types))
+    batch = {
+        "input_ids": torch.tensor([[0, 5, 2]]),
+        "token_type_ids": torch.tensor([[0, 0, value]]),
+    }
+    d = diagnose(HEADLINE, device_output=INDEX_SELECT, namespace={"model": model, "batch": batch})
+    assert any(f"contains {value} but type_vocab_size is {types}: {words}" in s for s in d.evidence)
+
+
+def test_void_255_ranks_first_even_when_other_labels_are_too_large():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 3, 1))
+    model.classifier = nn.Conv2d(4, 3, 1)
+    masks = torch.tensor([[[0, 2, 255], [3, 1, 255]]])
+    d = diagnose(HEADLINE, device_output=NLL, namespace={"model": model, "masks": masks})
+    assert "255" in d.likely_causes[0] and "ignore_index=255" in " ".join(d.fixes)
+
+
+class BatchEncoding(UserDict):  # what Hugging Face collators return: a UserDict, not a dict
+    pass
+
+
+def test_hugging_face_collator_batches_are_read():
+    model = TinyBert(TinyBertConfig(vocab_size=100))
+    batch = BatchEncoding(input_ids=torch.tensor([[1, 150]]), attention_mask=torch.ones(1, 2))
+    d = diagnose(HEADLINE, device_output=INDEX_SELECT, namespace={"model": model, "batch": batch})
+    assert any("token id 150 in `batch['input_ids']` >= vocab size 100" in s for s in d.evidence)
+
+
+@pytest.mark.parametrize(
+    ("line", "ns"),
+    [
+        (INDEX_SELECT, {"x": torch.tensor([[5, 500]])}),
+        (INDEX_SELECT, {"inputs": torch.tensor([[5, 500]])}),
+        (BCE, {"out": torch.tensor([2.0, -1.0])}),
+        (BCE, {"p": torch.tensor([float("nan")])}),
+    ],
+    ids=["x", "inputs", "out", "p"],
+)
+def test_a_tensor_is_never_blamed_for_a_generic_name_alone(line, ns):
+    model = TinyBert(TinyBertConfig(vocab_size=100))
+    d = diagnose(HEADLINE, device_output=line, namespace={"model": model, **ns})
+    name = next(iter(ns))
+    assert not any(f"`{name}`" in s for s in d.evidence)
