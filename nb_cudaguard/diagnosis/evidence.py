@@ -365,11 +365,13 @@ def _token_ids(found: _Found, likely: Sequence[str]) -> Evidence:
                 continue
         top, low = int(ids.max()), int(ids.min())
         if top >= size:
-            reason = (
-                ": tokens were added without model.resize_token_embeddings(len(tokenizer))"
-                if added
-                else ": the tokenizer does not match the model"
-            )
+            # Blame a tokenizer only where one was found: most notebooks index by hand.
+            if added:
+                reason = ": tokens were added without model.resize_token_embeddings(len(tokenizer))"
+            elif tokenizer_len is not None:
+                reason = f": the tokenizer (len {tokenizer_len}) does not match the model"
+            else:
+                reason = ""
             shared = (
                 " (the decoder's shared embedding)"
                 if _key(name) != "input_ids" and (_encoder_decoder(found))

@@ -146,6 +146,26 @@ def test_added_tokens_without_resize_are_named():
     assert d.likely_causes[0].startswith("a token id >=")
 
 
+def test_an_id_past_the_embedding_blames_no_tokenizer_where_there_is_none():
+    # As on the GPU (catalogue case embedding-id-too-large-short): a bare nn.Embedding.
+    emb = nn.Embedding(10, 4)
+    d = diagnose(
+        HEADLINE,
+        device_output=INDEX_SELECT,
+        namespace={"emb": emb, "input_ids": torch.tensor([[1, 2, 10]])},
+    )
+    assert d.evidence == ("token id 10 in `input_ids` >= vocab size 10.",)
+    d = diagnose(
+        HEADLINE,
+        device_output=INDEX_SELECT,
+        namespace={"emb": emb, "tokenizer": TinyTokenizer(8), "input_ids": torch.tensor([[10]])},
+    )
+    assert d.evidence == (
+        "token id 10 in `input_ids` >= vocab size 10: the tokenizer (len 8) does not match the "
+        "model.",
+    )
+
+
 def test_sequence_longer_than_max_position_embeddings_is_named_and_ranked_first():
     model = TinyBert(TinyBertConfig(max_position_embeddings=16))
     input_ids = torch.ones(1, 40, dtype=torch.long)
