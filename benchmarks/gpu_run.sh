@@ -39,7 +39,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   dump=$(mktemp -d)
   NB_CUDAGUARD_GPU_DUMP=$dump/cases timeout 400 python3 -m pytest -m gpu -n 8 -p no:cacheprovider \
     -rA -q tests 2>&1 | tee "$out/gpu-tests.log" || status=1
-  timeout 120 python3 demo_notebooks/run.py 2>&1 | tee "$out/demos.log" || status=1
+  timeout 200 python3 demo_notebooks/run.py 2>&1 | tee "$out/demos.log" || status=1
   cp -r demo_notebooks/executed "$dump/demos" 2>/dev/null
   tar czf "$out/gpu-cases.tgz" -C "$dump" .
 fi
