@@ -100,7 +100,13 @@ def _driver_query(torch: Any) -> Callable[[], list[tuple[int, ContextState]]] | 
     # Read in the caller's thread: its current context, device and stream.
     caller_context = _caller_context(driver)
     caller_device = int(torch.cuda.current_device())
-    caller_stream = ctypes.c_void_p(int(torch.cuda.current_stream().cuda_stream))
+    # torch's current stream only where this thread has a context: reading it initialises
+    # torch's stream state, which creates a context (seen on an H100 after torch.cuda.init()).
+    caller_stream = (
+        None
+        if caller_context is None
+        else ctypes.c_void_p(int(torch.cuda.current_stream().cuda_stream))
+    )
     release = getattr(driver, "cuDevicePrimaryCtxRelease_v2", None) or getattr(
         driver, "cuDevicePrimaryCtxRelease", None
     )
@@ -122,7 +128,11 @@ def _driver_query(torch: Any) -> Callable[[], list[tuple[int, ContextState]]] | 
                 continue
             if not active.value:
                 continue  # never asked: asking would create a context
-            if ordinal == caller_device and caller_context is not None:
+            if (
+                ordinal == caller_device
+                and caller_context is not None
+                and caller_stream is not None
+            ):
                 context, stream, retained = caller_context, caller_stream, False
             else:
                 # Active already: retaining only counts a reference, it creates nothing.
