@@ -87,7 +87,7 @@ def _guard_factory(mode: str) -> Any:
             "--cudaguard=deferred needs an nb_cudaguard whose guard() has a deferred mode; "
             "use --cudaguard=strict"
         )
-    return lambda: guard(mode=mode)  # type: ignore[call-arg]
+    return lambda: guard(mode=mode)
 
 
 class GuardEachTest:

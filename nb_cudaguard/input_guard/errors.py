@@ -12,6 +12,12 @@ SAFE = (
     "nb_cudaguard stopped this call before it ran: the CUDA context is healthy and every "
     "variable is intact; fix the input and run the cell again."
 )
+SAFE_DEFERRED = (
+    "nb_cudaguard (deferred mode) ran this call with the offending values replaced by valid "
+    "ones, so no kernel could fault: the CUDA context is healthy, but what the call returned, and "
+    "everything computed from it since, is garbage. No optimizer step has run since the call. "
+    "Fix the input and run the cell again."
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class Violation:
     entry_line: str | None = None  # the outermost one, where it differs (the cell's own line)
     library_line: str | None = None  # the innermost non-torch frame, where it is not the user's
     rank: int | None = None
+    deferred: bool = False  # found when the deferred verdicts were read, after the call ran
 
 
 class GuardError(RuntimeError):
@@ -92,5 +99,5 @@ def format_violation(v: Violation) -> str:
         lines.append(f"  called from: {v.library_line}")
     if not v.line and not v.library_line:
         lines.append("  (no frame outside torch found)")
-    lines += ["", "How to fix it", f"  {v.fix}", "", SAFE]
+    lines += ["", "How to fix it", f"  {v.fix}", "", SAFE_DEFERRED if v.deferred else SAFE]
     return "\n".join(lines)
