@@ -518,6 +518,7 @@ CHECKS: tuple[OpCheck, ...] = (
         ("torch.index_add", "Tensor.index_add", "Tensor.index_add_"),
         _dim_index(negative_ok=False),
         FIX_INDEX,
+        True,
     ),
     OpCheck(
         "index_copy",

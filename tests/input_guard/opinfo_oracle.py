@@ -57,6 +57,7 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 SAMPLES_PER_DTYPE = {torch.float32: 60, torch.float64: 30}
 SAMPLES_OTHER_DTYPES = 8
 MODULE_INPUTS = 24
+MAX_ELEMENTS = 2048
 
 
 @dataclass
@@ -246,7 +247,7 @@ def op_samples(op: Any) -> Iterator[tuple[str, Callable[..., Any], Sample]]:
         limit = SAMPLES_PER_DTYPE.get(dtype, SAMPLES_OTHER_DTYPES)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            found = [s for source in sources for s in _safe_iter(source)][:limit]
+            found = [s for source in sources for s in _safe_iter(source) if _small(s)][:limit]
         if op.error_inputs_func is not None and dtype == DTYPES[0]:
             found += [e.sample_input for e in _safe_iter(op.error_inputs("cpu"))]
         forms = functions if dtype == DTYPES[0] else functions[:1]
@@ -254,6 +255,22 @@ def op_samples(op: Any) -> Iterator[tuple[str, Callable[..., Any], Sample]]:
             sample = Sample(s.input, tuple(s.args), dict(s.kwargs))
             for form, function in forms:
                 yield f"{op.name}.{op.variant_test_name} {form} {dtype} #{index}", function, sample
+
+
+def _small(sample: Any) -> bool:
+    """Large inputs add no edge the small ones lack, only time."""
+    values = [sample.input, *sample.args, *sample.kwargs.values()]
+    return _sizes_total(values) <= MAX_ELEMENTS
+
+
+def _sizes_total(values: list[Any]) -> int:
+    total = 0
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            total += v.numel()
+        elif isinstance(v, (list, tuple)):
+            total += _sizes_total(list(v))
+    return total
 
 
 def _safe_iter(source: Any) -> list[Any]:
@@ -286,7 +303,7 @@ def module_samples(name: str) -> Iterator[tuple[str, Callable[..., Any], Sample]
                     torch.manual_seed(0)
                     module = info.module_cls(*c.args, **c.kwargs).to(dtype)
                     args = mi.forward_input.args
-                    if not args:
+                    if not args or _sizes_total(list(args)) > MAX_ELEMENTS:
                         continue
                     sample = Sample(args[0], tuple(args[1:]), dict(mi.forward_input.kwargs))
 
