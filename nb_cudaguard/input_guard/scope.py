@@ -279,6 +279,14 @@ def flush() -> None:
             raise error(_violation(entry.check, entry.func, finding, entry.where, deferred=True))
 
 
+def flush_after_cell(value: Any = None) -> Any:
+    """The end of a ``%cudacheck on --deferred`` cell: read the verdicts, hand ``value`` back
+    (so the cell's displayed result is unchanged). A violation raises inside the cell itself."""
+    __tracebackhide__ = True
+    flush()
+    return value
+
+
 def _changed_since(finding: Finding) -> Finding:
     from dataclasses import replace
 

@@ -226,7 +226,8 @@ def op_infos() -> list[Any]:
     return [
         op
         for op in op_db
-        if op.name in OP_NAMES and not (op.name == "scatter_reduce" and op.variant_test_name in skip)
+        if op.name in OP_NAMES
+        and not (op.name == "scatter_reduce" and op.variant_test_name in skip)
     ]
 
 
