@@ -31,6 +31,7 @@ class Finding:
     count: int  # offending elements
     total: int  # elements checked
     samples: tuple[tuple[str, str], ...]  # (position, value), the first few
+    limit: int | None = None  # an integer range's exclusive upper bound (the class count)
 
 
 @dataclass(frozen=True)

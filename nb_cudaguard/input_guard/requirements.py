@@ -140,7 +140,14 @@ class IntRange:
             bad &= torch.ne(t, ignore)
         count, samples = _samples(t, bad)
         return Finding(
-            self.argument, self.problem, self.valid, self.source, count, t.numel(), samples
+            self.argument,
+            self.problem,
+            self.valid,
+            self.source,
+            count,
+            t.numel(),
+            samples,
+            limit=self.hi,
         )
 
 

@@ -204,7 +204,7 @@ def _defer(
         else:
             summaries = [r.summary() for r in live]
             versions = [r.tensor._version for r in live]
-            where = _capture(args, kwargs, keep=True)
+            where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
             _STATE.pending.append(_Pending(check, func, live, summaries, versions, where))
             if len(_STATE.pending) >= MAX_PENDING:
                 flush()
@@ -332,15 +332,20 @@ class _Where:
     params: set[int] = field(default_factory=set)
 
 
-def _capture(args: tuple[Any, ...], kwargs: dict[str, Any], keep: bool = False) -> _Where:
+def _capture(
+    args: tuple[Any, ...], kwargs: dict[str, Any], keep: bool = False, modules: bool = False
+) -> _Where:
     """``keep``: the record outlives the call (deferred), so of a function's locals only its
-    modules are kept, never its activations."""
+    modules are kept, never its activations. ``modules``: look for modules even without a
+    parameter among the arguments (a loss names its classifier)."""
     frames = _outer_frames()
     lines = [(f.f_code.co_filename, f.f_lineno) for f in frames]
     users = [i for i, (name, _) in enumerate(lines) if not _is_library(name)]
     params = {id(v) for v in (*args, *kwargs.values()) if isinstance(v, torch.nn.Parameter)}
     namespaces: list[dict[str, Any]] = []
-    if params:  # outermost namespaces first: the notebook's `model` reads better than `self`
+    if (
+        params or modules
+    ):  # outermost namespaces first: the notebook's `model` reads better than `self`
         for frame in reversed(frames):
             local = frame.f_locals
             if keep and local is not frame.f_globals:
@@ -359,7 +364,8 @@ def _violation(
         op=display_name(check, func),
         finding=finding,
         fix=check.fix,
-        owner=_owner(where.params, where.namespaces),
+        owner=_owner(where.params, where.namespaces)
+        or (_classifier(finding.limit, where.namespaces) if check.family == "loss" else None),
         line=_describe(where.lines[user]) if user is not None else None,
         entry_line=_describe(where.lines[outer]) if outer is not None and outer != user else None,
         library_line=_describe(where.lines[library]) if library is not None else None,
@@ -372,7 +378,8 @@ def _raise(
     check: OpCheck, func: Any, finding: Finding, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     __tracebackhide__ = True
-    violation = _violation(check, func, finding, _capture(args, kwargs))
+    where = _capture(args, kwargs, modules=check.family == "loss")
+    violation = _violation(check, func, finding, where)
     error = GuardIndexError if check.index_error else GuardError
     raise error(violation)
 
@@ -445,6 +452,42 @@ def _owner(params: set[int], namespaces: list[dict[str, Any]]) -> str | None:
                 if any(id(p) in params for p in module._parameters.values()):
                     return f"{_module_repr(module)} at {'.'.join(filter(None, (var, path)))}"
     return None
+
+
+_HEAD_NAMES = ("classifier", "head", "fc", "score", "out", "logits", "proj", "cls")
+
+
+def _classifier(classes: int | None, namespaces: list[dict[str, Any]]) -> str | None:
+    """'the classifier nn.Linear(768, 3) at model.classifier; config.num_labels = 3': the layer
+    whose outputs are the classes a loss's targets are checked against (as the panel says)."""
+    if classes is None:
+        return None
+    seen: set[int] = set()
+    found: list[tuple[bool, str]] = []  # (has config.num_labels, text)
+    for scope in namespaces:
+        for var, value in list(scope.items()):
+            if not isinstance(value, torch.nn.Module) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            heads = [
+                (path, m)
+                for path, m in value.named_modules()
+                if isinstance(m, torch.nn.Linear) and m.out_features == classes
+            ]
+            if not heads:
+                continue
+            named = [h for h in heads if any(n in h[0].rsplit(".", 1)[-1] for n in _HEAD_NAMES)]
+            path, module = (named or heads)[-1]
+            where = ".".join(filter(None, (var, path)))
+            text = f"the classifier {_module_repr(module)} at {where}"
+            labels = getattr(getattr(value, "config", None), "num_labels", None)
+            configured = isinstance(labels, int) and not isinstance(labels, bool)
+            if configured:
+                text += f"; config.num_labels = {labels}"
+            found.append((configured, text))
+    # a model with a config is the one being trained more often than a stray layer
+    found.sort(key=lambda item: not item[0])
+    return found[0][1] if found else None
 
 
 def _module_repr(module: torch.nn.Module) -> str:
