@@ -6,6 +6,7 @@ text, because an exception has nothing else. Knows neither torch nor IPython.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SAFE = (
@@ -62,6 +63,25 @@ class GuardError(RuntimeError):
     def __init__(self, violation: Violation) -> None:
         super().__init__(format_violation(violation))
         self.violation = violation
+        # set by the raiser: (filename, line) -> "Cell In[5], line 3: source", and which
+        # files are torch's or ours (their frames are noise to the user)
+        self.describe: Callable[[tuple[str, int]], str] | None = None
+        self.is_internal: Callable[[str], bool] | None = None
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows: the user's own frames and the message, without torch's and the
+        guard's frames in between (the message already names the bad call's line)."""
+        frames: list[str] = []
+        tb = self.__traceback__
+        while tb is not None:
+            filename = tb.tb_frame.f_code.co_filename
+            if self.is_internal is None or not self.is_internal(filename):
+                place = (filename, tb.tb_lineno)
+                frames.append(self.describe(place) if self.describe else f"{filename}, {place[1]}")
+            tb = tb.tb_next
+        name = type(self).__name__
+        head = [f"{name}: raised at", *(f"  {f}" for f in frames)] if frames else []
+        return [*head, f"{name}: {self}"]
 
 
 class GuardIndexError(GuardError, IndexError):

@@ -276,7 +276,8 @@ def flush() -> None:
             if finding.count == 0 or requirement.tensor._version != version:
                 finding = _changed_since(finding)
             error = GuardIndexError if entry.check.index_error else GuardError
-            raise error(_violation(entry.check, entry.func, finding, entry.where, deferred=True))
+            violation = _violation(entry.check, entry.func, finding, entry.where, deferred=True)
+            raise _dressed(error(violation))
 
 
 def flush_after_cell(value: Any = None) -> Any:
@@ -381,7 +382,22 @@ def _raise(
     where = _capture(args, kwargs, modules=check.family == "loss")
     violation = _violation(check, func, finding, where)
     error = GuardIndexError if check.index_error else GuardError
-    raise error(violation)
+    raise _dressed(error(violation))
+
+
+def _dressed(error: GuardError) -> GuardError:
+    error.describe = _describe
+    error.is_internal = _is_internal
+    return error
+
+
+def _is_internal(filename: str) -> bool:
+    """torch's, ours, and IPython's cell runner: nothing the user wrote or can change."""
+    return (
+        filename.startswith(_TORCH_DIR)
+        or filename.startswith(_OWN_DIR)
+        or f"{os.sep}IPython{os.sep}" in filename
+    )
 
 
 # --- where: frames, modules, rank -------------------------------------------------------------

@@ -270,3 +270,26 @@ def test_a_bare_line_magic_lists_its_commands(ip: Any, capsys: pytest.CaptureFix
     assert "cudacheck: off" in out
     for command in ("%%cudacheck", "%cudacheck on", "%cudacheck off", "%cudacheck status"):
         assert command in out
+
+
+def test_the_traceback_shows_the_users_lines_not_torchs(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.run_cell("def lookup(ids):\n    return emb(ids)\n")
+    capsys.readouterr()
+    ip.run_cell("%%cudacheck\nx = 1\nlookup(torch.tensor([10]))")
+    out = capsys.readouterr().out
+    assert "GuardIndexError: raised at" in out and "return emb(ids)" in out
+    for internal in ("torch/nn/", "functional.py", "scope.py", "interactiveshell.py"):
+        assert internal not in out, out
+
+
+def test_a_deferred_error_shows_where_it_was_read_and_the_bad_line(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.run_cell(TRAIN)
+    capsys.readouterr()
+    ip.run_cell("%%cudacheck --deferred\n" + BAD_STEP)
+    out = capsys.readouterr().out
+    assert "opt.step()" in out  # where the verdict was read
+    assert "your line: Cell In[" in out and "F.cross_entropy(model(" in out  # the bad call
