@@ -1,10 +1,11 @@
-"""What the guard costs: a small transformer classifier's training step, guarded vs bare.
+"""What the guard costs: a small transformer classifier's training step, strict and deferred
+guard vs bare.
 
     python benchmarks/bench_guard.py            # CPU
     python benchmarks/bench_guard.py --cuda     # GPU: also CUDA_LAUNCH_BLOCKING=1 in a subprocess
 
-Guarded and bare blocks alternate within one run (so drift and thermal state hit both alike);
-the ratio is median(guarded) / median(bare). A benchmark, not a timed test.
+Bare, strict and deferred blocks alternate within one run (so drift and thermal state hit all
+alike); each ratio is median(mode) / median(bare). A benchmark, not a timed test.
 """
 
 from __future__ import annotations
@@ -94,18 +95,21 @@ def step(
     optimizer.step()
 
 
-def block(device: str, parts: tuple, steps: int, guarded: bool) -> float:
+MODES = ("bare", "strict", "deferred")
+
+
+def block(device: str, parts: tuple, steps: int, mode: str) -> float:
     """Seconds per step over `steps` steps."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    if guarded:
-        with nb_cudaguard.guard():
-            for _ in range(steps):
-                step(*parts)
-    else:
+    if mode == "bare":
         for _ in range(steps):
             step(*parts)
+    else:
+        with nb_cudaguard.guard(mode=mode):
+            for _ in range(steps):
+                step(*parts)
     sync()
     return (time.perf_counter() - start) / steps
 
@@ -115,11 +119,11 @@ def measure(
 ) -> dict[str, float]:
     parts = make(device, size)
     for mode in modes:  # warm-up: allocator, autograd, lazy init
-        block(device, parts, 3, mode == "guarded")
+        block(device, parts, 3, mode)
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     for _ in range(reps):
         for mode in modes:
-            times[mode].append(block(device, parts, steps, mode == "guarded"))
+            times[mode].append(block(device, parts, steps, mode))
     return {mode: statistics.median(values) for mode, values in times.items()}
 
 
@@ -154,19 +158,23 @@ def main() -> None:
     )
     results = {}
     for name in sizes:
-        results[name] = measure(device, SIZES[name], args.reps, args.steps, ("bare", "guarded"))
-        STATS.clear()
-        block(device, make(device, SIZES[name]), 1, guarded=True)
-        bare, guarded = results[name]["bare"], results[name]["guarded"]
-        print(
-            f"[{name}] {SIZES[name]}: checked calls per step {STATS['calls']}, "
-            f"host transfers per step {STATS['transfers']}"
-        )
-        print(f"[{name}] bare    {bare * 1e3:8.3f} ms/step")
-        print(
-            f"[{name}] guarded {guarded * 1e3:8.3f} ms/step   ratio {guarded / bare:.3f} "
-            f"(+{(guarded - bare) * 1e3:.2f} ms/step)"
-        )
+        results[name] = measure(device, SIZES[name], args.reps, args.steps, MODES)
+        print(f"[{name}] {SIZES[name]}")
+        for mode in MODES[1:]:
+            STATS.clear()
+            block(device, make(device, SIZES[name]), 1, mode)
+            print(
+                f"[{name}] {mode}: checked calls per step {STATS['calls']}, "
+                f"host transfers per step {STATS['transfers']} (deferred: read at the step)"
+            )
+        bare = results[name]["bare"]
+        print(f"[{name}] bare     {bare * 1e3:8.3f} ms/step")
+        for mode in MODES[1:]:
+            t = results[name][mode]
+            print(
+                f"[{name}] {mode:8} {t * 1e3:8.3f} ms/step   ratio {t / bare:.3f} "
+                f"(+{(t - bare) * 1e3:.2f} ms/step)"
+            )
 
     if args.cuda:
         env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")

@@ -11,14 +11,15 @@ setting, so pytest behaves as if it were absent. With it:
   test that still fails with a CUDA error gets that one line instead of its traceback;
 - under pytest-xdist the worker exits right after reporting, so xdist replaces it with a fresh
   process and a fresh context (what cuML's plugin does, cuml#7954);
-- ``--cudaguard=strict`` (or ``deferred``) also runs each test under ``nb_cudaguard.guard()``,
-  so a bad input fails the test before its kernel can launch.
+- ``--cudaguard=strict`` also runs each test under ``nb_cudaguard.guard()``, so a bad input
+  fails the test before its kernel can launch; ``--cudaguard=deferred`` under
+  ``guard(mode="deferred")``: no synchronisation per checked call, the test fails before its next
+  ``optimizer.step()``, at an ``.item()``, or as its body ends.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 from collections.abc import Generator
@@ -80,14 +81,7 @@ def _guard_factory(mode: str) -> Any:
         from .input_guard.scope import guard
     except ImportError as error:
         raise pytest.UsageError(f"--cudaguard={mode} needs torch ({error})") from None
-    if mode == "strict":
-        return guard
-    if "mode" not in inspect.signature(guard).parameters:
-        raise pytest.UsageError(
-            "--cudaguard=deferred needs an nb_cudaguard whose guard() has a deferred mode; "
-            "use --cudaguard=strict"
-        )
-    return lambda: guard(mode=mode)  # type: ignore[call-arg]
+    return lambda: guard(mode=mode)
 
 
 class GuardEachTest:

@@ -6,11 +6,18 @@ text, because an exception has nothing else. Knows neither torch nor IPython.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SAFE = (
     "nb_cudaguard stopped this call before it ran: the CUDA context is healthy and every "
     "variable is intact; fix the input and run the cell again."
+)
+SAFE_DEFERRED = (
+    "nb_cudaguard (deferred mode) ran this call with the offending values replaced by valid "
+    "ones, so no kernel could fault: the CUDA context is healthy, but what the call returned, and "
+    "everything computed from it since, is garbage. No optimizer step has run since the call. "
+    "Fix the input and run the cell again."
 )
 
 
@@ -25,6 +32,7 @@ class Finding:
     count: int  # offending elements
     total: int  # elements checked
     samples: tuple[tuple[str, str], ...]  # (position, value), the first few
+    limit: int | None = None  # an integer range's exclusive upper bound (the class count)
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class Violation:
     entry_line: str | None = None  # the outermost one, where it differs (the cell's own line)
     library_line: str | None = None  # the innermost non-torch frame, where it is not the user's
     rank: int | None = None
+    deferred: bool = False  # found when the deferred verdicts were read, after the call ran
 
 
 class GuardError(RuntimeError):
@@ -54,6 +63,25 @@ class GuardError(RuntimeError):
     def __init__(self, violation: Violation) -> None:
         super().__init__(format_violation(violation))
         self.violation = violation
+        # set by the raiser: (filename, line) -> "Cell In[5], line 3: source", and which
+        # files are torch's or ours (their frames are noise to the user)
+        self.describe: Callable[[tuple[str, int]], str] | None = None
+        self.is_internal: Callable[[str], bool] | None = None
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows: the user's own frames and the message, without torch's and the
+        guard's frames in between (the message already names the bad call's line)."""
+        frames: list[str] = []
+        tb = self.__traceback__
+        while tb is not None:
+            filename = tb.tb_frame.f_code.co_filename
+            if self.is_internal is None or not self.is_internal(filename):
+                place = (filename, tb.tb_lineno)
+                frames.append(self.describe(place) if self.describe else f"{filename}, {place[1]}")
+            tb = tb.tb_next
+        name = type(self).__name__
+        head = [f"{name}: raised at", *(f"  {f}" for f in frames)] if frames else []
+        return [*head, f"{name}: {self}"]
 
 
 class GuardIndexError(GuardError, IndexError):
@@ -92,5 +120,5 @@ def format_violation(v: Violation) -> str:
         lines.append(f"  called from: {v.library_line}")
     if not v.line and not v.library_line:
         lines.append("  (no frame outside torch found)")
-    lines += ["", "How to fix it", f"  {v.fix}", "", SAFE]
+    lines += ["", "How to fix it", f"  {v.fix}", "", SAFE_DEFERRED if v.deferred else SAFE]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from .requirements import (
     ProbabilityRows,
     Repeats,
     Requirement,
+    Slot,
 )
 
 Args = tuple[Any, ...]
@@ -83,6 +84,7 @@ def _class_targets(args: Args, kwargs: Kwargs, soft_allowed: bool) -> list[Requi
             f"input.shape[{class_dim}] = {classes}, the number of classes",
             problem="class index out of range",
             ignore=int(ignore),
+            slot=(1, "target", None),
         )
     ]
 
@@ -97,11 +99,12 @@ def _nll_loss(args: Args, kwargs: Kwargs) -> list[Requirement]:
 
 def _multi_margin(args: Args, kwargs: Kwargs) -> list[Requirement]:
     logits, target = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "target")
-    if not (_is_plain(logits) and _is_index(target)) or logits.dim() == 0:
+    if not (_is_plain(logits) and _is_index(target)):
         return []
-    classes = logits.shape[-1]
+    classes = logits.shape[-1] if logits.dim() else 1  # a 0-d input is one class
     source = f"input.shape[-1] = {classes}, the number of classes"
-    return [IntRange("target", target, 0, classes, source, "class index out of range")]
+    problem = "class index out of range"
+    return [IntRange("target", target, 0, classes, source, problem, slot=(1, "target", None))]
 
 
 def _binary_cross_entropy(args: Args, kwargs: Kwargs) -> list[Requirement]:
@@ -110,7 +113,7 @@ def _binary_cross_entropy(args: Args, kwargs: Kwargs) -> list[Requirement]:
         value = _arg(args, kwargs, index, name)
         if _is_plain(value):
             problem = "probability outside [0, 1]"
-            found.append(FloatRange(name, value, 0.0, 1.0, "", problem))
+            found.append(FloatRange(name, value, 0.0, 1.0, "", problem, (index, name, None)))
     return found
 
 
@@ -124,7 +127,8 @@ def _ctc_loss(args: Args, kwargs: Kwargs) -> list[Requirement]:
     if used is None:
         return []
     source = f"log_probs.shape[-1] = {classes}, the number of classes (blank included)"
-    return [IntRange("targets", used, 0, classes, source, "class index out of range")]
+    problem = "class index out of range"
+    return [IntRange("targets", used, 0, classes, source, problem, slot=(1, "targets", None))]
 
 
 def _ctc_used_targets(targets: torch.Tensor, lengths: Any) -> torch.Tensor | None:
@@ -149,26 +153,30 @@ def _rows(weight: torch.Tensor) -> str:
     return f"weight.shape[0] = {weight.shape[0]}, the number of embeddings"
 
 
-def _embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
-    ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+def _ids(ids: Any, weight: Any, slot: Slot) -> list[Requirement]:
     if not (_is_index(ids) and _is_plain(weight)) or weight.dim() == 0:
         return []
     rows = weight.shape[0]
-    return [IntRange("input", ids, 0, rows, _rows(weight), "token id out of range")]
+    return [IntRange("input", ids, 0, rows, _rows(weight), "token id out of range", slot=slot)]
+
+
+def _embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    return _ids(ids, weight, (0, "input", None))
 
 
 def _torch_embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
     # torch.embedding(weight, indices, ...) takes its arguments the other way round
     weight, ids = _arg(args, kwargs, 0, "weight"), _arg(args, kwargs, 1, "indices")
-    return _embedding((ids, weight), {})
+    return _ids(ids, weight, (1, "indices", None))
 
 
 def _embedding_bag(args: Args, kwargs: Kwargs) -> list[Requirement]:
     ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
     offsets = _arg(args, kwargs, 2, "offsets")
-    found = _embedding((ids, weight), {})
+    found = _ids(ids, weight, (0, "input", None))
     if found and ids.dim() == 1 and _is_index(offsets) and offsets.dim() == 1:
-        found.append(Offsets("offsets", offsets, ids.numel()))
+        found.append(Offsets("offsets", offsets, ids.numel(), slot=(2, "offsets", None)))
     return found
 
 
@@ -177,7 +185,7 @@ def _multinomial(args: Args, kwargs: Kwargs) -> list[Requirement]:
     probs = _arg(args, kwargs, 0, "input")
     if not _is_plain(probs) or probs.dim() not in (1, 2):
         return []
-    return [ProbabilityRows("input", probs)]
+    return [ProbabilityRows("input", probs, slot=(0, "input", None))]
 
 
 def _bernoulli(args: Args, kwargs: Kwargs) -> list[Requirement]:
@@ -185,7 +193,8 @@ def _bernoulli(args: Args, kwargs: Kwargs) -> list[Requirement]:
     probs, p = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "p")
     if p is not None or not _is_plain(probs):
         return []
-    return [FloatRange("input", probs, 0.0, 1.0, "", "probability outside [0, 1]")]
+    problem = "probability outside [0, 1]"
+    return [FloatRange("input", probs, 0.0, 1.0, "", problem, (0, "input", None))]
 
 
 def _bernoulli_(args: Args, kwargs: Kwargs) -> list[Requirement]:
@@ -193,14 +202,15 @@ def _bernoulli_(args: Args, kwargs: Kwargs) -> list[Requirement]:
     p = _arg(args, kwargs, 1, "p")
     if not _is_plain(p):
         return []
-    return [FloatRange("p", p, 0.0, 1.0, "", "probability outside [0, 1]")]
+    return [FloatRange("p", p, 0.0, 1.0, "", "probability outside [0, 1]", (1, "p", None))]
 
 
 def _poisson(args: Args, kwargs: Kwargs) -> list[Requirement]:
     rates = _arg(args, kwargs, 0, "input")
     if not _is_plain(rates):
         return []
-    return [FloatRange("input", rates, 0.0, float("inf"), "", "negative or NaN Poisson rate")]
+    problem = "negative or NaN Poisson rate"
+    return [FloatRange("input", rates, 0.0, float("inf"), "", problem, (0, "input", None))]
 
 
 # --- gather / scatter / index_* ---------------------------------------------------------------
@@ -218,7 +228,7 @@ def _dim_index(negative_ok: bool, index_pos: int = 2) -> Extract:
         dim, size = found
         lo = -size if negative_ok else 0
         source = f"self.shape[{dim}] = {size}"
-        return [IntRange("index", index, lo, size, source)]
+        return [IntRange("index", index, lo, size, source, slot=(index_pos, "index", None))]
 
     return extract
 
@@ -228,7 +238,8 @@ def _take(args: Args, kwargs: Kwargs) -> list[Requirement]:
     if not (_is_plain(x) and _is_index(index)):
         return []
     n = x.numel()
-    return [IntRange("index", index, -n, n, f"self.numel() = {n}, indexing the flattened tensor")]
+    source = f"self.numel() = {n}, indexing the flattened tensor"
+    return [IntRange("index", index, -n, n, source, slot=(1, "index", None))]
 
 
 # --- x[idx], x[idx] = v, index_put ------------------------------------------------------------
@@ -270,7 +281,14 @@ def _consumed(item: Any) -> int:
     return 1
 
 
-def _indexing(x: Any, items: Sequence[Any], none_is_slice: bool) -> list[Requirement]:
+def _indexing(
+    x: Any,
+    items: Sequence[Any],
+    none_is_slice: bool,
+    whole: bool = False,
+    keyword: str | None = None,
+) -> list[Requirement]:
+    """``whole``: the index is one item, not a tuple or list of them (``x[idx]``)."""
     if not _is_plain(x):
         return []
     if none_is_slice:  # index_put's None stands for a whole dimension
@@ -302,21 +320,25 @@ def _indexing(x: Any, items: Sequence[Any], none_is_slice: bool) -> list[Require
                 size = x.shape[dim]
                 source = f"self.shape[{dim}] = {size}"
                 name = f"index {position}" if len(items) > 1 else "index"
-                found.append(IntRange(name, tensor, -size, size, source))
+                slot = (1, keyword, None if whole else position)
+                found.append(IntRange(name, tensor, -size, size, source, slot=slot))
         dim += width
     return found
 
 
 def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
     items = _index_items(args[1]) if len(args) > 1 else None
-    return [] if items is None else _indexing(args[0], items, none_is_slice=False)
+    if items is None:
+        return []
+    whole = not isinstance(args[1], (tuple, list)) or (len(items) == 1 and items[0] is args[1])
+    return _indexing(args[0], items, none_is_slice=False, whole=whole)
 
 
 def _index_put(args: Args, kwargs: Kwargs) -> list[Requirement]:
     x, indices = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "indices")
     if not isinstance(indices, (tuple, list)):
         return []
-    return _indexing(x, indices, none_is_slice=True)
+    return _indexing(x, indices, none_is_slice=True, keyword="indices")
 
 
 # --- the rest ---------------------------------------------------------------------------------
@@ -324,22 +346,25 @@ def _one_hot(args: Args, kwargs: Kwargs) -> list[Requirement]:
     labels, classes = _arg(args, kwargs, 0, "tensor"), _arg(args, kwargs, 1, "num_classes", -1)
     if not _is_index(labels) or labels.dtype != torch.int64:
         return []
+    slot: Slot = (0, "tensor", None)
     if classes == -1:  # inferred from the largest label: only negatives are wrong
-        return [IntRange("tensor", labels, 0, _BIG, "", "negative class index")]
+        return [IntRange("tensor", labels, 0, _BIG, "", "negative class index", slot=slot)]
     source = f"num_classes = {classes}"
-    return [IntRange("tensor", labels, 0, int(classes), source, "class index out of range")]
+    problem = "class index out of range"
+    return [IntRange("tensor", labels, 0, int(classes), source, problem, slot=slot)]
 
 
 def _repeat_interleave(args: Args, kwargs: Kwargs) -> list[Requirement]:
     x, repeats = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "repeats")
     output_size = kwargs.get("output_size", args[3] if len(args) > 3 else None)
+    slot: Slot = (1, "repeats", None)
     if repeats is None:  # torch.repeat_interleave(repeats)
-        repeats, x = x, None
+        repeats, x, slot = x, None, (0, "input", None)
     if not _is_index(repeats):
         return []
     if x is not None and repeats.numel() == 1:
         output_size = None  # one count for every element: the total is not a plain sum
-    return [Repeats("repeats", repeats, output_size)]
+    return [Repeats("repeats", repeats, output_size, slot=slot)]
 
 
 def _max_unpool(n: int) -> Extract:
@@ -359,7 +384,9 @@ def _max_unpool(n: int) -> Extract:
             plane *= size
         shape = "x".join(str(s) for s in spatial)
         source = f"the output plane of {shape} = {plane} elements"
-        return [IntRange("indices", indices, 0, plane, source, "max index out of range")]
+        problem = "max index out of range"
+        slot: Slot = (1, "indices", None)
+        return [IntRange("indices", indices, 0, plane, source, problem, slot=slot)]
 
     return extract
 
@@ -434,7 +461,11 @@ CHECKS: tuple[OpCheck, ...] = (
     OpCheck("ctc_loss", "loss", ("F.ctc_loss",), _ctc_loss, FIX_CTC),
     OpCheck("embedding", "embedding", ("F.embedding",), _embedding, FIX_EMBEDDING, True),
     OpCheck("embedding", "embedding", ("torch.embedding",), _torch_embedding, FIX_EMBEDDING, True),
-    OpCheck("embedding_bag", "embedding", ("F.embedding_bag",), _embedding_bag, FIX_EMBEDDING),
+    # IndexError for ids, as on CPU; the CPU's offsets errors are RuntimeErrors or IndexErrors
+    # depending on mode, and GuardIndexError is both
+    OpCheck(
+        "embedding_bag", "embedding", ("F.embedding_bag",), _embedding_bag, FIX_EMBEDDING, True
+    ),
     OpCheck(
         "multinomial",
         "sampling",
@@ -491,6 +522,7 @@ CHECKS: tuple[OpCheck, ...] = (
         ("torch.index_add", "Tensor.index_add", "Tensor.index_add_"),
         _dim_index(negative_ok=False),
         FIX_INDEX,
+        True,
     ),
     OpCheck(
         "index_copy",

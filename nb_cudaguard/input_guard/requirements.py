@@ -6,7 +6,12 @@ and a later non-blocking mode can keep the first half on the device:
 - ``holds(values)``: the decision on the host, from that summary's values;
 - ``explain()``: only on the failing path, the positions and values for the message.
 ``trivially_holds()`` answers without touching the values where the answer is known (empty
-tensors, dtypes whose whole range is valid).
+tensors, dtypes whose whole range is valid). Summaries keep the checked tensor's own dtype, so a
+float64 ``1 + 2**-52`` or ``5e-324`` is compared exactly as the op compares it.
+
+For the deferred mode each requirement also says where its tensor sits in the call (``slot``)
+and builds ``safe()``: the same tensor with every offending value replaced by a valid one, so the
+launch cannot fault whatever the values are; for valid values it is the identity.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ SAMPLES = 5  # offending values shown in a message
 
 # aminmax has no kernel for the unsigned types beyond uint8 (torch 2.13, CPU)
 _WIDEN = {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
+
+
+# Where a checked tensor sits in a call: (position, keyword, item of an index tuple or None).
+Slot = tuple[int, str | None, int | None]
 
 
 def _dtype_bounds(dtype: torch.dtype) -> tuple[int, int] | None:
@@ -70,6 +79,7 @@ class IntRange:
     source: str
     problem: str = "index out of range"
     ignore: int | None = None
+    slot: Slot | None = None
 
     def _outside_ignore(self) -> int | None:
         """ignore_index where it matters: outside [lo, hi), where it cannot pass as valid."""
@@ -99,6 +109,20 @@ class IntRange:
         low, high = values
         return bool(self.lo <= low and high < self.hi)
 
+    def safe(self, value: Any) -> torch.Tensor | None:
+        t = value if isinstance(value, torch.Tensor) else self.tensor
+        bounds = _dtype_bounds(t.dtype)
+        if bounds is None:
+            return None
+        lo, hi = max(self.lo, bounds[0]), min(self.hi - 1, bounds[1])
+        if lo > hi:
+            return None  # no valid value to put there: the caller checks at once instead
+        clamped = t.clamp(lo, hi) if t.dtype != torch.bool else t
+        ignore = self._outside_ignore()
+        if ignore is not None and bounds[0] <= ignore <= bounds[1]:
+            clamped = torch.where(torch.eq(t, ignore), t, clamped)
+        return clamped
+
     @property
     def valid(self) -> str:
         text = f"{self.lo} <= value < {self.hi}"
@@ -116,7 +140,14 @@ class IntRange:
             bad &= torch.ne(t, ignore)
         count, samples = _samples(t, bad)
         return Finding(
-            self.argument, self.problem, self.valid, self.source, count, t.numel(), samples
+            self.argument,
+            self.problem,
+            self.valid,
+            self.source,
+            count,
+            t.numel(),
+            samples,
+            limit=self.hi,
         )
 
 
@@ -130,13 +161,19 @@ class FloatRange:
     hi: float
     source: str
     problem: str
+    slot: Slot | None = None
 
     def trivially_holds(self) -> bool:
         return self.tensor.numel() == 0 or not self.tensor.dtype.is_floating_point
 
     def summary(self) -> torch.Tensor:
         low, high = torch.aminmax(self.tensor.detach().reshape(-1))  # NaN propagates into both
-        return torch.stack((low, high)).to(torch.float32)
+        return torch.stack((low, high))
+
+    def safe(self, value: Any) -> torch.Tensor | None:
+        t = value if isinstance(value, torch.Tensor) else self.tensor
+        clamped = t.clamp(self.lo, self.hi)  # the identity (and its gradient) inside the range
+        return clamped.masked_fill(torch.isnan(clamped), self.lo)
 
     def holds(self, values: list[Any]) -> bool:
         low, high = values
@@ -163,6 +200,7 @@ class ProbabilityRows:
 
     argument: str
     tensor: torch.Tensor
+    slot: Slot | None = None
 
     def trivially_holds(self) -> bool:
         return self.tensor.numel() == 0 or not self.tensor.dtype.is_floating_point
@@ -170,11 +208,18 @@ class ProbabilityRows:
     def summary(self) -> torch.Tensor:
         t = self.tensor.detach()
         low, high = torch.aminmax(t.reshape(-1))
-        return torch.stack((low.float(), high.float(), t.sum(-1).min().float()))
+        # multinomial's own test: a row whose sum, in the input's dtype, equals 0
+        zero_rows = torch.eq(t.sum(-1), 0).sum().to(t.dtype)
+        return torch.stack((low, high, zero_rows))
 
     def holds(self, values: list[Any]) -> bool:
-        low, high, row_sum = values
-        return bool(low >= 0 and high < math.inf and row_sum > 0)
+        low, high, zero_rows = values
+        return bool(low >= 0 and high < math.inf and zero_rows == 0)
+
+    def safe(self, value: Any) -> torch.Tensor | None:
+        t = value if isinstance(value, torch.Tensor) else self.tensor
+        finite = torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0).clamp(min=0)
+        return finite + torch.eq(finite.sum(-1, keepdim=True), 0).to(finite.dtype)
 
     def explain(self) -> Finding:
         t = self.tensor.detach()
@@ -183,7 +228,7 @@ class ProbabilityRows:
         problem = "probabilities contain NaN, inf or a negative value"
         if count == 0:  # all entries fine: some row sums to zero
             rows = t.reshape(-1, t.shape[-1]) if t.dim() > 0 else t.reshape(1, 1)
-            zero = rows.sum(-1) <= 0
+            zero = torch.eq(rows.sum(-1), 0)
             count, samples = _samples(rows.sum(-1), zero)
             samples = tuple((f"row {pos}", f"sum {value}") for pos, value in samples)
             problem = "a row of probabilities sums to 0"
@@ -205,6 +250,7 @@ class Offsets:
     argument: str
     tensor: torch.Tensor
     n_indices: int
+    slot: Slot | None = None
 
     def trivially_holds(self) -> bool:
         return self.tensor.numel() == 0
@@ -217,6 +263,11 @@ class Offsets:
     def holds(self, values: list[Any]) -> bool:
         first, smallest_step, last = values
         return bool(first == 0 and smallest_step >= 0 and last <= self.n_indices)
+
+    def safe(self, value: Any) -> torch.Tensor | None:
+        t = value if isinstance(value, torch.Tensor) else self.tensor
+        ordered = torch.cummax(t.clamp(0, self.n_indices), 0).values
+        return ordered - ordered[:1]
 
     def explain(self) -> Finding:
         t = self.tensor.detach().reshape(-1).to(torch.int64)
@@ -242,6 +293,7 @@ class Repeats:
     argument: str
     tensor: torch.Tensor
     output_size: int | None
+    slot: Slot | None = None
 
     def trivially_holds(self) -> bool:
         return self.tensor.numel() == 0 or self.tensor.dtype.is_floating_point
@@ -253,6 +305,19 @@ class Repeats:
     def holds(self, values: list[Any]) -> bool:
         low, total = values
         return bool(low >= 0 and (self.output_size is None or total == self.output_size))
+
+    def safe(self, value: Any) -> torch.Tensor | None:
+        t = value if isinstance(value, torch.Tensor) else self.tensor
+        if self.output_size is None:
+            return t.clamp(min=0)
+        # counts that add up to output_size exactly, used only where the given ones do not
+        n = t.numel()
+        share, rest = divmod(self.output_size, n)
+        even = torch.full((n,), share, dtype=t.dtype, device=t.device)
+        even[:rest] += 1
+        even = even.reshape(t.shape)
+        ok = (t >= 0).all() & torch.eq(t.sum(), self.output_size)
+        return torch.where(ok, t, even)
 
     def explain(self) -> Finding:
         t = self.tensor.detach().reshape(-1).to(torch.int64)

@@ -6,6 +6,16 @@ functional calls, tensor methods and ``Tensor.__getitem__``/``__setitem__`` alik
 ``nll_loss`` inside ``cross_entropy`` is not checked twice), and leaving the ``with`` block takes
 it off torch's stack again whatever happened inside. Nothing in torch is modified.
 
+Two modes. ``strict`` reads each checked call's verdict back at once (on a GPU, one host
+synchronisation per checked call) and raises before the kernel launches. ``deferred`` never
+synchronises for a check: each check leaves a tiny summary on the device, the call itself runs
+with its offending values replaced by valid ones (clamped indices, so no kernel can fault; the
+output is garbage only where an input was bad), and the summaries are read together at the next
+point where it is cheap or necessary: before any ``optimizer.step()`` (a global step pre-hook,
+so weights are never updated from a bad batch), at a ``.item()``/``.tolist()`` the user's code
+synchronises on anyway, and when the block ends. The first violation is then raised with the
+same message as in strict mode.
+
 Module import needs torch: ``nb_cudaguard`` imports this lazily.
 """
 
@@ -18,7 +28,7 @@ import sysconfig
 import threading
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -27,7 +37,12 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import Finding, GuardError, GuardIndexError, Violation
 from .ops import NAMES, OpCheck, display_name, table
-from .requirements import Requirement
+from .requirements import Requirement, Slot
+
+MODES = ("strict", "deferred")
+# Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
+# loop that never synchronises does not keep its inputs alive without bound.
+MAX_PENDING = 32
 
 # How often the guard read values back from the device: the cost a non-blocking mode would remove.
 STATS: Counter[str] = Counter()
@@ -37,6 +52,7 @@ STATS: Counter[str] = Counter()
 class GuardConfig:
     only: frozenset[str] | None = None  # op names or families; None: all
     skip: frozenset[str] = frozenset()
+    deferred: bool = False
 
     def selects(self, check: OpCheck) -> bool:
         names = {check.name, check.family}
@@ -65,6 +81,7 @@ class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.configs: list[GuardConfig] = []
         self.mode: _CheckMode | None = None
+        self.pending: list[_Pending] = []
 
 
 _STATE = _ThreadState()
@@ -87,11 +104,27 @@ class _CheckMode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         check = self._checks.get(func)
-        if check is not None and _STATE.configs and _STATE.configs[-1].selects(check):
-            finding = _inspect(check, args, kwargs)
-            if finding is not None:
-                _raise(check, func, finding, args, kwargs)
+        if check is None:
+            if _STATE.pending and func in _SYNC_POINTS:
+                flush()  # the caller synchronises here anyway: read the verdicts with it
+            return func(*args, **kwargs)
+        configs = _STATE.configs
+        if configs and configs[-1].selects(check):
+            if configs[-1].deferred:
+                args, kwargs = _defer(check, func, args, kwargs)
+            else:
+                finding = _inspect(check, args, kwargs)
+                if finding is not None:
+                    _raise(check, func, finding, args, kwargs)
         return func(*args, **kwargs)
+
+
+_SYNC_POINTS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch._C.TensorBase.item,
+    torch._C.TensorBase.tolist,
+}
 
 
 def _inspect(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Finding | None:
@@ -113,40 +146,258 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
         STATS["skipped"] += 1
         return None
     summaries = [r.summary() for r in live]
-    STATS["transfers"] += 1
-    if len({s.dtype for s in summaries}) == 1:
-        flat: list[Any] = torch.cat(summaries).tolist()
-    else:  # int and float requirements in one call: no op here has both, keep it exact anyway
-        flat = [v for s in summaries for v in s.tolist()]
-    start = 0
-    for requirement, summary in zip(live, summaries, strict=True):
-        values = flat[start : start + summary.numel()]
-        start += summary.numel()
+    for requirement, values in zip(live, _read(summaries), strict=True):
         if not requirement.holds(values):
             return requirement.explain()
     return None
+
+
+def _read(summaries: list[torch.Tensor]) -> list[list[Any]]:
+    """Every summary's values, with one host transfer per dtype (each read in its own dtype, so
+    a float64 bound is compared exactly)."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for index, summary in enumerate(summaries):
+        by_dtype.setdefault(summary.dtype, []).append(index)
+    out: list[list[Any]] = [[] for _ in summaries]
+    for indices in by_dtype.values():
+        STATS["transfers"] += 1
+        group = [summaries[i] for i in indices]
+        flat: list[Any] = (torch.cat(group) if len(group) > 1 else group[0]).tolist()
+        start = 0
+        for i in indices:
+            n = summaries[i].numel()
+            out[i] = flat[start : start + n]
+            start += n
+    return out
+
+
+# --- deferred mode ----------------------------------------------------------------------------
+@dataclass
+class _Pending:
+    """One deferred call: its summaries (on the device) and what the message needs later."""
+
+    check: OpCheck
+    func: Any
+    requirements: list[Requirement]
+    summaries: list[torch.Tensor]
+    versions: list[int]
+    where: _Where
+
+
+def _defer(
+    check: OpCheck, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Record the call's verdict on the device and return arguments that cannot fault."""
+    __tracebackhide__ = True
+    try:
+        requirements = check.extract(args, kwargs)
+        live = [r for r in requirements if not r.trivially_holds()]
+        if not live:
+            return args, kwargs
+        STATS["calls"] += 1
+        safe_args, safe_kwargs = args, kwargs
+        for r in live:
+            replaced = _with_safe(r, safe_args, safe_kwargs)
+            if replaced is None:
+                break
+            safe_args, safe_kwargs = replaced
+        else:
+            summaries = [r.summary() for r in live]
+            versions = [r.tensor._version for r in live]
+            where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
+            _STATE.pending.append(_Pending(check, func, live, summaries, versions, where))
+            if len(_STATE.pending) >= MAX_PENDING:
+                flush()
+            return safe_args, safe_kwargs
+    except GuardError:
+        raise
+    except Exception:  # a check must never break a call PyTorch itself would accept
+        STATS["check_failed"] += 1
+        return args, kwargs
+    # a value no replacement can make valid (an index into an empty dimension): check at once
+    finding = first_violation(live)
+    if finding is not None:
+        _raise(check, func, finding, args, kwargs)
+    return args, kwargs
+
+
+def _with_safe(
+    r: Requirement, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    if r.slot is None:
+        return None
+    current = _get_slot(args, kwargs, r.slot)
+    safe = r.safe(current)
+    if safe is None:
+        return None
+    return _put_slot(args, kwargs, r.slot, safe)
+
+
+def _get_slot(args: tuple[Any, ...], kwargs: dict[str, Any], slot: Slot) -> Any:
+    position, keyword, item = slot
+    value: Any = args[position] if len(args) > position else kwargs.get(keyword or "")
+    return value if item is None else value[item]
+
+
+def _put_slot(
+    args: tuple[Any, ...], kwargs: dict[str, Any], slot: Slot, new: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    position, keyword, item = slot
+    in_args = len(args) > position
+    old = args[position] if in_args else kwargs[keyword or ""]
+    if item is not None:
+        items = list(old)
+        items[item] = new
+        new = type(old)(items) if isinstance(old, tuple) else items
+    if in_args:
+        return (*args[:position], new, *args[position + 1 :]), kwargs
+    return args, {**kwargs, keyword or "": new}
+
+
+def pending() -> int:
+    """How many deferred verdicts this thread has not read yet."""
+    return len(_STATE.pending)
+
+
+def flush() -> None:
+    """Read every deferred verdict of this thread (one transfer per dtype) and raise the first
+    violation. Called before ``optimizer.step()``, at ``.item()``, and when a block ends."""
+    __tracebackhide__ = True
+    entries, _STATE.pending = _STATE.pending, []
+    if not entries:
+        return
+    summaries = [s for e in entries for s in e.summaries]
+    values = iter(_read(summaries))
+    for entry in entries:
+        for requirement, version in zip(entry.requirements, entry.versions, strict=True):
+            if requirement.holds(next(values)):
+                continue
+            finding = requirement.explain()
+            if finding.count == 0 or requirement.tensor._version != version:
+                finding = _changed_since(finding)
+            error = GuardIndexError if entry.check.index_error else GuardError
+            violation = _violation(entry.check, entry.func, finding, entry.where, deferred=True)
+            raise _dressed(error(violation))
+
+
+def flush_after_cell(value: Any = None) -> Any:
+    """The end of a ``%cudacheck on --deferred`` cell: read the verdicts, hand ``value`` back
+    (so the cell's displayed result is unchanged). A violation raises inside the cell itself."""
+    __tracebackhide__ = True
+    flush()
+    return value
+
+
+def _changed_since(finding: Finding) -> Finding:
+    from dataclasses import replace
+
+    note = "values as they are now: the tensor was modified in place after the call"
+    return replace(finding, source=f"{finding.source}; {note}" if finding.source else note)
+
+
+_HOOK_LOCK = threading.Lock()
+_HOOK: dict[str, Any] = {"users": 0, "handle": None}
+
+
+def _step_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    __tracebackhide__ = True
+    if _STATE.pending:
+        flush()  # raises: the step never runs, the weights stay as they were
+
+
+def _hook_on() -> None:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    with _HOOK_LOCK:
+        if _HOOK["users"] == 0:
+            _HOOK["handle"] = register_optimizer_step_pre_hook(_step_pre_hook)
+        _HOOK["users"] += 1
+
+
+def _hook_off() -> None:
+    with _HOOK_LOCK:
+        _HOOK["users"] -= 1
+        if _HOOK["users"] == 0 and _HOOK["handle"] is not None:
+            _HOOK["handle"].remove()
+            _HOOK["handle"] = None
+
+
+@dataclass
+class _Where:
+    """Where a call was made, kept as plain values: a deferred verdict is read after the
+    frames are gone. (filename, line) innermost first; the namespaces to find a module in."""
+
+    lines: list[tuple[str, int]]
+    users: list[int] = field(default_factory=list)  # indices into lines outside libraries
+    namespaces: list[dict[str, Any]] = field(default_factory=list)
+    params: set[int] = field(default_factory=set)
+
+
+def _capture(
+    args: tuple[Any, ...], kwargs: dict[str, Any], keep: bool = False, modules: bool = False
+) -> _Where:
+    """``keep``: the record outlives the call (deferred), so of a function's locals only its
+    modules are kept, never its activations. ``modules``: look for modules even without a
+    parameter among the arguments (a loss names its classifier)."""
+    frames = _outer_frames()
+    lines = [(f.f_code.co_filename, f.f_lineno) for f in frames]
+    users = [i for i, (name, _) in enumerate(lines) if not _is_library(name)]
+    params = {id(v) for v in (*args, *kwargs.values()) if isinstance(v, torch.nn.Parameter)}
+    namespaces: list[dict[str, Any]] = []
+    if (
+        params or modules
+    ):  # outermost namespaces first: the notebook's `model` reads better than `self`
+        for frame in reversed(frames):
+            local = frame.f_locals
+            if keep and local is not frame.f_globals:
+                local = {k: v for k, v in local.items() if isinstance(v, torch.nn.Module)}
+            namespaces += [frame.f_globals, local]
+    return _Where(lines, users, namespaces, params)
+
+
+def _violation(
+    check: OpCheck, func: Any, finding: Finding, where: _Where, deferred: bool = False
+) -> Violation:
+    user = where.users[0] if where.users else None
+    outer = where.users[-1] if where.users else None
+    library = 0 if where.lines and user != 0 else None
+    return Violation(
+        op=display_name(check, func),
+        finding=finding,
+        fix=check.fix,
+        owner=_owner(where.params, where.namespaces)
+        or (_classifier(finding.limit, where.namespaces) if check.family == "loss" else None),
+        line=_describe(where.lines[user]) if user is not None else None,
+        entry_line=_describe(where.lines[outer]) if outer is not None and outer != user else None,
+        library_line=_describe(where.lines[library]) if library is not None else None,
+        rank=_rank(),
+        deferred=deferred,
+    )
 
 
 def _raise(
     check: OpCheck, func: Any, finding: Finding, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     __tracebackhide__ = True
-    frames = _outer_frames()
-    users = [f for f in frames if not _is_library(f.f_code.co_filename)]
-    user, outer = (users[0], users[-1]) if users else (None, None)
-    library = frames[0] if frames and frames[0] is not user else None
-    violation = Violation(
-        op=display_name(check, func),
-        finding=finding,
-        fix=check.fix,
-        owner=_owner([*args, *kwargs.values()], frames),
-        line=_describe(user),
-        entry_line=_describe(outer) if outer is not user else None,
-        library_line=_describe(library),
-        rank=_rank(),
-    )
+    where = _capture(args, kwargs, modules=check.family == "loss")
+    violation = _violation(check, func, finding, where)
     error = GuardIndexError if check.index_error else GuardError
-    raise error(violation)
+    raise _dressed(error(violation))
+
+
+def _dressed(error: GuardError) -> GuardError:
+    error.describe = _describe
+    error.is_internal = _is_internal
+    return error
+
+
+def _is_internal(filename: str) -> bool:
+    """torch's, ours, and IPython's cell runner: nothing the user wrote or can change."""
+    return (
+        filename.startswith(_TORCH_DIR)
+        or filename.startswith(_OWN_DIR)
+        or f"{os.sep}IPython{os.sep}" in filename
+    )
 
 
 # --- where: frames, modules, rank -------------------------------------------------------------
@@ -183,10 +434,8 @@ def _is_library(filename: str) -> bool:
     )
 
 
-def _describe(frame: FrameType | None) -> str | None:
-    if frame is None:
-        return None
-    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+def _describe(place: tuple[str, int]) -> str:
+    filename, lineno = place
     source = linecache.getline(filename, lineno).strip()
     where = f"{_cell_name(filename) or filename}, line {lineno}"
     return f"{where}: {source}" if source else where
@@ -205,23 +454,56 @@ def _cell_name(filename: str) -> str | None:
     return f"{name[0]} {name[1]}" if name else None
 
 
-def _owner(values: list[Any], frames: list[FrameType]) -> str | None:
+def _owner(params: set[int], namespaces: list[dict[str, Any]]) -> str | None:
     """'nn.Embedding(30522, 768) at model.bert.embeddings.word_embeddings', for a parameter."""
-    params = {id(v) for v in values if isinstance(v, torch.nn.Parameter)}
     if not params:
         return None
     seen: set[int] = set()
-    # outermost namespaces first: the notebook's `model` reads better than a forward's `self`
-    for frame in reversed(frames):
-        for scope in (frame.f_globals, frame.f_locals):
-            for var, value in list(scope.items()):
-                if not isinstance(value, torch.nn.Module) or id(value) in seen:
-                    continue
-                seen.add(id(value))
-                for path, module in value.named_modules():
-                    if any(id(p) in params for p in module._parameters.values()):
-                        return f"{_module_repr(module)} at {'.'.join(filter(None, (var, path)))}"
+    for scope in namespaces:
+        for var, value in list(scope.items()):
+            if not isinstance(value, torch.nn.Module) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            for path, module in value.named_modules():
+                if any(id(p) in params for p in module._parameters.values()):
+                    return f"{_module_repr(module)} at {'.'.join(filter(None, (var, path)))}"
     return None
+
+
+_HEAD_NAMES = ("classifier", "head", "fc", "score", "out", "logits", "proj", "cls")
+
+
+def _classifier(classes: int | None, namespaces: list[dict[str, Any]]) -> str | None:
+    """'the classifier nn.Linear(768, 3) at model.classifier; config.num_labels = 3': the layer
+    whose outputs are the classes a loss's targets are checked against (as the panel says)."""
+    if classes is None:
+        return None
+    seen: set[int] = set()
+    found: list[tuple[bool, str]] = []  # (has config.num_labels, text)
+    for scope in namespaces:
+        for var, value in list(scope.items()):
+            if not isinstance(value, torch.nn.Module) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            heads = [
+                (path, m)
+                for path, m in value.named_modules()
+                if isinstance(m, torch.nn.Linear) and m.out_features == classes
+            ]
+            if not heads:
+                continue
+            named = [h for h in heads if any(n in h[0].rsplit(".", 1)[-1] for n in _HEAD_NAMES)]
+            path, module = (named or heads)[-1]
+            where = ".".join(filter(None, (var, path)))
+            text = f"the classifier {_module_repr(module)} at {where}"
+            labels = getattr(getattr(value, "config", None), "num_labels", None)
+            configured = isinstance(labels, int) and not isinstance(labels, bool)
+            if configured:
+                text += f"; config.num_labels = {labels}"
+            found.append((configured, text))
+    # a model with a config is the one being trained more often than a stray layer
+    found.sort(key=lambda item: not item[0])
+    return found[0][1] if found else None
 
 
 def _module_repr(module: torch.nn.Module) -> str:
@@ -246,8 +528,9 @@ class Guard:
     """``with guard():`` checks every assert-prone call in the block; nested guards are safe.
 
     Only the outermost guard puts a mode on torch's stack; an inner one narrows or widens the
-    selection of checks until it ends. Both are undone in ``__exit__``, on exceptions and on
-    KeyboardInterrupt alike.
+    selection of checks (and the mode) until it ends. Both are undone in ``__exit__``, on
+    exceptions and on KeyboardInterrupt alike, also where the block pushed a mode of its own
+    above the guard's and left it there (``torch.set_default_device``).
     """
 
     def __init__(self, config: GuardConfig, sync: bool = False) -> None:
@@ -261,6 +544,8 @@ class Guard:
             raise RuntimeError("this guard is already active; create a new one with guard()")
         if _TABLE is None:
             _TABLE = table()
+        if self.config.deferred:
+            _hook_on()
         _STATE.configs.append(self.config)
         self._entered = True
         if _STATE.mode is None:
@@ -270,6 +555,8 @@ class Guard:
             except BaseException:
                 _STATE.configs.pop()
                 self._entered = False
+                if self.config.deferred:
+                    _hook_off()
                 raise
             _STATE.mode = mode
         return self
@@ -280,30 +567,57 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        __tracebackhide__ = True
         if not self._entered:
             return
         self._entered = False
         try:
             if self.sync and exc_type is None:
                 _synchronize()
+            # The block's deferred verdicts are read as it ends: after another error too (a bad
+            # input is the likelier cause of what followed), but not on Ctrl-C or an exit.
+            if exc_type is None or issubclass(exc_type, Exception):
+                if self.config.deferred or not any(c.deferred for c in _STATE.configs[:-1]):
+                    flush()
+            else:
+                _STATE.pending.clear()
         finally:
             _STATE.configs.pop()
-            if not _STATE.configs and _STATE.mode is not None:
-                mode, _STATE.mode = _STATE.mode, None
-                _leave(mode)
+            if self.config.deferred:
+                _hook_off()
+            if not _STATE.configs:
+                _STATE.pending.clear()
+                if _STATE.mode is not None:
+                    mode, _STATE.mode = _STATE.mode, None
+                    _leave(mode)
 
 
 def _leave(mode: _CheckMode) -> None:
-    from torch.overrides import _get_current_function_mode
+    """Take the guard's mode off torch's stack, wherever it is.
 
-    if _get_current_function_mode() is mode:
-        mode.__exit__(None, None, None)
-    else:  # someone pushed a mode inside our block and left it: popping would remove theirs
-        print(
-            "nb_cudaguard: another TorchFunctionMode is still active above the guard; "
-            "the guard stays on until that one is exited.",
-            file=sys.stderr,
-        )
+    A block may push a mode of its own and leave it on (``torch.set_default_device`` does):
+    popping the top would remove theirs, leaving ours would strand it (and a guard per cell
+    would stack one more each cell). So the modes above ours are lifted off, ours removed, and
+    theirs put back in their order.
+    """
+    from torch._C import (
+        _len_torch_function_stack,
+        _pop_torch_function_stack,
+        _push_on_torch_function_stack,
+    )
+
+    above: list[Any] = []
+    try:
+        while _len_torch_function_stack() > 0:
+            top = _pop_torch_function_stack()
+            if top is mode:
+                break
+            above.append(top)
+        else:
+            print("nb_cudaguard: the guard's mode was already off torch's stack", file=sys.stderr)
+    finally:
+        for other in reversed(above):
+            _push_on_torch_function_stack(other)
 
 
 def _synchronize() -> None:
@@ -316,8 +630,15 @@ def guard(
     only: Iterable[str] | str | None = None,
     skip: Iterable[str] | str | None = None,
     sync: bool = False,
+    mode: str = "strict",
 ) -> Guard:
     """Check the inputs of assert-prone torch calls in a ``with`` block before they run.
+
+    ``mode="strict"`` (default): each checked call's verdict is read at once, and a bad input
+    raises before its kernel launches (on a GPU: one synchronisation per checked call).
+    ``mode="deferred"``: no synchronisation per call; the call runs on clamped (safe) values and
+    the first violation is raised before the next ``optimizer.step()``, at the next ``.item()``
+    or ``.tolist()``, or when the block ends, whichever comes first.
 
     ``only``/``skip``: op names (``"cross_entropy"``, ``"getitem"``) or families (``"loss"``,
     ``"embedding"``, ``"sampling"``, ``"gather_scatter"``, ``"index"``, ``"one_hot"``,
@@ -325,7 +646,13 @@ def guard(
     without an error, so an asynchronous error from an unchecked op is reported there.
     A bad input raises :class:`nb_cudaguard.GuardError` before its kernel runs.
     """
-    config = GuardConfig(only=parse_names(only), skip=parse_names(skip) or frozenset())
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    config = GuardConfig(
+        only=parse_names(only),
+        skip=parse_names(skip) or frozenset(),
+        deferred=mode == "deferred",
+    )
     return Guard(config, sync=sync)
 
 

@@ -3,11 +3,18 @@
 The cell body runs through ``shell.run_cell``, as ``%%capture`` does, so events, tracebacks and
 the diagnosis hook behave exactly as for a plain cell. torch is imported only when the magic is
 used (the guard module needs it), never when the extension loads.
+
+In line mode the guard is entered in ``pre_run_cell`` and left in ``post_run_cell``; a deferred
+guard's verdicts must be read *inside* the cell (an exception in a post_run_cell callback only
+prints "Error in callback"), so an AST transformer ends each cell with
+``flush_after_cell(<last expression>)``, as ``%cudaguard sync on`` does with its synchronise.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -30,6 +37,52 @@ class CellStopped(Exception):
         return [f"%%cudacheck: {self}"]
 
 
+COMMANDS = """\
+%%cudacheck [--only CHECKS] [--skip CHECKS] [--deferred] [--sync]   check one cell (strict)
+%cudacheck on [--only CHECKS] [--skip CHECKS] [--strict] [--sync]   check every following cell
+                                                                     (deferred unless --strict)
+%cudacheck off                                                       stop
+%cudacheck status                                                    say what is on
+%cudacheck?                                                          the manual"""
+
+_FLUSH_MODULE = "nb_cudaguard.input_guard.scope"
+
+
+def _flush_call(value: ast.expr) -> ast.expr:
+    # __import__(...).flush_after_cell(value): no name is added to the user's namespace.
+    module = ast.Call(
+        func=ast.Name(id="__import__", ctx=ast.Load()),
+        args=[ast.Constant(_FLUSH_MODULE)],
+        keywords=[
+            ast.keyword(
+                arg="fromlist",
+                value=ast.List(elts=[ast.Constant("flush_after_cell")], ctx=ast.Load()),
+            )
+        ],
+    )
+    return ast.Call(
+        func=ast.Attribute(value=module, attr="flush_after_cell", ctx=ast.Load()),
+        args=[value],
+        keywords=[],
+    )
+
+
+class FlushAtCellEnd(ast.NodeTransformer):
+    """Ends every cell with a read of the deferred verdicts (line mode, deferred)."""
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        if not node.body:
+            return node
+        last = node.body[-1]
+        if isinstance(last, ast.Expr):
+            last.value = _flush_call(last.value)
+        else:  # a statement: an appended expression would go through the display hook
+            node.body.append(
+                ast.If(test=_flush_call(ast.Constant(None)), body=[ast.Pass()], orelse=[])
+            )
+        return ast.fix_missing_locations(node)
+
+
 @magics_class
 class CudaCheckMagics(Magics):
     def __init__(self, shell: InteractiveShell) -> None:
@@ -40,6 +93,7 @@ class CudaCheckMagics(Magics):
         # whose own options win over the session's
         self._cell_guards: list[Guard | None] = []
         self._hooked = False
+        self._flusher: FlushAtCellEnd | None = None
 
     @magic_arguments()
     @argument(
@@ -57,6 +111,19 @@ class CudaCheckMagics(Magics):
     )
     @argument("--skip", metavar="CHECKS", help="comma-separated checks not to run.")
     @argument(
+        "--deferred",
+        action="store_true",
+        help="no synchronisation per checked call: the call runs on clamped (safe) values and "
+        "the first violation is raised before the next optimizer.step(), at the next .item(), or "
+        "at the end of the cell. The default of `%%cudacheck on`.",
+    )
+    @argument(
+        "--strict",
+        action="store_true",
+        help="read each checked call's verdict at once and raise before its kernel launches (one "
+        "synchronisation per checked call on a GPU). The default of %%%%cudacheck.",
+    )
+    @argument(
         "--sync",
         action="store_true",
         help="synchronise CUDA at the end of the cell, so an asynchronous error from an "
@@ -67,38 +134,65 @@ class CudaCheckMagics(Magics):
         """Check the inputs of assert-prone torch ops before their GPU kernels run.
 
         Inside a guarded cell, a bad class id, token id, index or probability raises
-        ``nb_cudaguard.GuardError`` before the kernel launches: no device-side assert, the CUDA
-        context stays healthy, and every variable survives. Checked: cross_entropy, nll_loss,
-        multi_margin_loss, binary_cross_entropy, ctc_loss targets, embedding, embedding_bag,
-        multinomial, bernoulli, poisson, gather, scatter*, index_select/add/copy/fill/put,
-        ``x[idx]``, ``x[idx] = v``, take, put, one_hot, repeat_interleave, max_unpool*d. Each
-        check on a CUDA tensor reads a few numbers back, which synchronises: use it to find a bad
-        batch, not for every training run. In scripts and DDP ranks use
-        ``with nb_cudaguard.guard():``.
+        ``nb_cudaguard.GuardError`` instead of reaching a kernel: no device-side assert, the CUDA
+        context stays healthy. Checked: cross_entropy, nll_loss, multi_margin_loss,
+        binary_cross_entropy, ctc_loss targets, embedding, embedding_bag, multinomial,
+        bernoulli, poisson, gather, scatter*, index_select/add/copy/fill/put, ``x[idx]``,
+        ``x[idx] = v``, take, put, one_hot, repeat_interleave, max_unpool*d.
+
+        Two modes. Strict (the default of ``%%cudacheck``): the error comes from the bad call
+        itself, before it runs, and every variable survives; on a GPU each checked call
+        synchronises. Deferred (the default of ``%cudacheck on``, which stays on while you
+        train): no synchronisation per call; the bad call runs on clamped values (its output is
+        garbage, the context stays healthy) and the error, naming the bad call's line, comes
+        before the next ``optimizer.step()`` (weights are never updated from a bad batch), at
+        the next ``.item()``, or at the end of the cell. In scripts and DDP ranks use
+        ``with nb_cudaguard.guard():`` (``mode="deferred"`` for the second).
 
         Usage::
 
-            %%cudacheck [--only CHECKS] [--skip CHECKS] [--sync]
+            %%cudacheck [--only CHECKS] [--skip CHECKS] [--deferred] [--sync]
             <cell body>
 
-            %cudacheck on [--only CHECKS] [--skip CHECKS] [--sync]
+            %cudacheck on [--only CHECKS] [--skip CHECKS] [--strict] [--sync]
             %cudacheck off
             %cudacheck status
+            %cudacheck            (lists these commands)
         """
         args = parse_argstring(self.cudacheck, line)
+        if args.deferred and args.strict:
+            raise UsageError("--deferred and --strict exclude each other: choose one mode.")
         if cell is not None:
             if args.state is not None:
                 raise UsageError(
                     "%%cudacheck takes options only; `%cudacheck on|off|status` is the line magic."
                 )
-            self._run_guarded(cell, self._options(args))
-        elif args.state == "on":
-            self._turn_on(self._options(args))
+            if args.strict:
+                raise UsageError("%%cudacheck is strict already; --strict is for `%cudacheck on`.")
+            self._run_guarded(cell, self._options(args, deferred=bool(args.deferred)))
+            return
+        given = [f"--{name}" for name in ("only", "skip") if getattr(args, name) is not None]
+        given += [f"--{name}" for name in ("deferred", "strict", "sync") if getattr(args, name)]
+        if args.state == "on":
+            if args.deferred:
+                raise UsageError(
+                    "`%cudacheck on` is deferred already; --deferred is for %%cudacheck "
+                    "(use --strict for a strict session)."
+                )
+            self._turn_on(self._options(args, deferred=not args.strict))
+        elif given:
+            where = f"`%cudacheck {args.state}`" if args.state else "a bare `%cudacheck`"
+            raise UsageError(
+                f"{', '.join(given)} would do nothing with {where}: options go with "
+                "`%cudacheck on` or %%cudacheck.\n" + COMMANDS
+            )
         elif args.state == "off":
-            self._session = None
+            self._turn_off()
             print("cudacheck: off")
-        else:
+        elif args.state == "status":
             print(self.status())
+        else:
+            print(self.status() + "\n\n" + COMMANDS)
 
     # --- cell ----------------------------------------------------------------------------------
     def _run_guarded(self, cell: str, options: dict[str, Any]) -> None:
@@ -116,13 +210,32 @@ class CudaCheckMagics(Magics):
             self.ip.events.register("pre_run_cell", self._pre_run_cell)
             self.ip.events.register("post_run_cell", self._post_run_cell)
             self._hooked = True
-        print("cudacheck: on for every following cell (`%cudacheck off` to stop)")
+        self._set_flusher(options["mode"] == "deferred")
+        print(
+            f"cudacheck: on ({options['mode']}) for every following cell (`%cudacheck off` to stop)"
+        )
+
+    def _turn_off(self) -> None:
+        self._session = None
+        self._set_flusher(False)
+
+    def _set_flusher(self, on: bool) -> None:
+        transformers = self.ip.ast_transformers
+        if on and self._flusher is None:
+            self._flusher = FlushAtCellEnd()
+            transformers.append(self._flusher)
+        elif not on and self._flusher is not None:
+            if self._flusher in transformers:
+                transformers.remove(self._flusher)
+            self._flusher = None
 
     def status(self) -> str:
         if self._session is None:
             return "cudacheck: off"
-        chosen = [f"{k}={v}" for k, v in self._session.items() if v]
-        return "cudacheck: on" + (f" ({', '.join(chosen)})" if chosen else "")
+        chosen = [f"{k}={v}" for k, v in self._session.items() if v and k != "mode"]
+        return f"cudacheck: on, {self._session['mode']}" + (
+            f" ({', '.join(chosen)})" if chosen else ""
+        )
 
     def _pre_run_cell(self, *info: Any) -> None:
         if self._session is None:
@@ -142,12 +255,20 @@ class CudaCheckMagics(Magics):
 
     @staticmethod
     def _leave(entered: Guard | None) -> None:
-        if entered is not None:
+        if entered is None:
+            return
+        from ..input_guard.errors import GuardError
+
+        try:
             entered.__exit__(None, None, None)
+        except GuardError as error:
+            # Verdicts of a cell that stopped before its end (the transformer's read never
+            # ran): a callback must not raise, so say it here.
+            print(f"nb_cudaguard: {str(error).splitlines()[0]}", file=sys.stderr)
 
     def close(self) -> None:
         """Turn the line-mode guard off and remove its hooks (extension unload)."""
-        self._session = None
+        self._turn_off()
         while self._cell_guards:
             self._leave(self._cell_guards.pop())
         if self._hooked:
@@ -160,7 +281,7 @@ class CudaCheckMagics(Magics):
             self._hooked = False
 
     @staticmethod
-    def _options(args: Any) -> dict[str, Any]:
+    def _options(args: Any, deferred: bool) -> dict[str, Any]:
         try:
             from ..input_guard.scope import parse_names
         except ImportError as error:  # the guard checks torch calls: no torch, nothing to guard
@@ -172,4 +293,5 @@ class CudaCheckMagics(Magics):
             only, skip = parse_names(args.only), parse_names(args.skip)
         except ValueError as error:
             raise UsageError(str(error)) from None
-        return {"only": only, "skip": skip, "sync": bool(args.sync)}
+        mode = "deferred" if deferred else "strict"
+        return {"only": only, "skip": skip, "sync": bool(args.sync), "mode": mode}

@@ -83,3 +83,47 @@ def test_without_the_guard_a_bad_ctc_target_breaks_the_context_or_the_result() -
     # CUDA does not check CTC targets: an out-of-range read may fault or return garbage
     out = run(CASES["ctc_loss"], guarded=False)
     assert "RAISED: GuardError" not in out, out
+
+
+DEFERRED_SCRIPT = """
+import torch, torch.nn.functional as F
+import nb_cudaguard
+from nb_cudaguard.input_guard.scope import STATS
+dev = "cuda"
+torch.manual_seed(0)
+emb = torch.nn.Embedding(10, 4).to(dev)
+head = torch.nn.Linear(4, 3).to(dev)
+params = [*emb.parameters(), *head.parameters()]
+opt = torch.optim.AdamW(params, lr=0.1)
+before = [p.detach().clone() for p in params]
+ids = torch.tensor([[1, 2], [3, {bad_id}]], device=dev)
+labels = torch.tensor([0, {bad_label}], device=dev)
+try:
+    with nb_cudaguard.guard(mode="deferred"):
+        loss = F.cross_entropy(head(emb(ids).mean(1)), labels)
+        loss.backward()
+        print("TRANSFERS BEFORE STEP:", STATS["transfers"])
+        opt.step()
+    print("RAISED: nothing")
+except nb_cudaguard.GuardError as error:
+    print("RAISED: GuardError", str(error).splitlines()[0])
+except Exception as error:
+    print("RAISED:", type(error).__name__, str(error).splitlines()[0])
+torch.cuda.synchronize()
+print("UNCHANGED:", all(torch.equal(a, b) for a, b in zip(before, params)))
+print("AFTER:", torch.arange(3, device=dev).sum().item())
+"""
+
+
+@pytest.mark.parametrize(("bad_id", "bad_label"), [(10, 1), (4, 3)], ids=["token id", "label"])
+def test_a_deferred_violation_on_cuda_raises_before_the_step_and_keeps_the_context(
+    bad_id: int, bad_label: int
+) -> None:
+    code = textwrap.dedent(DEFERRED_SCRIPT).format(bad_id=bad_id, bad_label=bad_label)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=kernel_env(), capture_output=True, text=True, timeout=180
+    )
+    out = done.stdout
+    assert "TRANSFERS BEFORE STEP: 0" in out, out + done.stderr  # no sync per checked call
+    assert "RAISED: GuardError" in out, out + done.stderr
+    assert "UNCHANGED: True" in out and "AFTER: 3" in out, out + done.stderr

@@ -98,3 +98,32 @@ def test_the_error_carries_the_structured_violation() -> None:
 def test_multinomial_zero_row_is_named_as_such() -> None:
     text = message(lambda: torch.multinomial(torch.tensor([[1.0, 1.0], [0.0, 0.0]]), 1))
     assert "a row of probabilities sums to 0" in text and "row [1]" in text
+
+
+class Config:
+    num_labels = 3
+    vocab_size = 30
+
+
+class WithConfig(Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = Config()
+
+
+configured = WithConfig()
+
+
+def test_a_loss_message_names_the_classifier_and_num_labels() -> None:
+    text = message(
+        lambda: F.cross_entropy(configured(torch.tensor([[1, 2]])).mean(1), torch.tensor([5]))
+    )
+    assert "the classifier nn.Linear(in_features=8, out_features=3, bias=True) at " in text
+    assert "configured.head; config.num_labels = 3" in text
+
+
+def test_a_deferred_loss_message_names_the_classifier_too() -> None:
+    with pytest.raises(GuardError) as caught, guard(mode="deferred"):
+        F.cross_entropy(model(torch.tensor([[1, 2]])).mean(1), torch.tensor([5]))
+    text = str(caught.value)
+    assert "the classifier nn.Linear(in_features=8, out_features=3, bias=True) at " in text

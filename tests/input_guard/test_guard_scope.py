@@ -169,3 +169,17 @@ def test_autograd_still_works_through_a_guarded_call() -> None:
     with guard():
         F.cross_entropy(logits, torch.tensor([0, 3, -100])).backward()
     assert logits.grad is not None and logits.grad.shape == (3, 4)
+
+
+def test_a_mode_the_block_leaves_on_keeps_working_and_the_guard_still_leaves() -> None:
+    before = mode_depth()
+    try:
+        with guard():
+            torch.set_default_device("cpu")  # pushes torch's device mode above the guard's
+        assert mode_depth() == before + 1 and not active()
+        with pytest.raises(IndexError) as caught:
+            bad_embedding()  # no guard left under torch's mode
+        assert not isinstance(caught.value, GuardError)
+    finally:
+        torch.set_default_device(None)  # pops torch's mode: it must still be on top
+    assert mode_depth() == before

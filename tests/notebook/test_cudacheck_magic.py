@@ -140,7 +140,7 @@ def test_a_checked_cell_inside_line_mode_unwinds_both(ip: Any) -> None:
 def test_status_reports_the_state(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_cell("%cudacheck on --only loss")
     ip.run_cell("%cudacheck status")
-    assert "cudacheck: on (only=" in capsys.readouterr().out
+    assert "cudacheck: on, deferred (only=" in capsys.readouterr().out
 
 
 def test_unloading_the_extension_turns_line_mode_off(ip: Any) -> None:
@@ -171,3 +171,125 @@ def test_a_guard_error_is_not_diagnosed_as_a_cuda_error(ip: Any) -> None:
     ip.run_cell("%%cudacheck\nemb(torch.tensor([10]))")
     state = current_state(ip)
     assert state is not None and state.last_diagnosis is None
+
+
+# --- modes ----------------------------------------------------------------------------------
+TRAIN = """
+import torch, torch.nn.functional as F
+model = torch.nn.Linear(4, 3)
+opt = torch.optim.SGD(model.parameters(), lr=1.0)
+before = model.weight.detach().clone()
+"""
+BAD_STEP = """
+loss = F.cross_entropy(model(torch.randn(2, 4)), torch.tensor([0, 3]))
+loss.backward()
+reached_step = True
+opt.step()
+"""
+
+
+def test_a_deferred_cell_raises_before_the_optimizer_step(ip: Any) -> None:
+    ip.run_cell(TRAIN)
+    result = ip.run_cell("%%cudacheck --deferred\n" + BAD_STEP)
+    assert not result.success and isinstance(errors(ip)[0], GuardError)
+    assert ip.user_ns["reached_step"] is True  # the bad call itself ran, on safe values
+    assert torch.equal(ip.user_ns["model"].weight, ip.user_ns["before"])
+
+
+def test_a_deferred_cell_raises_at_its_end(ip: Any) -> None:
+    before = mode_depth()
+    ip.run_cell("%%cudacheck --deferred\nout = emb(torch.tensor([3, 10]))\nafter = 1")
+    assert isinstance(errors(ip)[0], GuardError) and ip.user_ns["after"] == 1
+    assert mode_depth() == before and not active()
+
+
+def test_line_mode_is_deferred_by_default_and_fails_the_cell(ip: Any) -> None:
+    ip.run_cell(TRAIN)
+    ip.run_cell("%cudacheck on")
+    result = ip.run_cell(BAD_STEP)
+    assert not result.success and isinstance(result.error_in_exec, GuardError)
+    assert torch.equal(ip.user_ns["model"].weight, ip.user_ns["before"])
+
+
+def test_line_mode_keeps_the_displayed_value_of_a_good_cell(ip: Any) -> None:
+    ip.run_cell("%cudacheck on")
+    result = ip.run_cell("emb(torch.tensor([1])).shape")
+    assert result.success and result.result == torch.Size([1, 4])
+
+
+def test_line_mode_strict_raises_at_the_bad_call(ip: Any) -> None:
+    ip.run_cell("%cudacheck on --strict")
+    ip.run_cell("emb(torch.tensor([10]))\nafter_strict = 1")
+    assert isinstance(errors(ip)[0], GuardError) and "after_strict" not in ip.user_ns
+
+
+def test_line_mode_off_removes_its_transformer(ip: Any) -> None:
+    before = list(ip.ast_transformers)
+    ip.run_cell("%cudacheck on")
+    assert len(ip.ast_transformers) == len(before) + 1
+    ip.run_cell("%cudacheck off")
+    assert ip.ast_transformers == before
+
+
+def test_a_cell_that_pushes_its_own_mode_does_not_strand_the_guard(ip: Any) -> None:
+    before = mode_depth()
+    ip.run_cell("%cudacheck on")
+    for _ in range(3):
+        ip.run_cell('torch.set_default_device("cpu")')
+    assert mode_depth() == before + 1  # torch's device mode only, no guard left under it
+    assert not active()
+    ip.run_cell("torch.set_default_device(None)")
+    assert mode_depth() == before
+
+
+# --- options that mean nothing where they are given ------------------------------------------
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("--only nonsense", "options go with"),
+        ("--only loss", "bare"),
+        ("off --sync", "--sync would do nothing with `%cudacheck off`"),
+        ("status --only loss", "`%cudacheck status`"),
+        ("on --deferred", "deferred already"),
+        ("on --deferred --strict", "exclude each other"),
+    ],
+)
+def test_a_line_option_that_does_nothing_is_a_usage_error(ip: Any, line: str, why: str) -> None:
+    with pytest.raises(UsageError, match=why.replace("(", "\\(")):
+        ip.run_line_magic("cudacheck", line)
+
+
+def test_strict_in_a_cell_magic_is_a_usage_error(ip: Any) -> None:
+    with pytest.raises(UsageError, match="strict already"):
+        ip.run_cell_magic("cudacheck", "--strict", "x = 1")
+
+
+def test_a_bare_line_magic_lists_its_commands(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("cudacheck", "")
+    out = capsys.readouterr().out
+    assert "cudacheck: off" in out
+    for command in ("%%cudacheck", "%cudacheck on", "%cudacheck off", "%cudacheck status"):
+        assert command in out
+
+
+def test_the_traceback_shows_the_users_lines_not_torchs(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.run_cell("def lookup(ids):\n    return emb(ids)\n")
+    capsys.readouterr()
+    ip.run_cell("%%cudacheck\nx = 1\nlookup(torch.tensor([10]))")
+    out = capsys.readouterr().out
+    assert "GuardIndexError: raised at" in out and "return emb(ids)" in out
+    for internal in ("torch/nn/", "functional.py", "scope.py", "interactiveshell.py"):
+        assert internal not in out, out
+
+
+def test_a_deferred_error_shows_where_it_was_read_and_the_bad_line(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.run_cell(TRAIN)
+    capsys.readouterr()
+    ip.run_cell("%%cudacheck --deferred\n" + BAD_STEP)
+    out = capsys.readouterr().out
+    assert "opt.step()" in out  # where the verdict was read
+    assert "your line: Cell In[" in out and "F.cross_entropy(model(" in out  # the bad call

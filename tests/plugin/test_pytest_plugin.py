@@ -121,18 +121,35 @@ def test_strict_runs_each_test_under_the_guard(pytester: pytest.Pytester):
     strict.stdout.fnmatch_lines(["*GuardIndexError*"])
 
 
-def test_deferred_is_a_clear_usage_error_where_the_guard_lacks_it(pytester: pytest.Pytester):
-    import inspect
+def test_deferred_fails_the_test_before_its_optimizer_step(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        test_guarded=textwrap.dedent(
+            """
+            import torch
+            import torch.nn.functional as F
 
-    from nb_cudaguard.input_guard.scope import guard
+            def test_bad_label():
+                model = torch.nn.Linear(4, 3)
+                before = model.weight.detach().clone()
+                opt = torch.optim.SGD(model.parameters(), lr=1.0)
+                F.cross_entropy(model(torch.randn(2, 4)), torch.tensor([0, 3])).backward()
+                try:
+                    opt.step()
+                finally:
+                    assert torch.equal(model.weight, before)
 
-    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+            def test_bad_id_without_a_step():
+                F.embedding(torch.tensor([5]), torch.randn(4, 2))
+
+            def test_good():
+                F.cross_entropy(torch.randn(2, 3), torch.tensor([0, -100])).item()
+            """
+        )
+    )
     result = pytester.runpytest("--cudaguard=deferred", "-p", "no:cacheprovider")
-    if "mode" in inspect.signature(guard).parameters:
-        result.assert_outcomes(passed=1)
-    else:
-        assert result.ret == pytest.ExitCode.USAGE_ERROR
-        assert "deferred mode" in result.stderr.str()
+    result.assert_outcomes(failed=2, passed=1)
+    result.stdout.fnmatch_lines(["*GuardIndexError*"])
+    assert "No optimizer step has run" in result.stdout.str()
 
 
 @pytest.mark.skipif(

@@ -1,0 +1,49 @@
+"""The guard against PyTorch's own OpInfo inputs with the bare CPU op as the oracle (see
+opinfo_oracle.py): in strict and in deferred mode, it raises exactly when the CPU op raises,
+an exception of the CPU op's class; it never rejects what the op accepts."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nb_cudaguard import guard
+
+oracle = pytest.importorskip("opinfo_oracle", reason="needs torch.testing._internal (expecttest)")
+pytest.importorskip("expecttest")
+
+
+def _cases(name: str) -> Iterator[tuple[str, Callable[..., Any], Any]]:
+    if name in oracle.MODULE_NAMES:
+        yield from oracle.module_samples(name)
+        return
+    for op in oracle.op_infos():
+        if f"{op.name}.{op.variant_test_name}".rstrip(".") == name:
+            yield from oracle.op_samples(op)
+
+
+NAMES = [
+    *sorted({f"{op.name}.{op.variant_test_name}".rstrip(".") for op in oracle.op_infos()}),
+    *oracle.MODULE_NAMES,
+]
+
+
+@pytest.mark.parametrize("mode", ["strict", "deferred"])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_guard_raises_exactly_when_the_cpu_op_raises(name: str, mode: str) -> None:
+    factory = functools.partial(guard, mode=mode)
+    wrong: list[str] = []
+    checked = 0
+    for label, function, sample in _cases(name):
+        for variant, case in oracle.variants(sample):
+            if oracle.undefined(name, case):
+                continue
+            checked += 1
+            problem = oracle.compare(function, case, factory)
+            if problem is not None:
+                wrong.append(f"{label} {variant}: {problem}")
+    assert checked > 0
+    assert not wrong, f"{len(wrong)} of {checked} cases:\n" + "\n".join(wrong[:30])
