@@ -17,6 +17,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..diagnosis.assert_lines import parse_assert_lines
 from ..diagnosis.engine import diagnose
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
@@ -159,8 +160,8 @@ class CudaGuardExtension:
             self.cells.finish(cell)
         try:
             if error is None:
-                if result is not None and self.tee.depth == 0:
-                    self.tee.clear()  # older device lines never decide a later error
+                if result is not None and self.tee.depth == 0 and self.tee.received():
+                    self._forget_device_output()
                 return
             self._explain(error, cell)
         except BaseException as internal:  # never let our failure cost the user their traceback
@@ -171,14 +172,25 @@ class CudaGuardExtension:
                     file=sys.stderr,
                 )
 
+    def _forget_device_output(self) -> None:
+        """After a successful cell, older output never decides a later error, except assert
+        lines: the GPU prints them at a later launch or sync, often in a cell that succeeds,
+        while the error surfaces cells later (seen on an H100: launch in one cell, `.item()` two
+        cells on). They are kept until a failure reads them."""
+        if not parse_assert_lines(self.tee.text()):
+            self.tee.clear()
+
     def _explain(self, error: BaseException, cell: int | None) -> None:
         if diagnose(error) is None:
             return  # not a CUDA error (from its own text): no need to ask the tee's child
         launched = self.cells.settle(timeout=0.1)  # answers still on their way: ms at most
         where = where_sentence(error, cell, launched, synced=is_sync_frame(error))
-        # Only what fd 2 received since the last successful cell can decide (FdTee.clear).
+        # What fd 2 received since the last diagnosis, less what successful cells printed
+        # besides assert lines (_forget_device_output); read once: later errors start afresh.
+        device_output = self.tee.text()
+        self.tee.clear()
         diagnosis = diagnose(
-            error, device_output=self.tee.text(), namespace=self.shell.user_ns, where=where
+            error, device_output=device_output, namespace=self.shell.user_ns, where=where
         )
         if diagnosis is None:
             return

@@ -276,19 +276,22 @@ class FdTee:
             return None
         return seq
 
-    def clear(self) -> None:
-        """Forget what was captured so far (a cell succeeded: those lines decide nothing)."""
+    def received(self) -> bool:
+        """Whether ``fd`` received anything since the last ``clear()`` (no round trip)."""
         if self._store is None or self._write_end is None or sys.platform == "win32":
-            return
+            return False
         try:
             counters = os.pread(self._store, 16, 0)  # bytes received; the same at the last clear
             unread = array.array("i", [0])
             fcntl.ioctl(self._write_end, termios.FIONREAD, unread)  # bytes not read yet
         except OSError:
-            counters, unread = b"", array.array("i", [1])
-        if counters[:8] == counters[8:16] and not unread[0]:
-            return  # nothing written to fd 2 since the last clear
-        self._command(b"C", 0)
+            return True
+        return counters[:8] != counters[8:16] or bool(unread[0])
+
+    def clear(self) -> None:
+        """Forget what was captured so far."""
+        if self.received():
+            self._command(b"C", 0)
 
     def text(self, timeout: float = DRAIN_TIMEOUT_S) -> str:
         """What was captured since the last ``clear()`` (its tail): every byte written before
