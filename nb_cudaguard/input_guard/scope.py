@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -447,11 +448,18 @@ def _cell_name(filename: str) -> str | None:
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
         return None
+    format_code_name = getattr(shell.compile, "format_code_name", None)
+    if format_code_name is None:  # IPython < 8 names cells <ipython-input-N-hash>
+        match = _OLD_CELL_NAME.fullmatch(filename)
+        return f"Cell In[{match.group(1)}]" if match else None
     try:
-        name = shell.compile.format_code_name(filename)
+        name = format_code_name(filename)
     except Exception:
         return None
     return f"{name[0]} {name[1]}" if name else None
+
+
+_OLD_CELL_NAME = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
 
 
 def _owner(params: set[int], namespaces: list[dict[str, Any]]) -> str | None:
