@@ -30,6 +30,15 @@ def _dsa(torch: Any) -> str:
     )
 
 
+# Plain words, not the internal ids (`no-cuda`) that the JSON payload uses.
+_WORDS = {
+    ContextState.POISONED: "poisoned: only a kernel restart helps",
+    ContextState.HEALTHY: "healthy",
+    ContextState.NO_CUDA: "none yet (this kernel has not used CUDA)",
+    ContextState.UNKNOWN: "could not be checked",
+}
+
+
 @dataclass(frozen=True)
 class Status:
     torch_version: str | None
@@ -51,12 +60,12 @@ class Status:
             out.append(f"CUDA (torch built with): {self.cuda_version or 'none (CPU build)'}")
             out.append(f"CUDA initialised: {'yes' if self.cuda_initialised else 'no'}")
         if len(self.devices) > 1:
-            each = ", ".join(f"cuda:{i} {state.value}" for i, state in self.devices)
-            out.append(f"CUDA context: {self.context.value} ({each})")
+            each = ", ".join(f"cuda:{i} {_WORDS[state]}" for i, state in self.devices)
+            out.append(f"CUDA context: {_WORDS[self.context]} ({each})")
         elif self.devices:
-            out.append(f"CUDA context: {self.context.value} (cuda:{self.devices[0][0]})")
+            out.append(f"CUDA context: {_WORDS[self.context]} (cuda:{self.devices[0][0]})")
         else:
-            out.append(f"CUDA context: {self.context.value}")
+            out.append(f"CUDA context: {_WORDS[self.context]}")
         value = "unset" if self.blocking.value is None else repr(self.blocking.value)
         verdict = {True: "effective", False: "not effective", None: "effect unknown"}
         if self.blocking.value is None and self.blocking.effective is False:

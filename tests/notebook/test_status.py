@@ -30,6 +30,9 @@ def test_status_reports_versions_and_cuda_state_after_import(kernel):
     version = kernel.execute("print(torch.__version__)").stream.strip()
     assert f"torch: {version}\n" in text
     assert "CUDA initialised: no" in text
+    # Plain words, never the payload's internal ids ("no-cuda").
+    assert "CUDA context: none yet (this kernel has not used CUDA)" in text
+    assert "no-cuda" not in text
     assert "device-side assertions (TORCH_USE_CUDA_DSA):" in text
 
 
