@@ -366,8 +366,8 @@ def _token_ids(found: _Found, likely: Sequence[str]) -> Evidence:
         top, low = int(ids.max()), int(ids.min())
         if top >= size:
             # Blame a tokenizer only where one was found: most notebooks index by hand.
-            if added:
-                reason = ": tokens were added without model.resize_token_embeddings(len(tokenizer))"
+            if added and tokenizer_len is not None:  # the len(tokenizer) sentence says why
+                reason = f": one of the {tokenizer_len - size} added token(s)"
             elif tokenizer_len is not None:
                 reason = f": the tokenizer (len {tokenizer_len}) does not match the model"
             else:
