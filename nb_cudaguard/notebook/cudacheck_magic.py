@@ -12,7 +12,6 @@ prints "Error in callback"), so an AST transformer ends each cell with
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from ..runtime.cells import CallAtCellEnd
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -45,42 +46,12 @@ COMMANDS = """\
 %cudacheck status                                                    say what is on
 %cudacheck?                                                          the manual"""
 
-_FLUSH_MODULE = "nb_cudaguard.input_guard.scope"
 
-
-def _flush_call(value: ast.expr) -> ast.expr:
-    # __import__(...).flush_after_cell(value): no name is added to the user's namespace.
-    module = ast.Call(
-        func=ast.Name(id="__import__", ctx=ast.Load()),
-        args=[ast.Constant(_FLUSH_MODULE)],
-        keywords=[
-            ast.keyword(
-                arg="fromlist",
-                value=ast.List(elts=[ast.Constant("flush_after_cell")], ctx=ast.Load()),
-            )
-        ],
-    )
-    return ast.Call(
-        func=ast.Attribute(value=module, attr="flush_after_cell", ctx=ast.Load()),
-        args=[value],
-        keywords=[],
-    )
-
-
-class FlushAtCellEnd(ast.NodeTransformer):
+class FlushAtCellEnd(CallAtCellEnd):
     """Ends every cell with a read of the deferred verdicts (line mode, deferred)."""
 
-    def visit_Module(self, node: ast.Module) -> ast.Module:
-        if not node.body:
-            return node
-        last = node.body[-1]
-        if isinstance(last, ast.Expr):
-            last.value = _flush_call(last.value)
-        else:  # a statement: an appended expression would go through the display hook
-            node.body.append(
-                ast.If(test=_flush_call(ast.Constant(None)), body=[ast.Pass()], orelse=[])
-            )
-        return ast.fix_missing_locations(node)
+    def __init__(self) -> None:
+        super().__init__("nb_cudaguard.input_guard.scope", "flush_after_cell")
 
 
 @magics_class

@@ -119,43 +119,55 @@ def sync_after_cell(value: Any = None) -> Any:
     return value
 
 
-_SYNC_MODULE = __name__
+class CallAtCellEnd(ast.NodeTransformer):
+    """IPython AST transformer: end every cell with a call of ``module.function``.
 
+    The last statement ``x`` becomes ``function(x)`` (which hands ``x`` back, so the cell's
+    displayed value is unchanged); a cell ending in a statement gets ``if function(None): pass``
+    appended. The call runs inside the cell, so what it raises fails that cell.
+    """
 
-def _sync_call(value: ast.expr) -> ast.expr:
-    # __import__(...).sync_after_cell(value): no name is added to the user's namespace.
-    module = ast.Call(
-        func=ast.Name(id="__import__", ctx=ast.Load()),
-        args=[ast.Constant(_SYNC_MODULE)],
-        keywords=[
-            ast.keyword(
-                arg="fromlist",
-                value=ast.List(elts=[ast.Constant("sync_after_cell")], ctx=ast.Load()),
-            )
-        ],
-    )
-    return ast.Call(
-        func=ast.Attribute(value=module, attr="sync_after_cell", ctx=ast.Load()),
-        args=[value],
-        keywords=[],
-    )
+    def __init__(self, module: str, function: str) -> None:
+        super().__init__()
+        self.module, self.function = module, function
 
-
-class SyncAfterCell(ast.NodeTransformer):
-    """IPython AST transformer: synchronise CUDA at the end of every cell (opt-in)."""
+    def _call(self, value: ast.expr) -> ast.expr:
+        # __import__(module, fromlist=[function]).function(value): no name enters the namespace.
+        module = ast.Call(
+            func=ast.Name(id="__import__", ctx=ast.Load()),
+            args=[ast.Constant(self.module)],
+            keywords=[
+                ast.keyword(
+                    arg="fromlist",
+                    value=ast.List(elts=[ast.Constant(self.function)], ctx=ast.Load()),
+                )
+            ],
+        )
+        return ast.Call(
+            func=ast.Attribute(value=module, attr=self.function, ctx=ast.Load()),
+            args=[value],
+            keywords=[],
+        )
 
     def visit_Module(self, node: ast.Module) -> ast.Module:
         if not node.body:
             return node
         last = node.body[-1]
         if isinstance(last, ast.Expr):
-            last.value = _located(_sync_call(last.value), last)
+            last.value = _located(self._call(last.value), last)
         else:
             # A statement, not an expression: an appended expression would make IPython run
             # it in 'single' mode through the display hook.
-            test = _sync_call(ast.Constant(None))
+            test = self._call(ast.Constant(None))
             node.body.append(_located(ast.If(test=test, body=[ast.Pass()], orelse=[]), last))
         return node
+
+
+class SyncAfterCell(CallAtCellEnd):
+    """Synchronise CUDA at the end of every cell (opt-in: ``%cudaguard sync on``)."""
+
+    def __init__(self) -> None:
+        super().__init__(__name__, "sync_after_cell")
 
 
 def _located(new: _Node, like: ast.stmt) -> _Node:
