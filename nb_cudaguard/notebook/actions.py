@@ -48,8 +48,11 @@ _EXPECT = {
 }
 
 
-def after_restart_text(method: str, blocking: bool, blocking_kept: bool = False) -> str:
-    """What the user will see after asking for a restart, and what to do then."""
+def after_restart_text(
+    method: str, blocking: bool, blocking_kept: bool = False, warning: str = ""
+) -> str:
+    """What the user will see after asking for a restart, and what to do then; first, a
+    ``warning`` about blocking mode (several GPUs, DataParallel, a process group)."""
     expect = _EXPECT.get(method, "The kernel restarts.")
     if blocking:
         mode = (
@@ -64,7 +67,8 @@ def after_restart_text(method: str, blocking: bool, blocking_kept: bool = False)
         )
     else:
         mode = ""
-    return f"Restarting. {expect}{mode} Then re-run the notebook from the top."
+    first = f"WARNING: {warning} " if warning and blocking else ""
+    return f"{first}Restarting. {expect}{mode} Then re-run the notebook from the top."
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,11 @@ class RestartActions:
             )
             return
         kept = self.blocking_on and not self.blocking_ours and not blocking
-        self._say(after_restart_text(plan.method.value, blocking, blocking_kept=kept))
+        self._say(
+            after_restart_text(
+                plan.method.value, blocking, blocking_kept=kept, warning=plan.warning
+            )
+        )
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         hint = CommandHint(self.blocking_on)._repr_mimebundle_()

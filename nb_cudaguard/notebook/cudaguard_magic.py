@@ -50,7 +50,8 @@ def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
         raise UsageError(f"cannot restart: {error}") from None
     from .actions import after_restart_text
 
-    print(f"nb_cudaguard: {after_restart_text(plan.method.value, blocking)}", flush=True)
+    text = after_restart_text(plan.method.value, blocking, warning=plan.warning)
+    print(f"nb_cudaguard: {text}", flush=True)
 
 
 def _sync(state: ExtensionState, args: argparse.Namespace) -> None:

@@ -66,26 +66,6 @@ class RestartPlan:
     note: str = ""  # why this method (a fallback says what it fell back from)
     warning: str = ""  # said before the restart (blocking mode with several GPUs, ...)
 
-    def describe(self, blocking: bool) -> str:
-        how = {
-            Method.REST: "through its Jupyter server",
-            Method.KILL: "by ending it; Colab starts a new one (it will say the session crashed)",
-            Method.EXIT: "by ending it; the notebook server starts a new one (it may say the "
-            "kernel died or is restarting)",
-            Method.EXECVE: "in place (same process id and connection)",
-        }[self.method]
-        mode = (
-            "The new kernel starts with CUDA_LAUNCH_BLOCKING=1 (this restart only): every CUDA "
-            "launch is slower, and errors point at the line that caused them."
-            if blocking
-            else "The new kernel starts with the normal environment."
-        )
-        warning = f"WARNING: {self.warning} " if self.warning and blocking else ""
-        return (
-            f"{warning}Restarting this kernel {how}. {mode} All variables are lost: when the "
-            "kernel is back, re-run the notebook from the top."
-        )
-
 
 class RestartError(RuntimeError):
     """This process cannot be restarted from inside (not a kernel)."""
