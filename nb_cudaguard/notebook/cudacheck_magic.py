@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..runtime.cells import CallAtCellEnd
+from ..runtime.cells import CallAtCellEnd, toggle_transformer
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -192,13 +192,7 @@ class CudaCheckMagics(Magics):
 
     def _set_flusher(self, on: bool) -> None:
         transformers = self.ip.ast_transformers
-        if on and self._flusher is None:
-            self._flusher = FlushAtCellEnd()
-            transformers.append(self._flusher)
-        elif not on and self._flusher is not None:
-            if self._flusher in transformers:
-                transformers.remove(self._flusher)
-            self._flusher = None
+        self._flusher = toggle_transformer(transformers, self._flusher, on, FlushAtCellEnd)
 
     def status(self) -> str:
         if self._session is None:

@@ -22,7 +22,7 @@ from ..diagnosis.engine import diagnose
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
 from ..runtime.capture import FdTee
-from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame
+from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
 from ..runtime.probe import Probe, probe_devices
 
 if TYPE_CHECKING:
@@ -79,14 +79,7 @@ class CudaGuardExtension:
 
     def set_sync(self, on: bool) -> None:
         """Synchronise CUDA at the end of every cell (``%cudaguard sync on``), or stop."""
-        transformers = self.shell.ast_transformers
-        if on and self._sync is None:
-            self._sync = SyncAfterCell()
-            transformers.append(self._sync)
-        elif not on and self._sync is not None:
-            if self._sync in transformers:
-                transformers.remove(self._sync)
-            self._sync = None
+        self._sync = toggle_transformer(self.shell.ast_transformers, self._sync, on, SyncAfterCell)
 
     @property
     def sync(self) -> bool:

@@ -22,12 +22,14 @@ import ast
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .probe import ask_work_queued
 
 _Node = TypeVar("_Node", bound=ast.AST)
+_Call = TypeVar("_Call", bound="CallAtCellEnd")
 
 
 def _cuda_allocations() -> int | None:
@@ -161,6 +163,21 @@ class CallAtCellEnd(ast.NodeTransformer):
             test = self._call(ast.Constant(None))
             node.body.append(_located(ast.If(test=test, body=[ast.Pass()], orelse=[]), last))
         return node
+
+
+def toggle_transformer(
+    transformers: list[Any], current: _Call | None, on: bool, make: Callable[[], _Call]
+) -> _Call | None:
+    """Put a new ``make()`` into IPython's AST transformers, or take ``current`` out (only if
+    still there: the user may have removed it); returns what is now in place."""
+    if on and current is None:
+        current = make()
+        transformers.append(current)
+    elif not on and current is not None:
+        if current in transformers:
+            transformers.remove(current)
+        current = None
+    return current
 
 
 class SyncAfterCell(CallAtCellEnd):
