@@ -46,6 +46,7 @@ class CudaGuardExtension:
         self.tee = FdTee(2)  # device assert lines: shown as before, and kept for the diagnosis
         self._tee_failed = False
         self.cells = CellTracker()
+        self.outcomes: dict[int, bool] = {}  # execution count -> succeeded (for a replay)
         self._sync: SyncAfterCell | None = None
 
     # --- load / unload -------------------------------------------------------------------------
@@ -91,17 +92,20 @@ class CudaGuardExtension:
         """Restart this kernel (see ``restart.methods.restart_kernel``), handing down what only
         the shell knows: its profile, and the cell whose error was last explained."""
         from ..restart.methods import DELAY_S, restart_kernel
+        from .replay_glue import cells_kept_for_restart
 
         # Once the context is known broken no further panel is shown, so the last panel's cell is
         # also the one that broke it; where the probe could not tell, the panel still named it.
-        return restart_kernel(
-            blocking,
-            after_cell=self.last_sticky_cell if after_cell is None else after_cell,
-            profile=profile_dirs(self.shell),
-            delay=DELAY_S if delay is None else delay,
-            connection=kernel_connection(self.shell),
-            warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
-        )
+        after_cell = self.last_sticky_cell if after_cell is None else after_cell
+        with cells_kept_for_restart(self, after_cell):  # for `%cudaguard replay` in the next one
+            return restart_kernel(
+                blocking,
+                after_cell=after_cell,
+                profile=profile_dirs(self.shell),
+                delay=DELAY_S if delay is None else delay,
+                connection=kernel_connection(self.shell),
+                warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
+            )
 
     def _register_magics(self) -> None:
         from .cudacheck_magic import CudaCheckMagics
@@ -151,6 +155,8 @@ class CudaGuardExtension:
             self.tee.stop()
         with contextlib.suppress(BaseException):
             self.cells.finish(cell)
+            if cell is not None and result is not None:
+                self.outcomes[cell] = bool(result.success)
         try:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
