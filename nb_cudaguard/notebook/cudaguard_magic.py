@@ -97,9 +97,10 @@ def _repro(state: ExtensionState, args: argparse.Namespace) -> None:
 
 
 def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
+    from .display import blocking_in_force
     from .replay_glue import replay_command
 
-    replay_command(state.shell, yes=args.yes)
+    replay_command(state.shell, yes=args.yes, blocking_on=blocking_in_force()[0])
 
 
 # One entry per subcommand: adding a command is adding an entry.

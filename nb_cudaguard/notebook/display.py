@@ -95,4 +95,5 @@ def on_load() -> None:
         display(Banner(found))
     from .replay_glue import offer_after_restart
 
-    offer_after_restart()  # after our restart: the previous kernel's cells, replayed on a click
+    # After our restart: the previous kernel's cells that lead to the error, replayed on a click.
+    offer_after_restart(blocking_in_force()[0])

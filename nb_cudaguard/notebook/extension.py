@@ -25,6 +25,10 @@ from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
 from ..runtime.probe import Probe, probe_devices
 
+# Re-exported: they lived here before the replay needed them without importing this module.
+from .locate import kernel_connection as kernel_connection
+from .locate import profile_dirs as profile_dirs
+
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
@@ -97,7 +101,8 @@ class CudaGuardExtension:
         # Once the context is known broken no further panel is shown, so the last panel's cell is
         # also the one that broke it; where the probe could not tell, the panel still named it.
         after_cell = self.last_sticky_cell if after_cell is None else after_cell
-        with cells_kept_for_restart(self, after_cell):  # for `%cudaguard replay` in the next one
+        # The cells, for `%cudaguard replay` in the next process.
+        with cells_kept_for_restart(self.shell, self.outcomes, after_cell):
             return restart_kernel(
                 blocking,
                 after_cell=after_cell,
@@ -260,26 +265,6 @@ def current_state(shell: InteractiveShell | None = None) -> CudaGuardExtension |
 
         shell = get_ipython()
     return _STATES.get(id(shell)) if shell is not None else None
-
-
-def profile_dirs(shell: InteractiveShell) -> tuple[str, str] | None:
-    """The shell's IPython profile (location, startup directory), where the restart leaves its
-    one-shot startup file."""
-    profile = getattr(shell, "profile_dir", None)
-    if profile is None:
-        return None
-    return str(profile.location), str(profile.startup_dir)
-
-
-def kernel_connection(shell: InteractiveShell) -> str | None:
-    """The connection file of the kernel this shell runs in; None where it is not a kernel
-    (terminal IPython, even with ipykernel imported, as ipywidgets 7.7 does; an in-process
-    kernel). Asked of the shell's kernel object and ipykernel's own API, nothing else."""
-    if getattr(shell, "kernel", None) is None:
-        return None
-    from ..restart.environment import running_kernel_connection
-
-    return running_kernel_connection()
 
 
 def multi_gpu_warning(namespace: dict[str, Any]) -> str:

@@ -21,11 +21,10 @@ from ..replay.analysis import analyse, runnable_source
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, plan_replay
 from ..replay.text import cell_label, plan_lines, plan_summary
+from .locate import kernel_connection, profile_dirs
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
-
-    from .extension import CudaGuardExtension
 
 REPLAY_LABEL = "Replay to the failing cell"
 COMMAND = "%cudaguard replay --yes"
@@ -87,16 +86,16 @@ def cells_to_save(
 
 
 @contextlib.contextmanager
-def cells_kept_for_restart(extension: CudaGuardExtension, after_cell: int | None) -> Iterator[None]:
+def cells_kept_for_restart(
+    shell: InteractiveShell, outcomes: dict[int, bool], after_cell: int | None
+) -> Iterator[None]:
     """Around our restart: save this kernel's cells for its next process; discard them again if
     the restart could not be asked for. Saving never stands in the restart's way."""
-    from .extension import kernel_connection, profile_dirs
-
-    profile, connection = profile_dirs(extension.shell), kernel_connection(extension.shell)
+    profile, connection = profile_dirs(shell), kernel_connection(shell)
     saved = False
     if profile is not None and connection is not None:
         try:
-            cells, failing = cells_to_save(extension.shell, extension.outcomes, after_cell)
+            cells, failing = cells_to_save(shell, outcomes, after_cell)
             save_cells(profile[0], connection, cells, failing)
             saved = True
         except Exception as error:
@@ -117,8 +116,6 @@ def cells_kept_for_restart(extension: CudaGuardExtension, after_cell: int | None
 def previous_cells(shell: InteractiveShell) -> tuple[SavedCells | None, str]:
     """The previous kernel's cells (read once per process, then kept in memory)."""
     if not _PROCESS.loaded:
-        from .extension import kernel_connection, profile_dirs
-
         profile, connection = profile_dirs(shell), kernel_connection(shell)
         if profile is None or connection is None:
             _PROCESS.why_none = "this is not a Jupyter kernel"
@@ -236,7 +233,7 @@ class ReplayOffer:
             return
         self.button.disabled = True
         with self.output:
-            said = run_plan(self.shell, self.saved, plan)
+            said = run_plan(self.shell, self.saved, plan, self.view.blocking_on)
         self.status.value = note_html("nb-cudaguard-replay-done", "#1565c0", said)
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
@@ -259,11 +256,9 @@ def offer(shell: InteractiveShell, saved: SavedCells, blocking_on: bool) -> None
         display(view)
 
 
-def offer_after_restart() -> None:
+def offer_after_restart(blocking_on: bool) -> None:
     """At ``%load_ext`` in the process our restart started: the plan, if a cell failed."""
     from IPython import get_ipython
-
-    from .display import blocking_in_force
 
     shell = get_ipython()
     if shell is None:
@@ -272,17 +267,15 @@ def offer_after_restart() -> None:
     if saved is None or saved.failing is None or _PROCESS.offered or _PROCESS.replayed:
         return
     _PROCESS.offered = True
-    offer(shell, saved, blocking_in_force()[0])
+    offer(shell, saved, blocking_on)
 
 
 # --- running --------------------------------------------------------------------------------------
 
 
-def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan) -> str:
+def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool) -> str:
     """Run the plan's cells in order, stopping at the first error; returns what happened, also
     printed."""
-    from .display import blocking_in_force
-
     if _PROCESS.running:
         return "A replay is already running."
     _PROCESS.running = True
@@ -314,18 +307,16 @@ def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan) -> str:
     finally:
         _PROCESS.running = False
         _PROCESS.replayed.setdefault(outer, []).extend(ran)
-    if not blocking_in_force()[0]:
+    if not blocking_on:
         said += " " + BLOCKING_OFF
     print(f"nb_cudaguard: {said}", flush=True)
     return said
 
 
-def replay_command(shell: InteractiveShell, yes: bool) -> None:
+def replay_command(shell: InteractiveShell, yes: bool, blocking_on: bool) -> None:
     """``%cudaguard replay [--yes]``."""
     from IPython.core.error import UsageError
     from IPython.display import display
-
-    from .display import blocking_in_force
 
     if _PROCESS.running:
         raise UsageError("a replay is already running")
@@ -336,10 +327,9 @@ def replay_command(shell: InteractiveShell, yes: bool) -> None:
         raise UsageError(
             nothing_to_replay("no cell of the previous kernel failed before the restart")
         )
-    blocking_on = blocking_in_force()[0]
     if not yes:
         offer(shell, saved, blocking_on)
         return
     plan = make_plan(shell, saved)
     display(PlanView(plan, saved.cells, blocking_on, asking=False))
-    run_plan(shell, saved, plan)
+    run_plan(shell, saved, plan, blocking_on)

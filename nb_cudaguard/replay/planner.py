@@ -95,9 +95,9 @@ class _Planner:
                         facts = self.facts[later]
                         if name in facts.defines - facts.mutates or name in facts.deletes:
                             break  # a new object from here on
-                        if name in facts.mutates and self._counts(name, facts):
-                            if later not in self.failed:
-                                self._include(later, f"changes {name}", self.failing)
+                        changes = name in facts.mutates and self._counts(name, facts)
+                        if changes and later not in self.failed:
+                            self._include(later, f"changes {name}", self.failing)
             self.drain()
             # Process state the rebuilt values may depend on: seeds, the directory, the env.
             for index in range(self.failing):

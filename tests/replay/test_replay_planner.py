@@ -103,8 +103,16 @@ CASES = [
     ),
     Case(
         "display-only-cells-are-skipped",
-        ["import pandas as pd", "df = pd.DataFrame({'a': [1]})", "df.head()", "print(df)", "df"]
-        + ["df.describe()", "df['b'] = 2", "df['c']"],
+        [
+            "import pandas as pd",
+            "df = pd.DataFrame({'a': [1]})",
+            "df.head()",
+            "print(df)",
+            "df",
+            "df.describe()",
+            "df['b'] = 2",
+            "df['c']",
+        ],
         [0, 1, 6, 7],
     ),
     Case(
@@ -237,7 +245,7 @@ def test_control_lines_are_commented_out_and_keep_their_line_numbers():
         SKIPPED + "%pip install foo",
         "y = 2",
     ]
-    assert "%cudacheck on" == runnable_source("%cudacheck on")  # the guard is the user's setup
+    assert runnable_source("%cudacheck on") == "%cudacheck on"  # the guard is the user's setup
 
 
 def test_a_failing_index_outside_the_cells_is_refused():
