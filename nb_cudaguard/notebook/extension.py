@@ -160,7 +160,8 @@ class CudaGuardExtension:
             self.tee.stop()
         with contextlib.suppress(BaseException):
             self.cells.finish(cell)
-            if cell is not None and result is not None:
+            # Only cells in the history: a nested run_cell (a replay's) reports a count too.
+            if cell is not None and getattr(getattr(result, "info", None), "store_history", 0):
                 self.outcomes[cell] = bool(result.success)
         try:
             if error is None:

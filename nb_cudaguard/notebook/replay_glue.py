@@ -75,9 +75,12 @@ def cells_to_save(
     if previous is not None and not _PROCESS.replayed:
         carried, carried_failing = list(previous.cells), previous.failing
     own = own_cells(shell, outcomes)
-    if after_cell is not None:
-        found = [i for i, (c, replayed) in enumerate(own) if c.count == after_cell and not replayed]
-    else:
+    found = [
+        i
+        for i, (c, replayed) in enumerate(own)
+        if c.count == after_cell and c.failed and not replayed
+    ]
+    if not found:  # not a CUDA error, or one in a replayed cell (run outside the history)
         found = [i for i, (c, _) in enumerate(own) if c.failed]
     cells = carried + [c for c, _ in own]
     if found:

@@ -185,3 +185,57 @@ def test_after_a_restart_from_the_kernel_menu_there_is_nothing_to_replay(server,
         sock.close()
     assert not any("Replay to cell" in d.get("text/plain", "") for d in loaded.displays)
     assert "nothing to replay: no cells were saved for this kernel" in out.stream
+
+
+def _restart_and_wait(server, kid, command):
+    sock = server.connect(kid)
+    try:
+        pid = int(sock.execute("import os; print(os.getpid())").stream.split()[0])
+        sock.execute(command)
+    finally:
+        sock.close()
+    wait_for_new_process(server, kid, pid)
+
+
+def test_a_plain_restart_offers_the_blocking_one_which_keeps_the_cells(server, kernel):
+    kid, pid = kernel
+    _fail_then_restart(server, kid, pid, FAIL_ASSERT, restart="%cudaguard restart --no-blocking")
+    sock = server.connect(kid)
+    try:
+        loaded = sock.execute("%load_ext nb_cudaguard")
+    finally:
+        sock.close()
+    offered = " ".join(d["text/plain"] for d in loaded.displays)
+    assert "Replay to cell" in offered
+    assert "Blocking mode is off in this kernel" in offered
+    assert "`%cudaguard restart`" in offered
+    _restart_and_wait(server, kid, "%cudaguard restart")  # blocking, before any replay
+    sock = server.connect(kid)
+    try:
+        sock.execute("%load_ext nb_cudaguard")
+        replay = sock.execute("%cudaguard replay --yes", timeout=90)
+    finally:
+        sock.close()
+    assert _markers(replay.stream) == ["data", "mutate", "fail"]
+    assert "Blocking mode is off" not in replay.stream
+
+
+def test_a_kernel_restarted_after_a_replay_can_replay_again(server, kernel):
+    kid, pid = kernel
+    _fail_then_restart(server, kid, pid, FAIL_ASSERT)
+    sock = server.connect(kid)
+    try:
+        sock.execute("%load_ext nb_cudaguard")
+        first = sock.execute("%cudaguard replay --yes", timeout=90)
+    finally:
+        sock.close()
+    assert _markers(first.stream) == ["data", "mutate", "fail"]
+    _restart_and_wait(server, kid, "%cudaguard restart")
+    sock = server.connect(kid)
+    try:
+        sock.execute("%load_ext nb_cudaguard")
+        again = sock.execute("%cudaguard replay --yes", timeout=90)
+    finally:
+        sock.close()
+    assert _markers(again.stream) == ["data", "mutate", "fail"], again.stream + str(_errors(again))
+    assert [e["ename"] for e in _errors(again)] == ["AcceleratorError"]
