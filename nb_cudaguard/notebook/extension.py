@@ -161,7 +161,7 @@ class CudaGuardExtension:
         with contextlib.suppress(BaseException):
             self.cells.finish(cell)
             # Only cells in the history: a nested run_cell (a replay's) reports a count too.
-            if cell is not None and getattr(getattr(result, "info", None), "store_history", 0):
+            if cell is not None and result is not None and result.info.store_history:
                 self.outcomes[cell] = bool(result.success)
         try:
             if error is None:
