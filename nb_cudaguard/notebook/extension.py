@@ -161,7 +161,8 @@ class CudaGuardExtension:
         with contextlib.suppress(BaseException):
             self.cells.finish(cell)
             # Only cells in the history: a nested run_cell (a replay's) reports a count too.
-            if cell is not None and result is not None and result.info.store_history:
+            stored = result is not None and bool(getattr(result.info, "store_history", False))
+            if cell is not None and result is not None and stored:
                 self.outcomes[cell] = bool(result.success)
         try:
             if error is None:
