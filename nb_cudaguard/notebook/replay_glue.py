@@ -37,7 +37,8 @@ class _Process:
     previous: SavedCells | None = None  # the previous kernel's cells, read at load
     why_none: str = "no cells were saved for this kernel"
     loaded: bool = False
-    # Cells a replay ran, by the execution count of the cell that ran them.
+    # Cells a replay ran, by how many inputs IPython's history held then (the cell that ran
+    # them included: IPython stores a cell's input before running it).
     replayed: dict[int, list[Cell]] = field(default_factory=dict)
     running: bool = False
     offered: bool = False
@@ -51,16 +52,19 @@ _PROCESS = _Process()
 
 def own_cells(shell: InteractiveShell, outcomes: dict[int, bool]) -> list[tuple[Cell, bool]]:
     """This process's cells in the order they ran, each with whether a replay ran it (those
-    stand where the command that replayed them stood)."""
-    raw = list(getattr(shell.history_manager, "input_hist_raw", [""]))
-    cells: list[tuple[Cell, bool]] = []
+    stand right after the cell that ran them, or the last one before the click)."""
+    raw = _history(shell)
+    cells: list[tuple[Cell, bool]] = [(c, True) for c in _PROCESS.replayed.get(1, [])]
     for count, source in enumerate(raw[1:], start=1):
-        if count in _PROCESS.replayed:
-            cells.extend((c, True) for c in _PROCESS.replayed[count])
-            continue
         ok = outcomes.get(count)
         cells.append((Cell(source, count, None if ok is None else not ok), False))
+        cells.extend((c, True) for c in _PROCESS.replayed.get(count + 1, []))
     return cells
+
+
+def _history(shell: InteractiveShell) -> list[str]:
+    """IPython's raw inputs: entry ``n`` is cell ``n`` (entry 0 is empty)."""
+    return list(getattr(shell.history_manager, "input_hist_raw", [""]))
 
 
 def cells_to_save(
@@ -282,7 +286,8 @@ def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on
     if _PROCESS.running:
         return "A replay is already running."
     _PROCESS.running = True
-    outer = int(getattr(shell, "execution_count", 0))
+    # Not the execution count: IPython 9 moves it on for a nested run_cell too.
+    position = len(_history(shell))
     ran: list[Cell] = []
     said = ""
     try:
@@ -309,7 +314,7 @@ def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on
             )
     finally:
         _PROCESS.running = False
-        _PROCESS.replayed.setdefault(outer, []).extend(ran)
+        _PROCESS.replayed.setdefault(position, []).extend(ran)
     if not blocking_on:
         said += " " + BLOCKING_OFF
     print(f"nb_cudaguard: {said}", flush=True)
