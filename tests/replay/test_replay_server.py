@@ -239,3 +239,29 @@ def test_a_kernel_restarted_after_a_replay_can_replay_again(server, kernel):
         sock.close()
     assert _markers(again.stream) == ["data", "mutate", "fail"], again.stream + str(_errors(again))
     assert [e["ename"] for e in _errors(again)] == ["AcceleratorError"]
+
+
+def test_a_click_after_a_restore_shows_the_new_plan_and_runs_it_on_the_next_click(server, kernel):
+    kid, pid = kernel
+    _fail_then_restart(server, kid, pid, FAIL_ASSERT)
+    sock = server.connect(kid)
+    try:
+        loaded = sock.execute("%load_ext nb_cudaguard")
+        button = next(
+            c["comm_id"]
+            for c in loaded.comm_opens()
+            if c["data"]["state"].get("description") == REPLAY_LABEL
+        )
+        sock.execute("data = [0, 1, 2, 3]  # as a restore would put it back")
+        first = sock.collect(sock.click(button), timeout=30, reply=False)
+        second = sock.collect(sock.click(button), timeout=90, reply=False)
+    finally:
+        sock.close()
+    assert _markers(first.stream) == []
+    said = " ".join(
+        m["content"]["data"].get("state", {}).get("value", "")
+        for m in first.messages
+        if m["msg_type"] == "comm_msg"
+    )
+    assert "The namespace changed since this plan was made" in said
+    assert _markers(second.stream) == ["fail"]
