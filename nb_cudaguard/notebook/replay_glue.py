@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.render import inline_html, note_html
-from ..replay.analysis import analyse, runnable_source
+from ..replay.analysis import CellFacts, analyse_cell, runnable_source
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, plan_replay
 from ..replay.text import cell_label, plan_lines, plan_summary
@@ -42,6 +42,7 @@ class _Process:
     replayed: dict[int, list[Cell]] = field(default_factory=dict)
     running: bool = False
     offered: bool = False
+    facts: dict[str, CellFacts] = field(default_factory=dict)  # by source: plans are remade
 
 
 _PROCESS = _Process()
@@ -143,11 +144,12 @@ def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
 
     facts = []
     for cell in cells:
-        try:
-            python = transform(runnable_source(cell.source))
-        except Exception:  # IPython could not transform it: analyse what it is
-            python = cell.source
-        facts.append(analyse(python, transform))
+        found = _PROCESS.facts.get(cell.source)
+        if found is None:
+            found = _PROCESS.facts[cell.source] = analyse_cell(
+                runnable_source(cell.source), transform
+            )
+        facts.append(found)
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     return plan_replay(facts, saved.failing, set(shell.user_ns), failed)
 
