@@ -71,9 +71,11 @@ def _history(shell: InteractiveShell) -> list[str]:
 def cells_to_save(
     shell: InteractiveShell, outcomes: dict[int, bool], after_cell: int | None
 ) -> tuple[list[Cell], int | None]:
-    """(cells, index of the failing one: ``after_cell``, else the last that failed). The
-    previous kernel's cells come first while they were not replayed here (a restart that only
-    switches blocking mode on keeps them)."""
+    """(cells, index of the failing one). The previous kernel's cells come first while they
+    were not replayed here (a restart that only switches blocking mode on keeps them). The
+    failing cell is ``after_cell`` (the CUDA error explained here); else the previous kernel's
+    (a NameError here, where its variables are gone, is no better target); else the last cell
+    here that failed."""
     carried: list[Cell] = []
     carried_failing: int | None = None
     previous = _PROCESS.previous
@@ -85,12 +87,14 @@ def cells_to_save(
         for i, (c, replayed) in enumerate(own)
         if c.count == after_cell and c.failed and not replayed
     ]
-    if not found:  # not a CUDA error, or one in a replayed cell (run outside the history)
-        found = [i for i, (c, _) in enumerate(own) if c.failed]
     cells = carried + [c for c, _ in own]
     if found:
         return cells, len(carried) + found[-1]
-    return cells, carried_failing
+    if carried_failing is not None:
+        return cells, carried_failing
+    # Not a CUDA error, or one in a replayed cell (run outside the history).
+    failed = [i for i, (c, _) in enumerate(own) if c.failed]
+    return cells, len(carried) + failed[-1] if failed else None
 
 
 @contextlib.contextmanager

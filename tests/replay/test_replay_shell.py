@@ -103,3 +103,16 @@ def test_yes_goes_with_replay_only(shell):
     shell.run_line_magic("load_ext", "nb_cudaguard")
     with pytest.raises(UsageError, match="takes no --yes"):
         shell.run_line_magic("cudaguard", "status --yes")
+
+
+def test_before_any_replay_the_previous_kernels_failing_cell_stays_the_target(
+    fresh, saved, monkeypatch
+):
+    # A plain restart, then a NameError here (the variables are gone), then the blocking restart.
+    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process(previous=saved, loaded=True))
+    fresh.run_cell("print(a_name_that_is_gone)", store_history=True)
+    count = fresh.execution_count - 1
+    cells, failing = replay_glue.cells_to_save(fresh, {count: False}, after_cell=None)
+    assert list(cells[: len(CELLS)]) == list(CELLS)
+    assert failing == 4 and cells[failing] == CELLS[4]
+    assert cells[-1] == Cell("print(a_name_that_is_gone)", count, True)
