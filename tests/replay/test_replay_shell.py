@@ -68,7 +68,7 @@ def test_the_run_stops_at_the_failing_cell_and_leaves_the_history_alone(fresh, s
 
 
 def test_an_earlier_cell_that_fails_stops_the_run_before_the_failing_cell(fresh):
-    cells = (Cell("x = 1 / 0", 1, False), Cell("print(x)", 2, True))
+    cells = (Cell("zero_div = 1 / 0", 1, False), Cell("print(zero_div)", 2, True))
     saved = SavedCells(cells, 1, time.time(), 1)
     with capture_output():
         said = run_plan(fresh, saved, make_plan(fresh, saved), blocking_on=True)
