@@ -96,12 +96,20 @@ def _repro(state: ExtensionState, args: argparse.Namespace) -> None:
     )
 
 
+def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
+    from .display import blocking_in_force
+    from .replay_glue import replay_command
+
+    replay_command(state.shell, yes=args.yes, blocking_on=blocking_in_force()[0])
+
+
 # One entry per subcommand: adding a command is adding an entry.
 COMMANDS: dict[str, Callable[[ExtensionState, argparse.Namespace], None]] = {
     "status": _status,
     "restart": _restart,
     "sync": _sync,
     "repro": _repro,
+    "replay": _replay,
 }
 
 
@@ -111,7 +119,8 @@ LISTING = """\
   %cudaguard restart                a new kernel, with CUDA_LAUNCH_BLOCKING=1 for that start only
   %cudaguard restart --no-blocking  a plain new kernel
   %cudaguard sync on|off            wait for each cell's GPU work at its end (errors surface there)
-  %cudaguard repro [PATH]           write a script that replays the failing op on CPU"""
+  %cudaguard repro [PATH]           write a script that replays the failing op on CPU
+  %cudaguard replay [--yes]         after our restart: re-run the cells the failing one needs"""
 
 
 @magics_class
@@ -132,13 +141,21 @@ class CudaGuardMagics(Magics):
         "surfaces in the cell that launched it (off by default: it waits for the GPU after "
         "every cell). "
         "repro [PATH]: write a script that replays the failing operation on CPU with the "
-        "inputs found in this kernel (default PATH: nb_cudaguard_repro.py).",
+        "inputs found in this kernel (default PATH: nb_cudaguard_repro.py). "
+        "replay: in the kernel nb_cudaguard restarted, list the previous kernel's cells needed "
+        "to rebuild what the failing cell uses and is missing now, then that cell, and ask; "
+        "with --yes, run them (stopping at the first error).",
     )
     @argument("value", nargs="?", help="for sync: on or off; for repro: the script's PATH")
     @argument(
         "--no-blocking",
         action="store_true",
         help="restart: a plain restart, without CUDA_LAUNCH_BLOCKING=1.",
+    )
+    @argument(
+        "--yes",
+        action="store_true",
+        help="replay: run the cells without asking.",
     )
     @line_magic
     def cudaguard(self, line: str) -> None:
@@ -153,12 +170,20 @@ class CudaGuardMagics(Magics):
             %cudaguard sync on                # errors surface in the cell that launched them
             %cudaguard sync off
             %cudaguard repro [PATH]           # the failing op, replayed on CPU, as a script
+            %cudaguard replay                 # after our restart: the cells to re-run, and ask
+            %cudaguard replay --yes           # ... and run them
 
-        After a restart, re-run the notebook from the top: all variables are gone.
+        After a restart all variables are gone. nb_cudaguard's own restart keeps the list of
+        the kernel's cells for its next process: ``%cudaguard replay`` (also offered, with a
+        button, by ``%load_ext nb_cudaguard`` there) re-runs only the cells that rebuild what the
+        failing cell uses and the namespace lacks, in their order, then the failing cell, and
+        stops at the first error; in blocking mode that traceback points at the line that
+        failed. The cells are found from their text: a cell whose effect cannot be known
+        (``exec``, ``globals()``, a star import, ``%run``) is included, and the list says why.
         """
         args = parse_argstring(self.cudaguard, line)
         if args.command is None:
-            if args.value is not None or args.no_blocking:
+            if args.value is not None or args.no_blocking or args.yes:
                 raise UsageError("%cudaguard: name a command first: " + ", ".join(COMMANDS))
             print(LISTING)
             return
@@ -167,6 +192,8 @@ class CudaGuardMagics(Magics):
                 f"%cudaguard {args.command} takes no {args.value!r}: only sync (on|off) and "
                 "repro (PATH) take a value"
             )
+        if args.yes and args.command != "replay":
+            raise UsageError(f"%cudaguard {args.command} takes no --yes: only replay asks first")
         if args.no_blocking and args.command != "restart":
             raise UsageError(
                 f"%cudaguard {args.command} takes no --no-blocking: it chooses the kind of "

@@ -81,15 +81,19 @@ _banner_shown: list[bool] = []
 
 
 def on_load() -> None:
-    """At extension load: the blocking-mode banner (once per process); and watch torch's CUDA
-    start, so that ``%cudaguard status`` can tell whether the variable came in time."""
+    """At extension load: the blocking-mode banner (once per process), then the replay offered
+    (once per process); and watch torch's CUDA start, so that ``%cudaguard status`` can tell
+    whether the variable came in time."""
     from ..runtime.blocking import marker, watch_cuda_init
 
     watch_cuda_init()
     found = marker()
-    if found is None or _banner_shown:
-        return
-    _banner_shown.append(True)
-    from IPython.display import display
+    if found is not None and not _banner_shown:
+        _banner_shown.append(True)
+        from IPython.display import display
 
-    display(Banner(found))
+        display(Banner(found))
+    from .replay_glue import offer_after_restart
+
+    # After our restart: the previous kernel's cells that lead to the error, replayed on a click.
+    offer_after_restart(blocking_in_force()[0])

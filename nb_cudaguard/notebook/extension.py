@@ -25,6 +25,10 @@ from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
 from ..runtime.probe import Probe, probe_devices
 
+# Re-exported: they lived here before the replay needed them without importing this module.
+from .locate import kernel_connection as kernel_connection
+from .locate import profile_dirs as profile_dirs
+
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
@@ -46,6 +50,7 @@ class CudaGuardExtension:
         self.tee = FdTee(2)  # device assert lines: shown as before, and kept for the diagnosis
         self._tee_failed = False
         self.cells = CellTracker()
+        self.outcomes: dict[int, bool] = {}  # execution count -> succeeded (for a replay)
         self._sync: SyncAfterCell | None = None
 
     # --- load / unload -------------------------------------------------------------------------
@@ -91,17 +96,21 @@ class CudaGuardExtension:
         """Restart this kernel (see ``restart.methods.restart_kernel``), handing down what only
         the shell knows: its profile, and the cell whose error was last explained."""
         from ..restart.methods import DELAY_S, restart_kernel
+        from .replay_glue import cells_kept_for_restart
 
         # Once the context is known broken no further panel is shown, so the last panel's cell is
         # also the one that broke it; where the probe could not tell, the panel still named it.
-        return restart_kernel(
-            blocking,
-            after_cell=self.last_sticky_cell if after_cell is None else after_cell,
-            profile=profile_dirs(self.shell),
-            delay=DELAY_S if delay is None else delay,
-            connection=kernel_connection(self.shell),
-            warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
-        )
+        after_cell = self.last_sticky_cell if after_cell is None else after_cell
+        # The cells, for `%cudaguard replay` in the next process.
+        with cells_kept_for_restart(self.shell, self.outcomes, after_cell):
+            return restart_kernel(
+                blocking,
+                after_cell=after_cell,
+                profile=profile_dirs(self.shell),
+                delay=DELAY_S if delay is None else delay,
+                connection=kernel_connection(self.shell),
+                warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
+            )
 
     def _register_magics(self) -> None:
         from .cudacheck_magic import CudaCheckMagics
@@ -151,6 +160,10 @@ class CudaGuardExtension:
             self.tee.stop()
         with contextlib.suppress(BaseException):
             self.cells.finish(cell)
+            # Only cells in the history: a nested run_cell (a replay's) reports a count too.
+            stored = result is not None and bool(getattr(result.info, "store_history", False))
+            if cell is not None and result is not None and stored:
+                self.outcomes[cell] = bool(result.success)
         try:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
@@ -254,26 +267,6 @@ def current_state(shell: InteractiveShell | None = None) -> CudaGuardExtension |
 
         shell = get_ipython()
     return _STATES.get(id(shell)) if shell is not None else None
-
-
-def profile_dirs(shell: InteractiveShell) -> tuple[str, str] | None:
-    """The shell's IPython profile (location, startup directory), where the restart leaves its
-    one-shot startup file."""
-    profile = getattr(shell, "profile_dir", None)
-    if profile is None:
-        return None
-    return str(profile.location), str(profile.startup_dir)
-
-
-def kernel_connection(shell: InteractiveShell) -> str | None:
-    """The connection file of the kernel this shell runs in; None where it is not a kernel
-    (terminal IPython, even with ipykernel imported, as ipywidgets 7.7 does; an in-process
-    kernel). Asked of the shell's kernel object and ipykernel's own API, nothing else."""
-    if getattr(shell, "kernel", None) is None:
-        return None
-    from ..restart.environment import running_kernel_connection
-
-    return running_kernel_connection()
 
 
 def multi_gpu_warning(namespace: dict[str, Any]) -> str:

@@ -1,0 +1,349 @@
+"""IPython glue of the replay: save this kernel's cells at our restart, offer the replay in the
+next process, plan it against the namespace as it is, and run the chosen cells.
+
+The cells run through ``shell.run_cell`` (as ``%%capture`` runs its body), so every
+``pre/post_run_cell`` hook, ours included, sees them and a failure shows the usual traceback and
+our panel. They run with ``store_history=False``: a nested cell that stored history would share the
+outer cell's execution count and shift IPython's input list. Which cells a replay ran is kept here
+instead, so that the next restart saves them in their place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..diagnosis.render import inline_html, note_html
+from ..replay.analysis import CellFacts, analyse_cell, runnable_source
+from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
+from ..replay.planner import Plan, plan_replay
+from ..replay.text import cell_label, plan_lines, plan_summary
+from .locate import kernel_connection, profile_dirs
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+REPLAY_LABEL = "Replay to the failing cell"
+COMMAND = "%cudaguard replay --yes"
+
+
+@dataclass
+class _Process:
+    """What this process knows about replays (one per process: there is one kernel)."""
+
+    previous: SavedCells | None = None  # the previous kernel's cells, read at load
+    why_none: str = "no cells were saved for this kernel"
+    loaded: bool = False
+    # Cells a replay ran, by how many inputs IPython's history held then (the cell that ran
+    # them included: IPython stores a cell's input before running it).
+    replayed: dict[int, list[Cell]] = field(default_factory=dict)
+    running: bool = False
+    offered: bool = False
+    facts: dict[str, CellFacts] = field(default_factory=dict)  # by source: plans are remade
+
+
+_PROCESS = _Process()
+
+
+# --- saving, in the old process ------------------------------------------------------------------
+
+
+def own_cells(shell: InteractiveShell, outcomes: dict[int, bool]) -> list[tuple[Cell, bool]]:
+    """This process's cells in the order they ran, each with whether a replay ran it (those
+    stand right after the cell that ran them, or the last one before the click)."""
+    raw = _history(shell)
+    cells: list[tuple[Cell, bool]] = [(c, True) for c in _PROCESS.replayed.get(1, [])]
+    for count, source in enumerate(raw[1:], start=1):
+        ok = outcomes.get(count)
+        cells.append((Cell(source, count, None if ok is None else not ok), False))
+        cells.extend((c, True) for c in _PROCESS.replayed.get(count + 1, []))
+    return cells
+
+
+def _history(shell: InteractiveShell) -> list[str]:
+    """IPython's raw inputs: entry ``n`` is cell ``n`` (entry 0 is empty)."""
+    return list(getattr(shell.history_manager, "input_hist_raw", [""]))
+
+
+def cells_to_save(
+    shell: InteractiveShell, outcomes: dict[int, bool], after_cell: int | None
+) -> tuple[list[Cell], int | None]:
+    """(cells, index of the failing one). The previous kernel's cells come first while they
+    were not replayed here (a restart that only switches blocking mode on keeps them). The
+    failing cell is ``after_cell`` (the CUDA error explained here); else the previous kernel's
+    (a NameError here, where its variables are gone, is no better target); else the last cell
+    here that failed."""
+    carried: list[Cell] = []
+    carried_failing: int | None = None
+    previous = _PROCESS.previous
+    if previous is not None and not _PROCESS.replayed:
+        carried, carried_failing = list(previous.cells), previous.failing
+    own = own_cells(shell, outcomes)
+    found = [
+        i
+        for i, (c, replayed) in enumerate(own)
+        if c.count == after_cell and c.failed and not replayed
+    ]
+    cells = carried + [c for c, _ in own]
+    if found:
+        return cells, len(carried) + found[-1]
+    if carried_failing is not None:
+        return cells, carried_failing
+    # Not a CUDA error, or one in a replayed cell (run outside the history).
+    failed = [i for i, (c, _) in enumerate(own) if c.failed]
+    return cells, len(carried) + failed[-1] if failed else None
+
+
+@contextlib.contextmanager
+def cells_kept_for_restart(
+    shell: InteractiveShell, outcomes: dict[int, bool], after_cell: int | None
+) -> Iterator[None]:
+    """Around our restart: save this kernel's cells for its next process; discard them again if
+    the restart could not be asked for. Saving never stands in the restart's way."""
+    profile, connection = profile_dirs(shell), kernel_connection(shell)
+    saved = False
+    if profile is not None and connection is not None:
+        try:
+            cells, failing = cells_to_save(shell, outcomes, after_cell)
+            save_cells(profile[0], connection, cells, failing)
+            saved = True
+        except Exception as error:
+            print(
+                f"nb_cudaguard: could not keep the cells for a replay ({error}).", file=sys.stderr
+            )
+    try:
+        yield
+    except BaseException:
+        if saved and profile is not None and connection is not None:
+            discard(profile[0], connection)
+        raise
+
+
+# --- reading, in the new process -----------------------------------------------------------------
+
+
+def previous_cells(shell: InteractiveShell) -> tuple[SavedCells | None, str]:
+    """The previous kernel's cells (read once per process, then kept in memory)."""
+    if not _PROCESS.loaded:
+        profile, connection = profile_dirs(shell), kernel_connection(shell)
+        if profile is None or connection is None:
+            _PROCESS.why_none = "this is not a Jupyter kernel"
+        else:
+            _PROCESS.previous, why = load_cells(profile[0], connection)
+            _PROCESS.why_none = why or _PROCESS.why_none
+        _PROCESS.loaded = True
+    return _PROCESS.previous, _PROCESS.why_none
+
+
+def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
+    """The plan against the namespace as it is now (whatever was kept or restored is there)."""
+    assert saved.failing is not None
+    cells = saved.cells[: saved.failing + 1]
+
+    def transform(source: str) -> str:
+        return str(shell.transform_cell(source))
+
+    facts = []
+    for cell in cells:
+        found = _PROCESS.facts.get(cell.source)
+        if found is None:
+            found = _PROCESS.facts[cell.source] = analyse_cell(
+                runnable_source(cell.source), transform
+            )
+        facts.append(found)
+    failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
+    return plan_replay(facts, saved.failing, set(shell.user_ns), failed)
+
+
+def nothing_to_replay(why: str) -> str:
+    return (
+        f"nothing to replay: {why}. nb_cudaguard keeps a kernel's cells when it restarts the "
+        "kernel itself (its restart button, `%cudaguard restart`), for the next process only."
+    )
+
+
+# --- showing and asking ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """The plan as static output: what will run, and the command that runs it."""
+
+    plan: Plan
+    cells: tuple[Cell, ...]
+    blocking_on: bool
+    asking: bool = True  # False: they run now
+
+    def text(self) -> str:
+        lines = [f"nb_cudaguard: {plan_summary(self.plan, self.cells)}"]
+        lines += [f"  {line}" for line in plan_lines(self.plan, self.cells)]
+        lines.append(
+            f"Run them: `{COMMAND}` (it stops at the first error)."
+            if self.asking
+            else "Running them now; the replay stops at the first error."
+        )
+        if not self.blocking_on:
+            lines.append(BLOCKING_OFF)
+        return "\n".join(lines)
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+        head, *rest = self.text().split("\n")
+        steps = [x.strip() for x in rest if x.startswith("  ")]
+        tail = [x for x in rest if not x.startswith("  ")]
+        items = "".join(f"<li><code>{inline_html(s)}</code></li>" for s in steps)
+        html = (
+            "<div class='nb-cudaguard-replay' style='border-left:4px solid #1565c0;"
+            f"padding:2px 8px;margin:4px 0;font-family:sans-serif'>{inline_html(head)}"
+            f"<ol style='margin:2px 0'>{items}</ol>"
+            + "".join(f"<div>{inline_html(x)}</div>" for x in tail)
+            + "</div>"
+        )
+        return {"text/plain": self.text(), "text/html": html}
+
+
+BLOCKING_OFF = (
+    "Blocking mode is off in this kernel: the traceback may still point at a later line than the "
+    "one that failed. `%cudaguard restart` starts a kernel in blocking mode; replay there."
+)
+
+
+class ReplayOffer:
+    """The plan, a button that runs it, and where its output goes (an ``Output`` widget: the
+    click runs in a comm handler, whose output would otherwise go nowhere)."""
+
+    def __init__(self, shell: InteractiveShell, saved: SavedCells, view: PlanView) -> None:
+        import ipywidgets as widgets
+
+        self.shell, self.saved, self.view = shell, saved, view
+        self.button = widgets.Button(
+            description=REPLAY_LABEL,
+            button_style="primary",
+            tooltip="Run the cells listed above, then the failing cell; stops at the first error",
+            layout=widgets.Layout(width="auto"),
+        )
+        self.status = widgets.HTML(value="")
+        self.output = widgets.Output()
+        self.button.on_click(self._clicked)
+        self.widget = widgets.VBox([self.button, self.status, self.output])
+
+    def _clicked(self, _button: Any) -> None:
+        plan = make_plan(self.shell, self.saved)
+        if plan.indices != self.view.plan.indices:  # something was restored meanwhile
+            self.view = PlanView(plan, self.view.cells, self.view.blocking_on)
+            with self.output:
+                from IPython.display import display
+
+                display(self.view)
+            self.status.value = note_html(
+                "nb-cudaguard-replay-changed",
+                "#e65100",
+                "The namespace changed since this plan was made: the new plan is below. Click "
+                "again to run it.",
+            )
+            return
+        self.button.disabled = True
+        with self.output:
+            said = run_plan(self.shell, self.saved, plan, self.view.blocking_on)
+        self.status.value = note_html("nb-cudaguard-replay-done", "#1565c0", said)
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+        from .actions import WIDGET_MIME
+
+        return {
+            **self.view._repr_mimebundle_(),
+            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id},
+        }
+
+
+def offer(shell: InteractiveShell, saved: SavedCells, blocking_on: bool) -> None:
+    """Show the plan with a button where widgets work, the command everywhere."""
+    from IPython.display import display
+
+    view = PlanView(make_plan(shell, saved), saved.cells, blocking_on)
+    try:
+        display(ReplayOffer(shell, saved, view))
+    except Exception:  # no ipywidgets, or no comm: the command in the text still works
+        display(view)
+
+
+def offer_after_restart(blocking_on: bool) -> None:
+    """At ``%load_ext`` in the process our restart started: the plan, if a cell failed."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    saved, _ = previous_cells(shell)
+    if saved is None or saved.failing is None or _PROCESS.offered or _PROCESS.replayed:
+        return
+    _PROCESS.offered = True
+    offer(shell, saved, blocking_on)
+
+
+# --- running --------------------------------------------------------------------------------------
+
+
+def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool) -> str:
+    """Run the plan's cells in order, stopping at the first error; returns what happened, also
+    printed."""
+    if _PROCESS.running:
+        return "A replay is already running."
+    _PROCESS.running = True
+    # Not the execution count: IPython 9 moves it on for a nested run_cell too.
+    position = len(_history(shell))
+    ran: list[Cell] = []
+    said = ""
+    try:
+        for number, step in enumerate(plan.steps, start=1):
+            cell = saved.cells[step.index]
+            print(
+                f"nb_cudaguard replay ({number}/{len(plan.steps)}): cell {cell_label(cell)}",
+                flush=True,
+            )
+            result = shell.run_cell(runnable_source(cell.source), store_history=False)
+            ok = bool(getattr(result, "success", False))
+            ran.append(Cell(cell.source, cell.count, not ok))
+            if not ok:
+                said = (
+                    f"Replay stopped at cell {cell_label(cell)} of the previous kernel"
+                    + (", the failing cell" if step.failing else " (before the failing cell)")
+                    + ": its traceback is above."
+                )
+                break
+        else:
+            said = (
+                f"Replay done: cell {cell_label(saved.cells[plan.steps[-1].index])} ran without "
+                "an error this time."
+            )
+    finally:
+        _PROCESS.running = False
+        _PROCESS.replayed.setdefault(position, []).extend(ran)
+    if not blocking_on:
+        said += " " + BLOCKING_OFF
+    print(f"nb_cudaguard: {said}", flush=True)
+    return said
+
+
+def replay_command(shell: InteractiveShell, yes: bool, blocking_on: bool) -> None:
+    """``%cudaguard replay [--yes]``."""
+    from IPython.core.error import UsageError
+    from IPython.display import display
+
+    if _PROCESS.running:
+        raise UsageError("a replay is already running")
+    saved, why = previous_cells(shell)
+    if saved is None:
+        raise UsageError(nothing_to_replay(why))
+    if saved.failing is None:
+        raise UsageError(
+            nothing_to_replay("no cell of the previous kernel failed before the restart")
+        )
+    if not yes:
+        offer(shell, saved, blocking_on)
+        return
+    plan = make_plan(shell, saved)
+    display(PlanView(plan, saved.cells, blocking_on, asking=False))
+    run_plan(shell, saved, plan, blocking_on)

@@ -1,0 +1,185 @@
+"""Which of the previous kernel's cells to run again, in their order, to reach the failing cell
+with everything it needs, given what the namespace holds now.
+
+Dependency-aware, as ipyflow and ElasticNotebook are, but from the cells' text alone
+(``analysis``): start from the names the failing cell reads; a name the namespace has now is left
+alone (it was kept, or restored); a missing one is rebuilt by the latest cell before its reader
+that binds or changes it, whose own reads are then needed in turn (a mutation is a read and a
+redefinition, so ``model.to(dev)`` pulls in the cell that built ``model``). An object rebuilt
+that later cells changed in place before the failing cell is changed again by them (another name
+may hold it: ``opt`` holds ``model``'s parameters). Opaque cells (``exec``, star
+imports, ``%run``...) may define anything: they are included where a missing name is looked up past
+them, and the plan says why. Cells that set a seed, the directory or the environment before the
+failing cell are included. A cell that failed is used only where no successful cell binds the name.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from .analysis import CellFacts
+
+
+@dataclass(frozen=True)
+class Step:
+    """One cell of the plan, and why it runs."""
+
+    index: int  # its position in the saved cells
+    reasons: tuple[str, ...]
+    failing: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Step, ...]
+    unresolved: tuple[str, ...] = ()  # names needed that no earlier cell binds
+    kept: tuple[str, ...] = ()  # names needed that the namespace already has
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(s.index for s in self.steps)
+
+
+_BUILTINS = frozenset(dir(builtins))
+
+
+def plan_replay(
+    facts: Sequence[CellFacts],
+    failing: int,
+    present: Collection[str],
+    failed: Collection[int] = (),
+) -> Plan:
+    """The cells to run, in order, ending with ``failing`` (an index into ``facts``).
+
+    ``present``: the names the user namespace has now; ``failed``: indices of cells that raised.
+    """
+    if not 0 <= failing < len(facts):
+        raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
+    planner = _Planner(facts, failing, set(present), set(failed))
+    return planner.run()
+
+
+class _Planner:
+    def __init__(
+        self, facts: Sequence[CellFacts], failing: int, present: set[str], failed: set[int]
+    ) -> None:
+        self.facts = facts
+        self.failing = failing
+        self.present = present
+        self.failed = failed
+        self.reasons: dict[int, list[str]] = {}
+        self.seen: set[tuple[str, int, int]] = set()
+        self.unresolved: set[str] = set()
+        self.kept: set[str] = set()
+        self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
+        # Names only ever bound by imports: calling their functions changes no object of ours.
+        self.modules = {n for f in facts for n in f.imports} - {
+            n for f in facts for n in f.defines - f.imports - f.mutates
+        }
+
+    def run(self) -> Plan:
+        target = self.facts[self.failing]
+        for name in target.uses | target.deferred:
+            self.need(name, self.failing, self.failing)
+        while True:
+            before = set(self.reasons)
+            self.drain()
+            # An object we rebuild that a later cell (before the failing one) changed in place
+            # is changed again (``model.to(dev)``, ``lst.append(v)``): another name may hold it.
+            # A later plain rebinding is not needed: whoever read the old value has it.
+            for index in sorted(self.reasons):
+                for name in self.facts[index].defines - self.present:
+                    for later in range(index + 1, self.failing):
+                        facts = self.facts[later]
+                        if name in facts.defines - facts.mutates or name in facts.deletes:
+                            break  # a new object from here on
+                        changes = name in facts.mutates and self._counts(name, facts)
+                        if changes and later not in self.failed:
+                            self._include(later, f"changes {name}", self.failing)
+            self.drain()
+            # Process state the rebuilt values may depend on: seeds, the directory, the env.
+            for index in range(self.failing):
+                facts = self.facts[index]
+                if facts.setup and index not in self.failed and index not in self.reasons:
+                    self._include(index, f"sets up: {facts.setup}", index)
+            self.drain()
+            if set(self.reasons) == before:
+                break
+        steps = [
+            Step(i, tuple(dict.fromkeys(r)))
+            for i, r in sorted(self.reasons.items())
+            if i != self.failing
+        ]
+        steps.append(Step(self.failing, ("the failing cell",), failing=True))
+        return Plan(tuple(steps), tuple(sorted(self.unresolved)), tuple(sorted(self.kept)))
+
+    def need(self, name: str, before: int, deferred_at: int) -> None:
+        if (name, before, deferred_at) not in self.seen:
+            self.seen.add((name, before, deferred_at))
+            self.pending.append((name, before, deferred_at))
+
+    def drain(self) -> None:
+        while self.pending:
+            self._resolve(*self.pending.pop())
+
+    def _include(self, index: int, reason: str, deferred_at: int) -> None:
+        first = index not in self.reasons
+        self.reasons.setdefault(index, []).append(reason)
+        facts = self.facts[index]
+        for name in facts.deferred:  # what the functions it defines read, when called
+            self.need(name, deferred_at, deferred_at)
+        if first and index != self.failing:
+            for name in facts.uses:
+                self.need(name, index, index)
+
+    def _counts(self, name: str, facts: CellFacts) -> bool:
+        """Whether this cell binds or changes ``name`` as far as the plan cares."""
+        if name not in facts.defines:
+            return False
+        only_mutated = name in facts.mutates and name not in facts.defines - facts.mutates
+        return not (only_mutated and name in self.modules)  # torch.manual_seed(0) & co.
+
+    def _binds(self, name: str, start: int, stop: int) -> bool:
+        return any(self._counts(name, self.facts[i]) for i in range(start, stop))
+
+    def _resolve(self, name: str, before: int, deferred_at: int) -> None:
+        if name in self.present:
+            self.kept.add(name)
+            # A kept function still reads its globals when it is called.
+            for index in range(before - 1, -1, -1):
+                facts = self.facts[index]
+                if name in facts.defines - facts.mutates:
+                    for other in facts.deferred:
+                        self.need(other, deferred_at, deferred_at)
+                    break
+            return
+        if name in _BUILTINS and not self._binds(name, 0, before):
+            return
+        fallback: int | None = None
+        for index in range(before - 1, -1, -1):
+            facts = self.facts[index]
+            if name in facts.deletes:
+                return  # it did not exist at this point: nothing to rebuild
+            if facts.opaque and index not in self.failed:
+                self._include(index, f"may define {name} ({facts.opaque})", deferred_at)
+            if not self._counts(name, facts):
+                continue
+            if index in self.failed:  # it may have raised before binding it
+                fallback = index if fallback is None else fallback
+                continue
+            self._include(index, _reason(name, facts), deferred_at)
+            return
+        if fallback is not None:
+            self._include(fallback, f"rebuilds {name} (this cell failed before)", deferred_at)
+        elif not any(self.facts[i].opaque for i in range(before)):
+            self.unresolved.add(name)
+
+
+def _reason(name: str, facts: CellFacts) -> str:
+    if name in facts.imports:
+        return f"imports {name}"
+    if name in facts.mutates and name not in facts.defines - facts.mutates:
+        return f"changes {name}"
+    return f"defines {name}"

@@ -1,0 +1,118 @@
+"""The replay glue in a real IPython shell: the plan as the user sees it, the run, the magic."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from nb_cudaguard.notebook import replay_glue
+from nb_cudaguard.notebook.replay_glue import COMMAND, PlanView, make_plan, run_plan
+from nb_cudaguard.replay.history import Cell, SavedCells
+
+CELLS = (
+    Cell("import math\nprint('RAN:math')", 1, False),
+    Cell("print('RAN:a'); a = 2", 2, False),
+    Cell("%load_ext nb_cudaguard\nprint('RAN:b'); b = 3", 3, False),
+    Cell("print('RAN:unused'); unused = 1", 4, False),
+    Cell("print('RAN:fail')\nc = [a, b]\nc[math.floor(a * b)]", 5, True),
+)
+NAMES = ("a", "b", "c", "unused", "math")
+
+
+@pytest.fixture
+def saved():
+    return SavedCells(CELLS, 4, time.time(), 1)
+
+
+@pytest.fixture
+def fresh(shell):
+    for name in NAMES:
+        shell.user_ns.pop(name, None)
+    yield shell
+    for name in (*NAMES, "_go", "after"):
+        shell.user_ns.pop(name, None)
+
+
+def test_the_plan_lists_each_cell_with_its_number_first_line_and_reason(fresh, saved):
+    view = PlanView(make_plan(fresh, saved), saved.cells, blocking_on=True)
+    bundle = view._repr_mimebundle_()
+    text = bundle["text/plain"]
+    assert "Replay to cell [5] of the previous kernel: 3 of its 4 earlier cells" in text
+    assert "[1] import math ...   <- imports math" in text
+    assert "[3] %load_ext nb_cudaguard ...   <- defines b" in text
+    assert "[4]" not in text
+    assert f"`{COMMAND}`" in text
+    assert "<code>%cudaguard replay --yes</code>" in bundle["text/html"]
+    assert "Blocking mode is off" not in text
+
+
+def test_without_blocking_mode_the_plan_says_the_line_may_be_wrong(fresh, saved):
+    text = PlanView(make_plan(fresh, saved), saved.cells, blocking_on=False).text()
+    assert "Blocking mode is off in this kernel" in text
+    assert "`%cudaguard restart`" in text
+
+
+def test_the_run_stops_at_the_failing_cell_and_leaves_the_history_alone(fresh, saved):
+    count = fresh.execution_count
+    with capture_output() as out:
+        said = run_plan(fresh, saved, make_plan(fresh, saved), blocking_on=True)
+    assert re.findall(r"^RAN:(\w+)$", out.stdout, re.M) == ["math", "a", "b", "fail"]
+    assert "Replay stopped at cell [5] of the previous kernel, the failing cell" in said
+    assert "IndexError" in out.stdout + out.stderr
+    assert fresh.execution_count == count
+    assert "nb_cudaguard" not in fresh.extension_manager.loaded  # the %load_ext line was skipped
+
+
+def test_an_earlier_cell_that_fails_stops_the_run_before_the_failing_cell(fresh):
+    cells = (Cell("zero_div = 1 / 0", 1, False), Cell("print(zero_div)", 2, True))
+    saved = SavedCells(cells, 1, time.time(), 1)
+    with capture_output():
+        said = run_plan(fresh, saved, make_plan(fresh, saved), blocking_on=True)
+    assert "stopped at cell [1] of the previous kernel (before the failing cell)" in said
+
+
+def test_the_replayed_cells_are_kept_for_the_next_restart(fresh, saved, monkeypatch):
+    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process())
+    fresh.user_ns["_go"] = lambda: run_plan(fresh, saved, make_plan(fresh, saved), True)
+    with capture_output():
+        fresh.run_cell("_go()", store_history=True)  # as %cudaguard replay --yes runs, in a cell
+    fresh.run_cell("after = 1", store_history=True)
+    cells, failing = replay_glue.cells_to_save(fresh, {}, after_cell=None)
+    # In their place: after the cell that ran them, before the next one.
+    assert [c.source for c in cells[-6:]] == [
+        "_go()",
+        *(CELLS[i].source for i in (0, 1, 2, 4)),
+        "after = 1",
+    ]
+    assert [c.count for c in cells[-5:-1]] == [1, 2, 3, 5]  # as the notebook numbered them
+    assert failing is not None and cells[failing] == Cell(CELLS[4].source, 5, True)
+
+
+def test_the_magic_says_there_is_nothing_to_replay_outside_a_kernel(shell, monkeypatch):
+    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process())
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    with pytest.raises(UsageError, match="nothing to replay: this is not a Jupyter kernel"):
+        shell.run_line_magic("cudaguard", "replay")
+
+
+def test_yes_goes_with_replay_only(shell):
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    with pytest.raises(UsageError, match="takes no --yes"):
+        shell.run_line_magic("cudaguard", "status --yes")
+
+
+def test_before_any_replay_the_previous_kernels_failing_cell_stays_the_target(
+    fresh, saved, monkeypatch
+):
+    # A plain restart, then a NameError here (the variables are gone), then the blocking restart.
+    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process(previous=saved, loaded=True))
+    fresh.run_cell("print(a_name_that_is_gone)", store_history=True)
+    count = fresh.execution_count - 1
+    cells, failing = replay_glue.cells_to_save(fresh, {count: False}, after_cell=None)
+    assert list(cells[: len(CELLS)]) == list(CELLS)
+    assert failing == 4 and cells[failing] == CELLS[4]
+    assert cells[-1] == Cell("print(a_name_that_is_gone)", count, True)
