@@ -165,6 +165,32 @@ CASES: list[tuple[str, str, str]] = [
     ),
     # NCCL NaN check
     ("NanCheck.cu", "!isnan(data[i])", "nan-detected"),
+    # max_unpool3d (2.2+), repeat_interleave's negative repeat, EmbeddingBag max mode (2.9)
+    ("MaxUnpooling.cu", "index >= 0 && index < outputImageSize", "index-out-of-range"),
+    ("Repeat.cu", "repeat >= 0", "size-mismatch"),
+    (
+        "EmbeddingBag.cu",
+        '!has_invalid_index && "Invalid input index in EmbeddingBag: index out of range '
+        '[0, numRows)"',
+        "index-out-of-range",
+    ),
+    # index_put_ / take / put before 1.9 (IndexKernel.cu and THC's indexToOffset)
+    ("IndexKernel.cu", "linearIndex < size && linearIndex >= -size", "index-out-of-range"),
+    ("THCTensorIndex.cu", "linearIndex < size && linearIndex >= -size", "index-out-of-range"),
+    # PyTorch's own _assert_async.msg callers (torch/_decomp one_hot, torch/nested): eager
+    # under export/compile fails in TensorCompare.cu, Inductor in its Triton kernel
+    ("TensorCompare.cu", "one_hot: Class values must be non-negative.", "label-out-of-range"),
+    (
+        "TensorCompare.cu",
+        "one_hot: Class values must be smaller than num_classes.",
+        "label-out-of-range",
+    ),
+    ("c4x2k.py", "one_hot: Class values must be smaller than num_classes.", "label-out-of-range"),
+    (
+        "TensorCompare.cu",
+        "Some indices in the ragged dimension are out of bounds!",
+        "index-out-of-range",
+    ),
     # Inductor
     ("cabcdefxyz.py", "index out of bounds: 0 <= tmp4 < 50257", "index-out-of-range"),
     ("c7xk2.py", "index out of bounds: 0 <= tmp12 < ks0", "index-out-of-range"),
@@ -237,6 +263,16 @@ def test_rocm_file_extension_matches_the_cuda_rule():
         ("Loss.cu", "blockDim.x == 1024"),
         ("SortUtils.cuh", "sort_size <= items_per_thread * num_threads"),
         ("Sorting.cu", 'false && "unreachable"'),
+        # found by tests/data/extract_assert_sites.py: dtype dispatch, reduction bookkeeping,
+        # topk's slot counting, depthwise conv3d's launch shape, multinomial's launch
+        ("DynamicCast.h", "ScalarType::Float == src_type"),
+        ("TypeCast.h", "ScalarType::Half == dest_type"),
+        ("Reduce.cuh", "noutputs == 1"),
+        ("Reduce.cuh", "!final_output"),
+        ("TensorTopK.cu", "writeIndex < outputSliceSize"),
+        ("THCTensorTopK.cuh", "outputSliceSize >= writeIndexStart"),
+        ("DepthwiseConv3d.cu", "__popc(blockDim.x) == 1"),
+        ("MultinomialKernel.cu", "props != NULL"),
     ],
 )
 def test_internal_invariants_are_never_blamed_on_user_data(file, condition):
@@ -245,6 +281,67 @@ def test_internal_invariants_are_never_blamed_on_user_data(file, condition):
     assert diagnosis is not None
     assert diagnosis.cause == "pytorch-internal"
     assert "not the values of your data" in diagnosis.explanation
+
+
+# Lines pasted without their path: the kernel function decides between families that print the
+# same condition, and names the family when the condition is lost.
+PATHLESS: list[tuple[str, str]] = [
+    (
+        "fractional_max_pool2d_backward_out_cuda_frame: block: [0,0,0], thread: [3,0,0] "
+        "Assertion `index >= 0` failed.",
+        "index-out-of-range",
+    ),
+    (
+        "nll_loss_backward_reduce_cuda_kernel_2d: block: [0,0,0], thread: [3,0,0] "
+        "Assertion `index >= 0` failed.",
+        "pytorch-internal",
+    ),
+    (
+        "_assert_async_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `one_hot: Class "
+        "values must be smaller than num_classes.` failed.",
+        "label-out-of-range",
+    ),
+    (
+        "_assert_async_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `tokens must "
+        "fit the cache` failed.",
+        "user-assert",
+    ),
+    (
+        "max_unpooling3d_forward_kernel: block: [2,1,0], thread: [7,3,0] Assertion `index >= 0 "
+        "&& index < outputImageSize` failed.",
+        "index-out-of-range",
+    ),
+    ("compute_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `` failed.", "size-mismatch"),
+    ("gatherTopK: block: [0,0,0], thread: [0,0,0] Assertion `` failed.", "pytorch-internal"),
+    (
+        "segment_reduce_forward_kernel: block: [0,0,0], thread: [0,0,0] Assertion "
+        "`lengths_data[row_id] >= 0` failed.",
+        "size-mismatch",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "cause"), PATHLESS)
+def test_a_line_without_its_path_maps_by_function_and_condition(line, cause):
+    diagnosis = diagnose(ASSERT_2_9, device_output=line)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == cause, diagnosis.assert_lines
+
+
+def test_repeat_interleave_printf_site_prints_its_message_line_then_the_assert():
+    # CUDA_KERNEL_ASSERT_PRINTF (c10 Macros.h) prints its own line, then the runtime's.
+    device = (
+        "[CUDA_KERNEL_ASSERT] /pytorch/aten/src/ATen/native/cuda/Repeat.cu:24: "
+        "compute_cuda_kernel: block: [0,0,0], thread: [0,0,0]: Assertion failed: "
+        "`result_size == cumsum_ptr[size - 1]`: Invalid input! In `repeat_interleave`, the "
+        "`output_size` argument (7) must be the same as the sum of the elements in the "
+        "`repeats` tensor (6).\n/pytorch/aten/src/ATen/native/cuda/Repeat.cu:24: "
+        "compute_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `result_size == "
+        "cumsum_ptr[size - 1]` failed."
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.cause == "size-mismatch"
+    assert "repeat_interleave" in diagnosis.title
 
 
 def test_unknown_condition_in_a_known_file_is_an_unknown_assert_not_a_guess():
