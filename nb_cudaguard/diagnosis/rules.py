@@ -628,17 +628,30 @@ RULES: tuple[Rule, ...] = (
         condition=r".",
         # torch._assert_async before the message overload (1.9-2.0) printed its own condition.
         bare_condition=r"^input\[0\]\s*!=\s*(?:0|c10::complex)",
-        source="aten/src/ATen/native/cuda/TensorCompare.cu (_assert_async)",
+        source="aten/src/ATen/native/cuda/TensorCompare.cu (_assert_async); its message-less "
+        "callers in PyTorch: Indexing.cu wrapIndexOnce (index_put_ with accumulate=True, "
+        "deterministic index_put_/index_add_), cudnn/LossCTC.cpp (ctc_loss with CUDA lengths)",
         title="An asynchronous assert (torch._assert_async) failed",
         explanation=(
-            "A `torch._assert_async(cond)` call (in your code, a library, or a compiled graph's "
-            "runtime check) found its condition false on the GPU."
+            "A `torch._assert_async(cond)` check found its condition false on the GPU. PyTorch "
+            "itself makes such checks without a message (so the line shows an empty "
+            "condition) for index bounds in `index_put_(..., accumulate=True)` and for CTC "
+            "lengths; a message, when there is one, says what broke."
         ),
         likely_causes=(
-            "the condition checked by the code that called torch._assert_async (the message, if "
-            "any, says which)",
+            "an index out of range in `x.index_put_(indices, values, accumulate=True)` (also "
+            "`index_put_`/`index_add_` under `torch.use_deterministic_algorithms(True)`): the "
+            "bounds check runs as an _assert_async",
+            "`F.ctc_loss` with length tensors on the GPU where a target is longer than its "
+            "input (`target_lengths > input_lengths`) or an input length is 256 or more (cuDNN)",
+            "the condition checked by your code or a library calling torch._assert_async",
         ),
-        fixes=("Evaluate the same condition on CPU tensors to see which value breaks it.",),
+        fixes=(
+            "Check indices on CPU before index_put_: "
+            "`assert (-x.shape[d] <= idx).all() and (idx < x.shape[d]).all()`.",
+            "For ctc_loss: `assert (target_lengths <= input_lengths).all()`.",
+            "Evaluate the same condition on CPU tensors to see which value breaks it.",
+        ),
         op="assert-async",
         functions=("_assert_async_cuda_kernel",),
     ),

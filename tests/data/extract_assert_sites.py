@@ -18,7 +18,8 @@ msg)`` prints ``msg``; ``CUDA_KERNEL_ASSERT_PRINTF(cond, msg, ...)`` prints ``#c
 ``[CUDA_KERNEL_ASSERT]`` line with the message); ``TORCH_DSA_KERNEL_ASSERT`` (c10/cuda's
 device-side assertions) reports ``#cond``. The preprocessor's stringification turns each run of
 white space into one space. ``_assert_async(cond, "msg")`` callers (C++ in aten, Python in
-torch/) fail inside TensorCompare.cu's ``_assert_async_cuda_kernel`` and print their message.
+torch/) fail inside TensorCompare.cu's ``_assert_async_cuda_kernel`` and print their message;
+aten's message-less ``at::_assert_async(cond)`` calls print an empty condition.
 
 The enclosing function is the name the device prints: the innermost function around the site,
 or ``operator()`` inside a lambda (TensorIterator kernels).
@@ -217,19 +218,23 @@ def sites(text: str, path: str) -> list[dict[str, object]]:
                 "printed": printed,
             }
         )
-    if path.endswith(CALLER_SUFFIXES) and "_assert_async" in text:
+    if "_assert_async" in text and not path.endswith("TensorCompare.cu"):
         for match in _ASSERT_ASYNC.finditer(code):
             args = _arguments(text, match.end())
-            if len(args) < 2 or '"' not in args[1]:
-                continue  # no message, or one built at run time: the generic site covers it
+            if not args or (len(args) > 1 and '"' not in args[1]):
+                continue  # a message built at run time: the generic site covers it
+            if len(args) == 1 and path.endswith(".py"):
+                continue  # Python's message-less calls are the user's own kind of check
             found.append(
                 {
                     "file": "TensorCompare.cu",
                     "path": "aten/src/ATen/native/cuda/TensorCompare.cu",
                     "caller": f"{path}:{text.count(chr(10), 0, match.start()) + 1}",
                     "function": "_assert_async_cuda_kernel",
-                    "macro": "_assert_async.msg",
-                    "printed": _literal(args[1]),
+                    # PyTorch's own message-less checks (index_put_ bounds, CTC lengths)
+                    # print an empty condition.
+                    "macro": "_assert_async.msg" if len(args) > 1 else "_assert_async",
+                    "printed": _literal(args[1]) if len(args) > 1 else "",
                 }
             )
     return found

@@ -159,3 +159,9 @@ __global__ static void other(int64_t a, int64_t b) {
     assert [(s["function"], s["printed"]) for s in callers] == [
         ("_assert_async_cuda_kernel", "x must be true")
     ]
+    # aten's own message-less checks (Indexing.cu's wrapIndexOnce) print an empty condition
+    cpp = "  at::_assert_async(index.max() < dim_size);\n  at::_assert_async(ok, msg);\n"
+    found = module.sites(cpp, "aten/src/ATen/native/cuda/Mine.cu")
+    assert [(s["macro"], s["printed"], s["caller"]) for s in found] == [
+        ("_assert_async", "", "aten/src/ATen/native/cuda/Mine.cu:1")
+    ]
