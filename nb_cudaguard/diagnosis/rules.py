@@ -74,7 +74,9 @@ class Rule:
         condition says too little alone, when its kernel function is one of this rule's)."""
         condition = line.condition.strip()
         if not condition:
-            return False
+            # An unreadable condition (cut off, interleaved, an _assert_async without message)
+            # in a file whose every assert is this rule's ("." = anything in this file).
+            return bool(line.file) and self.condition == "." and self.matches_file(line.file)
         if line.file:
             if not self.matches_file(line.file):
                 return False
@@ -587,7 +589,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         cause="label-out-of-range",
         files=("TensorCompare.cu", "*.py", "unknown"),
-        condition=r"one_hot: Class values must be (?:non-negative|smaller than num_classes)",
+        condition=r"one_hot: Class values must be",
         source="torch/_decomp/decompositions.py (one_hot under torch.compile / export: "
         "_assert_async.msg, or the Triton kernel's device_assert)",
         title="one_hot got a class value outside 0..num_classes-1",
@@ -752,7 +754,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="size-mismatch",
-        files=(),
+        # the header's name is what the device prints, for every grouped GEMM that includes it
+        files=("GroupMMCommon.cuh", "*GroupMM*", "*GroupedMM*"),
         condition=r"expected (?:gemm dimension|ofsets|offsets) to be greater or equal 0"
         r"|expected (?:input|output) tensor dynamic dimension byte size"
         r"|expected offset to be less than tensor size",
@@ -936,6 +939,23 @@ def rule_for(line: AssertLine) -> Rule | None:
     for rule in RULES:
         if rule.matches_function(line):
             return rule
+    return _by_file_alone(line)
+
+
+_ABRIDGED = re.compile(r"(?:\.\.\.|\u2026)\s*$|\s(?:\.\.\.|\u2026)\s|\[\s*\.\.\.\s*\]")
+
+
+def _by_file_alone(line: AssertLine) -> Rule | None:
+    """For a condition that was cut off ("idx_dim >= 0 && ...") or could not be read: the rule
+    of its file when every rule of that file names the same cause (ScatterGatherKernel.cu only
+    checks gather/scatter indices; Loss.cu checks labels, BCE inputs and its own bookkeeping, so
+    a cut condition there names nothing)."""
+    condition = line.condition.strip()
+    if not line.file or (condition and not _ABRIDGED.search(condition)):
+        return None
+    candidates = [rule for rule in RULES if rule.files and rule.matches_file(line.file)]
+    if candidates and len({rule.cause for rule in candidates}) == 1:
+        return candidates[0]
     return None
 
 

@@ -230,9 +230,14 @@ def test_the_lines_a_real_gpu_printed_map_to_their_cause(name):
 
 def test_a_line_with_no_readable_condition_maps_by_its_kernel_function():
     # torch._assert_async(cond) without a message prints an empty condition (seen on an H100).
+    # The file alone decides too (every assert of TensorCompare.cu is _assert_async's), so the
+    # function is tested on the line without its path.
     line, _ = H100_TORCH_2_11["assert-async"]
-    elsewhere = line.replace("_assert_async_cuda_kernel", "some_other_kernel")
+    pathless = line.split("TensorCompare.cu:109: ")[1]
+    assert diagnose(ASSERT_2_9, device_output=pathless).cause == "user-assert"
+    elsewhere = pathless.replace("_assert_async_cuda_kernel", "some_other_kernel")
     assert diagnose(ASSERT_2_9, device_output=elsewhere).cause == "unknown-assert"
+    assert diagnose(ASSERT_2_9, device_output=line).cause == "user-assert"
 
 
 def test_lines_folded_from_hundreds_of_threads_still_map():
