@@ -6,10 +6,14 @@ CUDA kernels is scanned; see ``SCANNED``)::
     python tests/data/extract_assert_sites.py --tree ~/pytorch > sites.json
     python tests/data/extract_assert_sites.py --git ~/pytorch/.git <rev> > sites.json
 
-``--headers <torch>/include <commit>`` scans the headers an installed wheel ships (the current
-release's .cuh/.h without a checkout); ``--keep sites.json`` carries over the entries of an
-earlier list whose file the new sources do not hold (transcribed sites, older eras), so that one
-list can join several sources, each entry naming the commit it came from.
+``--file OWNER/REPO@COMMIT:PATH=LOCAL`` reads one file from a copy saved as LOCAL (a fork's
+current version of a file when the whole current tree cannot be had): its sites name
+``OWNER/REPO@COMMIT`` as their commit (the earlier list's entries of that file stay, for the
+texts older releases print). ``--headers <torch>/include <commit>`` scans the
+headers an installed wheel ships (the current release's .cuh/.h without a checkout);
+``--keep sites.json`` carries over the entries of an earlier list whose file the new sources do
+not hold (transcribed sites, older eras), so that one list can join several sources, each entry
+naming the commit it came from.
 
 What each macro prints (c10's Macros.h, torch/headeronly/macros/Macros.h since 2.9):
 ``CUDA_KERNEL_ASSERT(cond)`` and ``CUDA_KERNEL_ASSERT_VERBOSE(cond, ...)`` (without
@@ -20,6 +24,10 @@ device-side assertions) reports ``#cond``. The preprocessor's stringification tu
 white space into one space. ``_assert_async(cond, "msg")`` callers (C++ in aten, Python in
 torch/) fail inside TensorCompare.cu's ``_assert_async_cuda_kernel`` and print their message;
 aten's message-less ``at::_assert_async(cond)`` calls print an empty condition.
+
+A check written inside a function-like macro (Loss.cu's ``CHECK_INDEX_IN_CLASS(INDEX, N_CLASSES)``)
+prints the condition with the arguments of each use substituted (``t >= 0 && t < n_classes``),
+in the function of that use: one site per use, none for the ``#define`` itself.
 
 The enclosing function is the name the device prints: the innermost function around the site,
 or ``operator()`` inside a lambda (TensorIterator kernels).
@@ -189,6 +197,38 @@ def _function_at(scopes: list[tuple[int, str | None]], offset: int) -> str | Non
     return current
 
 
+# A function-like macro's #define with its continuation lines (offsets into the blanked code).
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)(?:[^\n]*\\\n)*[^\n]*", re.M)
+
+
+def _macro_uses(text: str, code: str, define: re.Match[str], printed: str) -> list[tuple[int, str]]:
+    """(offset, condition) for each use of the macro ``define`` outside #define lines: the
+    condition ``printed`` with the macro's parameters replaced by that use's arguments."""
+    name, params = define.group(1), [p.strip() for p in define.group(2).split(",")]
+    uses = []
+    for use in re.finditer(rf"\b{name}\s*\(", code):
+        line_start = code.rfind("\n", 0, use.start()) + 1
+        in_define = define.start() <= use.start() < define.end()
+        if in_define or code[line_start : use.start()].lstrip().startswith("#"):
+            continue
+        args = _arguments(text, use.end())
+        if len(args) != len(params):
+            continue
+        uses.append((use.start(), _substitute(printed, dict(zip(params, args, strict=True)))))
+    return uses
+
+
+def _substitute(condition: str, by_name: dict[str, str]) -> str:
+    """``condition`` with each parameter name (outside string literals) replaced by its
+    argument, as the preprocessor does before the inner macro stringifies it."""
+    out = []
+    for token in re.split(r'("(?:[^"\\]|\\.)*")', condition):
+        if not token.startswith('"'):
+            token = re.sub(r"\b\w+\b", lambda m: _stringify(by_name.get(m[0], m[0])), token)
+        out.append(token)
+    return "".join(out)
+
+
 def sites(text: str, path: str) -> list[dict[str, object]]:
     """The assert sites of one source file's text."""
     found: list[dict[str, object]] = []
@@ -196,6 +236,7 @@ def sites(text: str, path: str) -> list[dict[str, object]]:
     code = _blank_comments_and_strings(text)
     scopes: list[tuple[int, str | None]] | None = None
     kernel_source = path.endswith(KERNEL_SUFFIXES)
+    defines = list(_DEFINE.finditer(code))
     for match in _MACROS.finditer(code) if kernel_source else ():
         line_start = code.rfind("\n", 0, match.start()) + 1
         if code[line_start : match.start()].lstrip().startswith("#"):
@@ -208,16 +249,20 @@ def sites(text: str, path: str) -> list[dict[str, object]]:
         if macro == "CUDA_KERNEL_ASSERT_MSG" and not printed:
             printed = ""  # a runtime message (_assert_async's): printed as the caller gives it
         scopes = scopes if scopes is not None else list(_enclosing_functions(text))
-        found.append(
-            {
-                "file": name,
-                "path": path,
-                "line": text.count("\n", 0, match.start()) + 1,
-                "function": _function_at(scopes, match.start()),
-                "macro": macro,
-                "printed": printed,
-            }
-        )
+        define = next((d for d in defines if d.start() < match.start() < d.end()), None)
+        # In a function-like macro's body: one site per use of the macro, with its arguments.
+        uses = _macro_uses(text, code, define, printed) if define else [(match.start(), printed)]
+        for at, condition in uses:
+            found.append(
+                {
+                    "file": name,
+                    "path": path,
+                    "line": text.count("\n", 0, at) + 1,
+                    "function": _function_at(scopes, at),
+                    "macro": macro,
+                    "printed": condition,
+                }
+            )
     if "_assert_async" in text and not path.endswith("TensorCompare.cu"):
         for match in _ASSERT_ASYNC.finditer(code):
             args = _arguments(text, match.end())
@@ -301,6 +346,13 @@ def main(argv: list[str]) -> dict[str, object]:
     parser.add_argument(
         "--headers", nargs=2, metavar=("INCLUDE", "COMMIT"), action="append", default=[]
     )
+    parser.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="OWNER/REPO@COMMIT:PATH=LOCAL",
+        help="one file's copy (a fork's current version), saved as LOCAL",
+    )
     parser.add_argument("--keep", help="an earlier list whose entries carry over")
     parser.add_argument(
         "--git",
@@ -334,7 +386,14 @@ def main(argv: list[str]) -> dict[str, object]:
     for include, commit in args.headers:
         entries += scan(from_headers(Path(include)), commit)
     current = {site["path"] for site in entries if "caller" not in site}
-    # A newer source of a file replaces what an earlier list holds of it.
+    # A newer source of a file replaces what an earlier list holds of it; a single file's copy
+    # goes in front of them instead: the texts older releases print stay, and the copy's own
+    # entries win the de-duplication below.
+    for spec in args.file:
+        source, local = spec.rsplit("=", 1)
+        commit, rel = source.split(":", 1)
+        text = Path(local).read_text(errors="replace")
+        entries = [{**site, "source": source} for site in scan([(rel, text)], commit)] + entries
     entries += [site for site in earlier["sites"] if site["path"] not in current]
     for git_dir, rev in args.git:
         entries += scan(from_git(git_dir, rev), git_commit(git_dir, rev))

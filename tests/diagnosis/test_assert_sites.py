@@ -122,8 +122,7 @@ def test_the_site_list_records_where_it_came_from():
     assert "result_size == cumsum_ptr[size - 1]" in printed
 
 
-def test_the_extractor_finds_each_macro_and_its_kernel_function():
-    """The extractor itself, on a source written here in PyTorch's shapes."""
+def _extractor():
     import importlib.util
 
     path = Path(__file__).parent.parent / "data" / "extract_assert_sites.py"
@@ -131,6 +130,12 @@ def test_the_extractor_finds_each_macro_and_its_kernel_function():
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_extractor_finds_each_macro_and_its_kernel_function():
+    """The extractor itself, on a source written here in PyTorch's shapes."""
+    module = _extractor()
     source = """
 template <typename T>
 __global__ void my_kernel(const T* x, int64_t n) {
@@ -165,3 +170,57 @@ __global__ static void other(int64_t a, int64_t b) {
     assert [(s["macro"], s["printed"], s["caller"]) for s in found] == [
         ("_assert_async", "", "aten/src/ATen/native/cuda/Mine.cu:1")
     ]
+
+
+def test_a_check_inside_a_macro_prints_each_uses_arguments():
+    """Loss.cu (2.x) checks labels through ``CHECK_INDEX_IN_CLASS(INDEX, N_CLASSES)``: the
+    preprocessor substitutes the arguments before ``#cond``, so a device prints
+    ``t >= 0 && t < n_classes`` (``t < n_classes`` for uint8 targets), never ``INDEX ...``."""
+    module = _extractor()
+    source = """
+#define CHECK_IN(INDEX, N_CLASSES)                   \\
+  if constexpr(std::is_unsigned_v<decltype(INDEX)>) { \\
+    CUDA_KERNEL_ASSERT(INDEX < N_CLASSES);            \\
+  } else {                                            \\
+    CUDA_KERNEL_ASSERT(INDEX >= 0 && INDEX < N_CLASSES && "INDEX bad"); \\
+  }
+
+template <typename index_t>
+__global__ void loss_kernel(const index_t* target, int64_t n_classes) {
+  const index_t t = *target;
+  CHECK_IN(t, n_classes);
+}
+__global__ void other_kernel(const int64_t* target, int64_t n_classes) {
+  CHECK_IN(target[threadIdx.x],  n_classes);
+}
+"""
+    found = module.sites(source, "aten/src/ATen/native/cuda/Mine.cu")
+    assert [(s["function"], s["printed"], s["line"]) for s in found] == [
+        ("loss_kernel", "t < n_classes", 12),
+        ("other_kernel", "target[threadIdx.x] < n_classes", 15),
+        ("loss_kernel", 't >= 0 && t < n_classes && "INDEX bad"', 12),
+        (
+            "other_kernel",
+            'target[threadIdx.x] >= 0 && target[threadIdx.x] < n_classes && "INDEX bad"',
+            15,
+        ),
+    ]
+
+
+def test_the_extractor_reads_one_forks_file_and_names_it(tmp_path):
+    """``--file OWNER/REPO@COMMIT:PATH=LOCAL``: a fork's current copy of one file, each site
+    naming the copy it came from; an earlier list's entries of other files carry over."""
+    module = _extractor()
+    local = tmp_path / "Mine.cu"
+    local.write_text("__global__ void k(int i, int n) {\n  CUDA_KERNEL_ASSERT(i < n);\n}\n")
+    earlier = tmp_path / "earlier.json"
+    older = {"file": "Mine.cu", "path": "aten/src/ATen/native/cuda/Mine.cu", "printed": "old"}
+    same = {**older, "printed": "i < n", "function": "k", "commit": "v1.0"}
+    earlier.write_text(json.dumps({"about": "a", "sites": [older, same]}))
+    source = "someone/pytorch@" + "a" * 40 + ":aten/src/ATen/native/cuda/Mine.cu"
+    result = module.main(["--file", f"{source}={local}", "--keep", str(earlier)])
+    # the copy's site first, the older release's text kept, the same site once (the copy's)
+    mine, old = result["sites"]
+    assert (mine["function"], mine["printed"], mine["line"]) == ("k", "i < n", 2)
+    assert mine["commit"] == "someone/pytorch@" + "a" * 40 and mine["source"] == source
+    assert old == older
