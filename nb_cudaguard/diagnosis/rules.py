@@ -182,7 +182,9 @@ RULES: tuple[Rule, ...] = (
         # dispatch; topk's gatherTopK slot counting (TensorTopK.cu, THCTensorTopK.cuh)
         r"|\bfinal_output\b|\boutput_vec_size\s*==|\bnoutputs\s*==\s*1\b"
         r"|ScalarType::\w+\s*==\s*(?:src|dest)_type"
-        r"|\bwriteIndex\s*<\s*outputSliceSize|\boutputSliceSize\s*>=\s*writeIndexStart",
+        r"|\bwriteIndex\s*<\s*outputSliceSize|\boutputSliceSize\s*>=\s*writeIndexStart"
+        # nll_loss2d's int64 offset guards (NLLLoss2d.cu)
+        r"|^\s*(?:grad_)?input_index\s*>=\s*0\s*$",
         source="kernel launch invariants across aten/src/ATen/native/cuda (CUDALoops.cuh, "
         "MemoryAccess.cuh, Reduce.cuh, SortUtils.cuh, SortingRadixSelect.cuh, TensorTopK.cu), "
         "c10/core/DynamicCast.h",
@@ -203,6 +205,7 @@ RULES: tuple[Rule, ...] = (
             "warpMergeSortKVInPlace",
             "findPattern*",
             "gatherTopK*",
+            "writeResult",  # gatherTopK's helper on ROCm (TensorTopK.cu)
             "renormRows",  # multinomial's launch bookkeeping (`props != NULL`)
             "conv_depthwise3d*",
         ),
@@ -327,8 +330,35 @@ RULES: tuple[Rule, ...] = (
     # --- indices into an embedding / index_select / index_add ... ---------------------------------
     Rule(
         cause="index-out-of-range",
+        files=("IndexKernelUtils.cu",),
+        condition=r"vectorized gather kernel index out of bounds"
+        r"|\bind\s*>=\s*0\s*&&\s*ind\s*<\s*ind_dim_size",
+        source="aten/src/ATen/native/cuda/IndexKernelUtils.cu (vectorized_gather_kernel, since "
+        "2.8: the fast path of index_select and embedding lookups, x[idx] indexing and "
+        "torch.gather with a broadcast index)",
+        title="An index is out of range for the tensor it reads from",
+        explanation=(
+            "An embedding lookup, index_select, `x[idx]` indexing or torch.gather (they share "
+            "PyTorch's vectorized gather kernel) got an index that is negative (where negative "
+            "indices are not allowed) or not smaller than the size of the dimension it reads "
+            "from."
+        ),
+        likely_causes=(
+            *_INDEX_CAUSES,
+            "an index tensor built for another tensor or a larger dimension (torch.gather "
+            "indices, a top-k or argmax taken over the wrong dimension)",
+        ),
+        fixes=(
+            *_INDEX_FIXES,
+            "For gather or x[idx]: check on CPU that `0 <= index.min()` and "
+            "`index.max() < source.shape[dim]`.",
+        ),
+        op="index",
+        functions=("vectorized_gather_kernel*",),
+    ),
+    Rule(
+        cause="index-out-of-range",
         files=(
-            "IndexKernelUtils.cu",
             "Indexing.cu",
             "THCTensorIndex.cu",
             "Embedding.cu",
@@ -339,9 +369,9 @@ RULES: tuple[Rule, ...] = (
         ),
         # EmbeddingBag.cu: `input[emb] < numRows`
         condition=r"\b(?:srcIndex|ind|input_idx|idx|index|input\[\w+\])\s*<\s*\w*(?:SelectDimSize|ind_dim_size"
-        r"|numRows|num_embeddings|numel|size)\b|vectorized gather kernel index out of bounds",
-        source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups) "
-        "and IndexKernelUtils.cu (vectorized gather); EmbeddingBag.cu",
+        r"|numRows|num_embeddings|numel|size)\b",
+        source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups); "
+        "EmbeddingBag.cu",
         title="An index is out of range for the tensor it selects from",
         explanation=(
             "index_select (which nn.Embedding uses) or an embedding lookup got an index that is "
@@ -353,7 +383,6 @@ RULES: tuple[Rule, ...] = (
         functions=(
             "indexSelectSmallIndex",
             "indexSelectLargeIndex",
-            "vectorized_gather_kernel*",
             "EmbeddingBag_updateOutputKernel_*",
             "embedding_backward*",
             "embedding_bag*",
@@ -464,8 +493,15 @@ RULES: tuple[Rule, ...] = (
     # --- gather / scatter -------------------------------------------------------------------------
     Rule(
         cause="index-out-of-range",
-        files=("ScatterGatherKernel.cu", "THCTensorScatterGather.cu", "IndexKernelUtils.cu"),
+        files=(
+            "ScatterGatherKernel.cu",
+            "THCTensorScatterGather.cu",
+            "IndexKernelUtils.cu",
+            "TmaScatterKernel.cu",
+            "TmaScatterAddKernel.cu",
+        ),
         condition=r"scatter gather kernel index out of bounds|vectorized scatter"
+        r"|tma scatter (?:add )?index out of bounds"
         r"|\bidx_dim\s*>=\s*0\s*&&\s*idx_dim\s*<\s*index_size"
         r"|indexValue\s*>=\s*0\s*&&\s*indexValue\s*<\s*\w+\.sizes\[dim\]",
         source="aten/src/ATen/native/cuda/ScatterGatherKernel.cu (gather, scatter, scatter_add, "
@@ -482,6 +518,7 @@ RULES: tuple[Rule, ...] = (
             "_scatter_gather_elementwise_kernel*",
             "*scatter_gather*",
             "vectorized_scatter*",
+            "tma_scatter*",
             "THCudaTensor_gatherKernel",
             "THCudaTensor_scatter*Kernel",
         ),

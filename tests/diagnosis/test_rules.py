@@ -414,3 +414,79 @@ def test_import_stays_free_of_torch_and_ipython():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert nb_cudaguard.diagnose is diagnose
+
+
+# Sites read from current copies of PyTorch's sources (tests/data/pytorch_assert_sites.json
+# names each copy): device lines as a release build prints them.
+CURRENT_SITES = [
+    # Loss.cu's CHECK_INDEX_IN_CLASS: uint8 targets print the bound alone
+    ("Loss.cu", "nll_loss_forward_reduce_cuda_kernel_2d", "t < n_classes", "label-out-of-range"),
+    (
+        "Loss.cu",
+        "nll_loss_backward_no_reduce_cuda_kernel",
+        "cur_target < n_classes",
+        "label-out-of-range",
+    ),
+    # nll_loss2d's own int64 offset guards are PyTorch's bookkeeping, not the labels
+    ("NLLLoss2d.cu", "nll_loss2d_forward_kernel", "input_index >= 0", "pytorch-internal"),
+    ("NLLLoss2d.cu", "nll_loss2d_backward_kernel", "grad_input_index >= 0", "pytorch-internal"),
+    ("MultinomialKernel.cu", "sampleMultinomialOnce", "!at::_isnan(val)", "nan-detected"),
+    ("MultinomialKernel.cu", "sampleMultinomialOnce", "!_isinf(val)", "nan-detected"),
+    ("MultinomialKernel.cu", "renormRowsL1", "!(val < zero)", "probability-out-of-range"),
+    # the TMA scatter kernels (sm_90+) and the vectorized scatter_add
+    (
+        "TmaScatterKernel.cu",
+        "tma_scatter_kernel",
+        'ind >= 0 && ind < self_dim_size && "tma scatter index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "TmaScatterAddKernel.cu",
+        "tma_scatter_add_kernel",
+        'ind >= 0 && ind < self_dim_size && "tma scatter add index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "TmaScatterAddKernel.cu",
+        "tma_scatter_add_kernel",
+        'false && "tma_scatter_add_kernel requires sm_90+"',
+        "pytorch-internal",
+    ),
+    (
+        "IndexKernelUtils.cu",
+        "vectorized_scatter_add_kernel",
+        'ind >= 0 && ind < self_dim_size && "vectorized scatter add kernel index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "Indexing.cu",
+        "operator()",
+        'idx >= -size && idx < size && "index_select(): index out of bounds"',
+        "index-out-of-range",
+    ),
+]
+
+
+@pytest.mark.parametrize(("file", "function", "condition", "cause"), CURRENT_SITES)
+def test_current_sites_printed_by_a_release_build_name_their_cause(
+    file, function, condition, cause
+):
+    device = (
+        f"/pytorch/aten/src/ATen/native/cuda/{file}:120: {function}: block: [3,0,0], "
+        f"thread: [64,0,0] Assertion `{condition}` failed."
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == cause
+
+
+def test_the_vectorized_gather_kernel_is_explained_for_every_op_that_uses_it():
+    """torch.gather, x[idx] and index_select print the same line as an embedding lookup: the
+    words must not blame an embedding alone."""
+    diagnosis = diagnose(
+        ASSERT_2_9, device_output=H100_TORCH_2_11["embedding-vectorized-gather"][0]
+    )
+    assert diagnosis is not None and diagnosis.cause == "index-out-of-range"
+    words = f"{diagnosis.title} {diagnosis.explanation}"
+    for op in ("embedding", "index_select", "gather", "x[idx]"):
+        assert op in words, op
