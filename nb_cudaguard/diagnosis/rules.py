@@ -206,6 +206,15 @@ RULES: tuple[Rule, ...] = (
             "findPattern*",
             "gatherTopK*",
             "writeResult",  # gatherTopK's helper on ROCm (TensorTopK.cu)
+            "warpMergeSortTopK",
+            "computeBlockwiseWithinKCounts",
+            # symmetric memory's multicast and atomics on a GPU without them
+            # (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory-inl.cuh)
+            "multimem_*",
+            "ld_acquire_sys_u32",
+            "red_sub_relaxed_sys_u32",
+            "add_bf16x2",
+            "cas",
             "renormRows",  # multinomial's launch bookkeeping (`props != NULL`)
             "conv_depthwise3d*",
         ),
