@@ -719,8 +719,10 @@ RULES: tuple[Rule, ...] = (
         op="repeat-interleave",
         functions=("compute_cuda_kernel*",),
         # Repeat.cu: CUDA_KERNEL_ASSERT_PRINTF(result_size == cumsum_ptr[size - 1], "Invalid
-        # input! In `repeat_interleave`, ...") and CUDA_KERNEL_ASSERT(repeat >= 0)
+        # input! In `repeat_interleave`, ...") and CUDA_KERNEL_ASSERT(repeat >= 0), now
+        # `repeat >= 0 && start >= 0 && end <= result_size` (a negative repeat breaks the cumsum)
         bare_condition=r"\bresult_size\s*==\s*cumsum_ptr\b|^\s*repeat\s*>=\s*0\s*$"
+        r"|^\s*repeat\s*>=\s*0\s*&&\s*start\s*>=\s*0\s*&&\s*end\s*<=\s*result_size\b"
         r"|In `repeat_interleave`",
     ),
     Rule(
