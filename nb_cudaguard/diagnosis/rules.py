@@ -378,9 +378,11 @@ RULES: tuple[Rule, ...] = (
         ),
         # EmbeddingBag.cu: `input[emb] < numRows`
         condition=r"\b(?:srcIndex|ind|input_idx|idx|index|input\[\w+\])\s*<\s*\w*(?:SelectDimSize|ind_dim_size"
-        r"|numRows|num_embeddings|numel|size)\b",
+        r"|numRows|num_embeddings|numel|size)\b"
+        # Embedding.cu's renorm (nn.Embedding(max_norm=...)) checks the ids before the lookup
+        r"|embedding_renorm_: index out of bounds|\bindex\s*<\s*num_weights\b",
         source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups); "
-        "EmbeddingBag.cu",
+        "Embedding.cu (embedding_renorm_, max_norm); EmbeddingBag.cu",
         title="An index is out of range for the tensor it selects from",
         explanation=(
             "index_select (which nn.Embedding uses) or an embedding lookup got an index that is "
@@ -393,6 +395,8 @@ RULES: tuple[Rule, ...] = (
             "indexSelectSmallIndex",
             "indexSelectLargeIndex",
             "EmbeddingBag_updateOutputKernel_*",
+            "renorm_kernel",
+            "embedding_renorm*",
             "embedding_backward*",
             "embedding_bag*",
             "cunn_LookupTable*",

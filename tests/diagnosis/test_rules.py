@@ -490,3 +490,16 @@ def test_the_vectorized_gather_kernel_is_explained_for_every_op_that_uses_it():
     words = f"{diagnosis.title} {diagnosis.explanation}"
     for op in ("embedding", "index_select", "gather", "x[idx]"):
         assert op in words, op
+
+
+def test_an_embedding_with_max_norm_is_explained_as_an_embedding_lookup():
+    """nn.Embedding(max_norm=...) renormalises the looked-up rows first: Embedding.cu's renorm
+    kernels check the ids (cyyever/pytorch@a4d795d8), before any index_select runs."""
+    device = (
+        "/pytorch/aten/src/ATen/native/cuda/Embedding.cu:196: renorm_kernel: block: [2,0,0], "
+        "thread: [0,0,0] Assertion `index >= 0 && index < num_weights && "
+        '"embedding_renorm_: index out of bounds"` failed.'
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.cause == "index-out-of-range"
+    assert diagnosis.source is not None and "Embedding.cu" in diagnosis.source
