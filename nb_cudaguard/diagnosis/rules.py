@@ -215,6 +215,7 @@ RULES: tuple[Rule, ...] = (
             "red_sub_relaxed_sys_u32",
             "add_bf16x2",
             "cas",
+            "vectorized_layer_norm_kernel_impl",  # layer_norm_kernel.cu: double never vectorized
             "renormRows",  # multinomial's launch bookkeeping (`props != NULL`)
             "conv_depthwise3d*",
         ),
@@ -512,9 +513,10 @@ RULES: tuple[Rule, ...] = (
             "IndexKernelUtils.cu",
             "TmaScatterKernel.cu",
             "TmaScatterAddKernel.cu",
+            "TmaScatterReduceKernel.cu",
         ),
         condition=r"scatter gather kernel index out of bounds|vectorized scatter"
-        r"|tma scatter (?:add )?index out of bounds"
+        r"|tma scatter (?:add |reduce )?index out of bounds"
         r"|\bidx_dim\s*>=\s*0\s*&&\s*idx_dim\s*<\s*index_size"
         r"|indexValue\s*>=\s*0\s*&&\s*indexValue\s*<\s*\w+\.sizes\[dim\]",
         source="aten/src/ATen/native/cuda/ScatterGatherKernel.cu (gather, scatter, scatter_add, "
