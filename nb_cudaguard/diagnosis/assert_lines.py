@@ -124,10 +124,11 @@ def _condition_left_open(line: str) -> bool:
 # holds one but not the "failed" that ends it was wrapped by the paste (a console copy, an editor's
 # hard wrap at 80-120 columns). Host sources (.py, .cpp) are left alone: their warnings are lines
 # of their own.
-_DEVICE_START = re.compile(r"[\w-]\.(?:cu|cuh|hip):\d+:|\bblock: ?\[")
+# Headers hold device code too (c10/util/safe_conv.h, DistributionTemplates.h, DynamicCast.h).
+_DEVICE_START = re.compile(r"[\w-]\.(?:cu|cuh|hip|h|hpp):\d+:|\bblock: ?\[")
 _NEXT_RECORD = re.compile(
     r"^\s*(?:Traceback|File \"|\w*(?:Error|Exception)\b|\[CUDA_KERNEL_ASSERT\])"
-    r"|[\w-]\.(?:cu|cuh|hip):\d+:"
+    r"|[\w-]\.(?:cu|cuh|hip|h|hpp):\d+:"
 )
 
 

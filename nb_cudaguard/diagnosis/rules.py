@@ -173,6 +173,33 @@ RULES: tuple[Rule, ...] = (
     # --- internal invariants: never the user's data -----------------------------------------------
     Rule(
         cause="pytorch-internal",
+        files=("safe_conv.h",),
+        # CUDA_KERNEL_ASSERT_PRINTF(false, "value cannot be safely converted without overflow:
+        # %s", name): its own [CUDA_KERNEL_ASSERT] line names the value
+        condition=r".",
+        source="c10/util/safe_conv.h (c10::safe_conv, a range-checked integer narrowing used in "
+        "kernels)",
+        title="A kernel could not narrow an integer without overflow",
+        explanation=(
+            "A PyTorch kernel converts a size, index or offset to a smaller integer type and the "
+            "value did not fit (the `[CUDA_KERNEL_ASSERT]` line before it names the value). "
+            "PyTorch guards this instead of silently truncating."
+        ),
+        likely_causes=(
+            "a tensor, index or offset larger than the 32-bit range the kernel narrows to "
+            "(more than 2**31 elements or bytes)",
+            "a negative value where an unsigned size or count was expected",
+            *_INTERNAL_CAUSES,
+        ),
+        fixes=(
+            "Re-run with CUDA_LAUNCH_BLOCKING=1 to find the operation, check the sizes and "
+            "index values it gets on CPU, and split very large tensors into chunks.",
+        ),
+        op="internal",
+        functions=("safe_conv*",),
+    ),
+    Rule(
+        cause="pytorch-internal",
         files=(),
         condition=r"\b(?:blockDim|gridDim|threadIdx|warpSize|C10_WARP_SIZE|sizeof)\b"
         r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath"
