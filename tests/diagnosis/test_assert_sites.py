@@ -13,6 +13,7 @@ site must also be recognised from its condition alone and from its function alon
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -120,6 +121,22 @@ def test_the_site_list_records_where_it_came_from():
     assert "end >= begin" in printed
     assert "maxind >= 0 && maxind < outputImageSize" in printed
     assert "result_size == cumsum_ptr[size - 1]" in printed
+
+
+def test_each_site_read_from_a_forks_copy_names_that_copy():
+    """A site read from one file of a fork (``--file``) names the repository, commit and path of
+    the copy, so that the copy can be read again and the list rebuilt from it."""
+    forked = [site for site in SITES if "source" in site]
+    assert len(forked) >= 40
+    for site in forked:
+        repo, commit = site["commit"].split("@")
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", repo) and re.fullmatch(r"[0-9a-f]{40}", commit)
+        assert site["source"] == f"{site['commit']}:{site['path']}", site
+    read = {entry["path"] for entry in DATA["files_read"]}
+    # the files issue 9's sweep had to bring up to date, each read from a current copy
+    for name in ("Loss.cu", "NLLLoss2d.cu", "MultinomialKernel.cu", "IndexKernelUtils.cu"):
+        assert any(s["file"] == name and "source" in s for s in SITES), name
+    assert "aten/src/ATen/native/cuda/Bucketization.cu" in read
 
 
 def _extractor():
