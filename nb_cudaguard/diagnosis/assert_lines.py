@@ -120,9 +120,26 @@ def _condition_left_open(line: str) -> bool:
     return "failed" not in tail and _OPENING_QUOTE.match(tail) is not None
 
 
+# Where a device line starts: a kernel source position, or the block/thread part. A line that
+# holds one but not the "failed" that ends it was wrapped by the paste (a console copy, an editor's
+# hard wrap at 80-120 columns). Host sources (.py, .cpp) are left alone: their warnings are lines
+# of their own.
+# Headers hold device code too (c10/util/safe_conv.h, DistributionTemplates.h, DynamicCast.h).
+_DEVICE_START = re.compile(r"[\w-]\.(?:cu|cuh|hip|h|hpp):\d+:|\bblock: ?\[")
+_NEXT_RECORD = re.compile(
+    r"^\s*(?:Traceback|File \"|\w*(?:Error|Exception)\b|\[CUDA_KERNEL_ASSERT\])"
+    r"|[\w-]\.(?:cu|cuh|hip|h|hpp):\d+:"
+)
+
+
+def _device_line_left_open(line: str) -> bool:
+    starts = list(_DEVICE_START.finditer(line))
+    return bool(starts) and "failed" not in line[starts[-1].start() :]
+
+
 def _unwrap(text: str) -> str:
     """Device lines a paste wrapped ("..._kernel:\nAssertion `...` failed.", a condition broken
-    over two lines) joined back into one."""
+    over two lines, a line hard-wrapped at a console's width) joined back into one."""
     text = _WRAPPED_AFTER_FUNCTION.sub(": ", text)
     lines = text.split("\n")
     out: list[str] = []
@@ -130,7 +147,11 @@ def _unwrap(text: str) -> str:
     while index < len(lines):
         line = lines[index]
         joined = 0
-        while joined < 2 and index + 1 < len(lines) and _condition_left_open(line):
+        while joined < 6 and index + 1 < len(lines):
+            if _condition_left_open(line):
+                pass
+            elif not _device_line_left_open(line) or _NEXT_RECORD.search(lines[index + 1]):
+                break
             index += 1
             joined += 1
             line = f"{line.rstrip()} {lines[index].strip()}"

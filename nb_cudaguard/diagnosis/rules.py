@@ -39,10 +39,17 @@ class Rule:
     # readable condition (``torch._assert_async`` without a message prints an empty one).
     functions: tuple[str, ...] = ()
     file_only: bool = False  # the condition is too generic to match without the file name
+    # What the condition alone must show when a line comes without its file name, for a rule
+    # whose own condition needs the file ("." = anything in this file): e.g. segment_reduce's
+    # ``lengths_data[index] >= 0``.
+    bare_condition: str = ""
     _compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _bare: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_compiled", re.compile(self.condition))
+        bare = re.compile(self.bare_condition) if self.bare_condition else None
+        object.__setattr__(self, "_bare", bare)
 
     def matches_file(self, name: str) -> bool:
         if not self.files:
@@ -63,13 +70,21 @@ class Rule:
 
     def matches(self, line: AssertLine) -> bool:
         """By the condition (or message) the line prints, in a file of this rule; a line without
-        a file name matches on its condition alone."""
+        a file name matches on its condition alone (its bare condition, or, for a rule whose
+        condition says too little alone, when its kernel function is one of this rule's)."""
+        condition = line.condition.strip()
+        if not condition:
+            # An unreadable condition (cut off, interleaved, an _assert_async without message)
+            # in a file whose every assert is this rule's ("." = anything in this file).
+            return bool(line.file) and self.condition == "." and self.matches_file(line.file)
         if line.file:
             if not self.matches_file(line.file):
                 return False
-        elif self.needs_file:
+        elif self._bare is not None and self._bare.search(condition):
+            return True
+        elif self.needs_file and not self.matches_function(line):
             return False
-        return bool(line.condition.strip()) and self._compiled.search(line.condition) is not None
+        return self._compiled.search(condition) is not None
 
     def matches_function(self, line: AssertLine) -> bool:
         """By the kernel function, for a line whose condition is unreadable or unknown: empty
@@ -158,17 +173,79 @@ RULES: tuple[Rule, ...] = (
     # --- internal invariants: never the user's data -----------------------------------------------
     Rule(
         cause="pytorch-internal",
+        files=("safe_conv.h",),
+        # CUDA_KERNEL_ASSERT_PRINTF(false, "value cannot be safely converted without overflow:
+        # %s", name): its own [CUDA_KERNEL_ASSERT] line names the value
+        condition=r".",
+        source="c10/util/safe_conv.h (c10::safe_conv, a range-checked integer narrowing used in "
+        "kernels)",
+        title="A kernel could not narrow an integer without overflow",
+        explanation=(
+            "A PyTorch kernel converts a size, index or offset to a smaller integer type and the "
+            "value did not fit (the `[CUDA_KERNEL_ASSERT]` line before it names the value). "
+            "PyTorch guards this instead of silently truncating."
+        ),
+        likely_causes=(
+            "a tensor, index or offset larger than the 32-bit range the kernel narrows to "
+            "(more than 2**31 elements or bytes)",
+            "a negative value where an unsigned size or count was expected",
+            *_INTERNAL_CAUSES,
+        ),
+        fixes=(
+            "Re-run with CUDA_LAUNCH_BLOCKING=1 to find the operation, check the sizes and "
+            "index values it gets on CPU, and split very large tensors into chunks.",
+        ),
+        op="internal",
+        functions=("safe_conv*",),
+    ),
+    Rule(
+        cause="pytorch-internal",
         files=(),
         condition=r"\b(?:blockDim|gridDim|threadIdx|warpSize|C10_WARP_SIZE|sizeof)\b"
         r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath"
         # host-side property lookups and TensorIterator arity (MultinomialKernel, MemoryAccess)
-        r"|\bprops\s*!=\s*(?:NULL|nullptr)|\biter\.n(?:in|out)puts\(\)",
-        source="kernel launch invariants across aten/src/ATen/native/cuda",
+        r"|\bprops\s*!=\s*(?:NULL|nullptr)|\biter\.n(?:in|out)puts\(\)"
+        # Reduce.cuh's output bookkeeping; c10 DynamicCast.h (TypeCast.h before 2.1) dtype
+        # dispatch; topk's gatherTopK slot counting (TensorTopK.cu, THCTensorTopK.cuh)
+        r"|\bfinal_output\b|\boutput_vec_size\s*==|\bnoutputs\s*==\s*1\b"
+        r"|ScalarType::\w+\s*==\s*(?:src|dest)_type"
+        r"|\bwriteIndex\s*<\s*outputSliceSize|\boutputSliceSize\s*>=\s*writeIndexStart"
+        # nll_loss2d's int64 offset guards (NLLLoss2d.cu)
+        r"|^\s*(?:grad_)?input_index\s*>=\s*0\s*$",
+        source="kernel launch invariants across aten/src/ATen/native/cuda (CUDALoops.cuh, "
+        "MemoryAccess.cuh, Reduce.cuh, SortUtils.cuh, SortingRadixSelect.cuh, TensorTopK.cu), "
+        "c10/core/DynamicCast.h",
         title=_INTERNAL_TITLE,
         explanation=_INTERNAL_EXPLANATION,
         likely_causes=_INTERNAL_CAUSES,
         fixes=_INTERNAL_FIXES,
         op="internal",
+        functions=(
+            "vectorized_elementwise_kernel*",
+            "LoadWithCast",
+            "StoreWithCast",
+            "thread_reduce",
+            "get_accumulated_output",
+            "accumulate_in_output",
+            "set_results",
+            "set_results_to_output",
+            "warpMergeSortKVInPlace",
+            "findPattern*",
+            "gatherTopK*",
+            "writeResult",  # gatherTopK's helper on ROCm (TensorTopK.cu)
+            "warpMergeSortTopK",
+            "computeBlockwiseWithinKCounts",
+            # symmetric memory's multicast and atomics on a GPU without them
+            # (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory-inl.cuh)
+            "multimem_*",
+            "ld_acquire_sys_u32",
+            "red_sub_relaxed_sys_u32",
+            "add_bf16x2",
+            "cas",
+            "vectorized_layer_norm_kernel_impl",  # layer_norm_kernel.cu: double never vectorized
+            "renormRows",  # multinomial's launch bookkeeping (`props != NULL`)
+            "conv_depthwise3d*",
+        ),
     ),
     Rule(
         cause="pytorch-internal",
@@ -290,8 +367,35 @@ RULES: tuple[Rule, ...] = (
     # --- indices into an embedding / index_select / index_add ... ---------------------------------
     Rule(
         cause="index-out-of-range",
+        files=("IndexKernelUtils.cu",),
+        condition=r"vectorized gather kernel index out of bounds"
+        r"|\bind\s*>=\s*0\s*&&\s*ind\s*<\s*ind_dim_size",
+        source="aten/src/ATen/native/cuda/IndexKernelUtils.cu (vectorized_gather_kernel, since "
+        "2.8: the fast path of index_select and embedding lookups, x[idx] indexing and "
+        "torch.gather with a broadcast index)",
+        title="An index is out of range for the tensor it reads from",
+        explanation=(
+            "An embedding lookup, index_select, `x[idx]` indexing or torch.gather (they share "
+            "PyTorch's vectorized gather kernel) got an index that is negative (where negative "
+            "indices are not allowed) or not smaller than the size of the dimension it reads "
+            "from."
+        ),
+        likely_causes=(
+            *_INDEX_CAUSES,
+            "an index tensor built for another tensor or a larger dimension (torch.gather "
+            "indices, a top-k or argmax taken over the wrong dimension)",
+        ),
+        fixes=(
+            *_INDEX_FIXES,
+            "For gather or x[idx]: check on CPU that `0 <= index.min()` and "
+            "`index.max() < source.shape[dim]`.",
+        ),
+        op="index",
+        functions=("vectorized_gather_kernel*",),
+    ),
+    Rule(
+        cause="index-out-of-range",
         files=(
-            "IndexKernelUtils.cu",
             "Indexing.cu",
             "THCTensorIndex.cu",
             "Embedding.cu",
@@ -302,9 +406,11 @@ RULES: tuple[Rule, ...] = (
         ),
         # EmbeddingBag.cu: `input[emb] < numRows`
         condition=r"\b(?:srcIndex|ind|input_idx|idx|index|input\[\w+\])\s*<\s*\w*(?:SelectDimSize|ind_dim_size"
-        r"|numRows|num_embeddings|numel|size)\b|vectorized gather kernel index out of bounds",
-        source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups) "
-        "and IndexKernelUtils.cu (vectorized gather); EmbeddingBag.cu",
+        r"|numRows|num_embeddings|numel|size)\b"
+        # Embedding.cu's renorm (nn.Embedding(max_norm=...)) checks the ids before the lookup
+        r"|embedding_renorm_: index out of bounds|\bindex\s*<\s*num_weights\b",
+        source="aten/src/ATen/native/cuda/Indexing.cu (index_select: embedding, token lookups); "
+        "Embedding.cu (embedding_renorm_, max_norm); EmbeddingBag.cu",
         title="An index is out of range for the tensor it selects from",
         explanation=(
             "index_select (which nn.Embedding uses) or an embedding lookup got an index that is "
@@ -316,8 +422,9 @@ RULES: tuple[Rule, ...] = (
         functions=(
             "indexSelectSmallIndex",
             "indexSelectLargeIndex",
-            "vectorized_gather_kernel*",
-            "EmbeddingBag_*",
+            "EmbeddingBag_updateOutputKernel_*",
+            "renorm_kernel",
+            "embedding_renorm*",
             "embedding_backward*",
             "embedding_bag*",
             "cunn_LookupTable*",
@@ -341,13 +448,24 @@ RULES: tuple[Rule, ...] = (
         ),
         fixes=("Check on CPU: `assert 0 <= index.min() and index.max() < dest.shape[dim]`.",),
         op="index",
-        functions=("indexFuncSmallIndex", "indexFuncLargeIndex", "index_copy*", "index_fill*"),
+        functions=(
+            "indexFuncSmallIndex",
+            "indexFuncLargeIndex",
+            "indexAddSmallIndex",
+            "indexAddLargeIndex",
+            "indexCopySmallIndex",
+            "indexCopyLargeIndex",
+            "index_copy*",
+            "index_fill*",
+        ),
     ),
     Rule(
         cause="index-out-of-range",
         files=("IndexKernel.cu", "Indexing.cu", "THCTensorIndex.cu", "TensorAdvancedIndexing.cu"),
         condition=r"index out of bounds|out of range"
-        r"|-?sizes\[i\]\s*<=\s*index|\bidx\s*>=\s*-?numel",
+        r"|-?sizes\[i\]\s*<=\s*index|\bidx\s*>=\s*-?numel"
+        # index_put_ / put_ / take before 1.9 (IndexKernel.cu, THCTensorIndex.cu indexToOffset)
+        r"|\blinearIndex\s*<\s*size\s*&&\s*linearIndex\s*>=\s*-size",
         source="aten/src/ATen/native/cuda/IndexKernel.cu (advanced indexing x[idx], "
         "index_put_, take, put_)",
         title="An index is out of range in tensor indexing",
@@ -362,6 +480,7 @@ RULES: tuple[Rule, ...] = (
         ),
         fixes=("Check on CPU: `assert (-x.shape[d] <= idx).all() and (idx < x.shape[d]).all()`.",),
         op="index",
+        functions=("indexToOffset",),
     ),
     Rule(
         cause="size-mismatch",
@@ -388,6 +507,7 @@ RULES: tuple[Rule, ...] = (
             "`(input_ids == image_token_id).sum()` with the number of image features.",
         ),
         op="masked-scatter",
+        functions=("masked_scatter_size_check",),
     ),
     Rule(
         cause="size-mismatch",
@@ -408,12 +528,22 @@ RULES: tuple[Rule, ...] = (
             "lengths.cumsum(0)[:-1]])` and check `(offsets.diff() >= 0).all()`.",
         ),
         op="embedding-bag-offsets",
+        # before 1.9 one kernel whose only check was the offsets
+        functions=("EmbeddingBag_updateOutputKernel",),
     ),
     # --- gather / scatter -------------------------------------------------------------------------
     Rule(
         cause="index-out-of-range",
-        files=("ScatterGatherKernel.cu", "THCTensorScatterGather.cu", "IndexKernelUtils.cu"),
+        files=(
+            "ScatterGatherKernel.cu",
+            "THCTensorScatterGather.cu",
+            "IndexKernelUtils.cu",
+            "TmaScatterKernel.cu",
+            "TmaScatterAddKernel.cu",
+            "TmaScatterReduceKernel.cu",
+        ),
         condition=r"scatter gather kernel index out of bounds|vectorized scatter"
+        r"|tma scatter (?:add |reduce )?index out of bounds"
         r"|\bidx_dim\s*>=\s*0\s*&&\s*idx_dim\s*<\s*index_size"
         r"|indexValue\s*>=\s*0\s*&&\s*indexValue\s*<\s*\w+\.sizes\[dim\]",
         source="aten/src/ATen/native/cuda/ScatterGatherKernel.cu (gather, scatter, scatter_add, "
@@ -430,6 +560,9 @@ RULES: tuple[Rule, ...] = (
             "_scatter_gather_elementwise_kernel*",
             "*scatter_gather*",
             "vectorized_scatter*",
+            "tma_scatter*",
+            "THCudaTensor_gatherKernel",
+            "THCudaTensor_scatter*Kernel",
         ),
     ),
     # --- sampling ---------------------------------------------------------------------------------
@@ -492,8 +625,9 @@ RULES: tuple[Rule, ...] = (
         op="multinomial",
         functions=(
             "sampleMultinomialOnce*",
-            "renormRows*",
+            "renormRowsL1*",
             "sampleMultinomialWithReplacement*",
+            "binarySearchForMultinomial*",
             "multinomial*",
         ),
     ),
@@ -529,21 +663,76 @@ RULES: tuple[Rule, ...] = (
         op="poisson",
     ),
     # --- explicit asserts -------------------------------------------------------------------------
+    # Messages of PyTorch's own _assert_async.msg callers (found by extract_assert_sites.py in
+    # torch/*.py): they fail in TensorCompare.cu like a user's assert, but say what broke.
+    Rule(
+        cause="label-out-of-range",
+        files=("TensorCompare.cu", "*.py", "unknown"),
+        condition=r"one_hot: Class values must be",
+        source="torch/_decomp/decompositions.py (one_hot under torch.compile / export: "
+        "_assert_async.msg, or the Triton kernel's device_assert)",
+        title="one_hot got a class value outside 0..num_classes-1",
+        explanation=(
+            "F.one_hot(labels, num_classes) in a compiled or exported graph checks its labels "
+            "on the GPU: a label was negative or not smaller than num_classes."
+        ),
+        likely_causes=(
+            "labels numbered 1..C instead of 0..C-1, or num_classes one too small",
+            "padding or ignore labels (-100, -1, 255) passed to one_hot",
+        ),
+        fixes=(
+            "Check on CPU: `assert 0 <= labels.min() and labels.max() < num_classes`; mask "
+            "ignored labels before one_hot (`labels.clamp(min=0)` and zero those rows after).",
+        ),
+        op="one-hot",
+    ),
+    Rule(
+        cause="index-out-of-range",
+        files=("TensorCompare.cu", "*.py", "unknown"),
+        condition=r"indices in the ragged dimension are out of bounds",
+        source="torch/nested/_internal/ops.py (select/index on a jagged nested tensor)",
+        title="An index is out of range in a nested tensor's ragged dimension",
+        explanation=(
+            "Indexing a jagged nested tensor (torch.nested, layout=torch.jagged) along its "
+            "ragged dimension used an index not smaller than that component's length."
+        ),
+        likely_causes=("an index computed for the longest sequence applied to shorter ones",),
+        fixes=(
+            "Check each component's length first: `lengths = nt.offsets().diff()`, then "
+            "`assert (idx < lengths).all()`.",
+        ),
+        op="index",
+    ),
     Rule(
         cause="user-assert",
         files=("TensorCompare.cu",),
         condition=r".",
-        source="aten/src/ATen/native/cuda/TensorCompare.cu (_assert_async)",
+        # torch._assert_async before the message overload (1.9-2.0) printed its own condition.
+        bare_condition=r"^input\[0\]\s*!=\s*(?:0|c10::complex)",
+        source="aten/src/ATen/native/cuda/TensorCompare.cu (_assert_async); its message-less "
+        "callers in PyTorch: Indexing.cu wrapIndexOnce (index_put_ with accumulate=True, "
+        "deterministic index_put_/index_add_), cudnn/LossCTC.cpp (ctc_loss with CUDA lengths)",
         title="An asynchronous assert (torch._assert_async) failed",
         explanation=(
-            "A `torch._assert_async(cond)` call (in your code, a library, or a compiled graph's "
-            "runtime check) found its condition false on the GPU."
+            "A `torch._assert_async(cond)` check found its condition false on the GPU. PyTorch "
+            "itself makes such checks without a message (so the line shows an empty "
+            "condition) for index bounds in `index_put_(..., accumulate=True)` and for CTC "
+            "lengths; a message, when there is one, says what broke."
         ),
         likely_causes=(
-            "the condition checked by the code that called torch._assert_async (the message, if "
-            "any, says which)",
+            "an index out of range in `x.index_put_(indices, values, accumulate=True)` (also "
+            "`index_put_`/`index_add_` under `torch.use_deterministic_algorithms(True)`): the "
+            "bounds check runs as an _assert_async",
+            "`F.ctc_loss` with length tensors on the GPU where a target is longer than its "
+            "input (`target_lengths > input_lengths`) or an input length is 256 or more (cuDNN)",
+            "the condition checked by your code or a library calling torch._assert_async",
         ),
-        fixes=("Evaluate the same condition on CPU tensors to see which value breaks it.",),
+        fixes=(
+            "Check indices on CPU before index_put_: "
+            "`assert (-x.shape[d] <= idx).all() and (idx < x.shape[d]).all()`.",
+            "For ctc_loss: `assert (target_lengths <= input_lengths).all()`.",
+            "Evaluate the same condition on CPU tensors to see which value breaks it.",
+        ),
         op="assert-async",
         functions=("_assert_async_cuda_kernel",),
     ),
@@ -562,6 +751,12 @@ RULES: tuple[Rule, ...] = (
         fixes=("Check on CPU: `assert (repeats >= 0).all() and repeats.sum() == output_size`.",),
         op="repeat-interleave",
         functions=("compute_cuda_kernel*",),
+        # Repeat.cu: CUDA_KERNEL_ASSERT_PRINTF(result_size == cumsum_ptr[size - 1], "Invalid
+        # input! In `repeat_interleave`, ...") and CUDA_KERNEL_ASSERT(repeat >= 0), now
+        # `repeat >= 0 && start >= 0 && end <= result_size` (a negative repeat breaks the cumsum)
+        bare_condition=r"\bresult_size\s*==\s*cumsum_ptr\b|^\s*repeat\s*>=\s*0\s*$"
+        r"|^\s*repeat\s*>=\s*0\s*&&\s*start\s*>=\s*0\s*&&\s*end\s*<=\s*result_size\b"
+        r"|In `repeat_interleave`",
     ),
     Rule(
         cause="size-mismatch",
@@ -579,6 +774,7 @@ RULES: tuple[Rule, ...] = (
         ),
         op="segment-reduce",
         functions=("segment_reduce*", "post_sum_div_kernel*"),
+        bare_condition=r"\b(?:lengths|offsets)_data\[\w+\]\s*>=\s*0",
     ),
     Rule(
         cause="index-out-of-range",
@@ -598,6 +794,10 @@ RULES: tuple[Rule, ...] = (
         fixes=("Pass `output_size=x.shape` of the tensor that was pooled, and its own indices.",),
         op="max-unpool",
         functions=("max_unpooling*",),
+        # MaxUnpooling.cu since 2.2: `maxind >= 0 && maxind < outputImageSize` (2d),
+        # `index >= 0 && index < outputImageSize` (3d)
+        bare_condition=r"\b(?:maxind|index)\s*>=\s*0\s*&&\s*(?:maxind|index)\s*<\s*outputImageSize"
+        r"|\bmaxind\s*<\s*output\w*Size",
     ),
     Rule(
         cause="nan-detected",
@@ -617,6 +817,7 @@ RULES: tuple[Rule, ...] = (
         likely_causes=("NaN/-inf activations (diverged training, fp16 overflow)",),
         fixes=("Check `torch.isfinite(x).all()` on the pooled input.",),
         op="fractional-max-pool",
+        functions=("fractional_max_pool2d_out*", "fractional_max_pool3d_out*"),
     ),
     Rule(
         cause="index-out-of-range",
@@ -629,10 +830,13 @@ RULES: tuple[Rule, ...] = (
         likely_causes=("indices from another pooling call or another tensor",),
         fixes=("Use the indices returned by the same fractional_max_pool call.",),
         op="fractional-max-pool",
+        functions=("fractional_max_pool*backward*",),
+        bare_condition=r"\binput[THW]\s*<\s*gradInput\.size\(",
     ),
     Rule(
         cause="size-mismatch",
-        files=(),
+        # the header's name is what the device prints, for every grouped GEMM that includes it
+        files=("GroupMMCommon.cuh", "*GroupMM*", "*GroupedMM*"),
         condition=r"expected (?:gemm dimension|ofsets|offsets) to be greater or equal 0"
         r"|expected (?:input|output) tensor dynamic dimension byte size"
         r"|expected offset to be less than tensor size",
@@ -651,6 +855,7 @@ RULES: tuple[Rule, ...] = (
             "group to a multiple of 16 bytes.",
         ),
         op="grouped-gemm",
+        functions=("prepare_grouped_gemm_data*",),
     ),
     Rule(
         cause="sparse-invariant",
@@ -782,6 +987,11 @@ RULES: tuple[Rule, ...] = (
             "SortingRadixSelect.cuh",
             "jit_utils.cpp",
             "CUDAJitLoops.cuh",
+            "DynamicCast.h",
+            "TypeCast.h",
+            "TensorTopK.cu",
+            "THCTensorTopK.cuh",
+            "DepthwiseConv3d.cu",
         ),
         condition=r".",
         source="PyTorch's shared CUDA kernel machinery",
@@ -795,14 +1005,38 @@ RULES: tuple[Rule, ...] = (
 
 
 def rule_for(line: AssertLine) -> Rule | None:
-    """The rule for one assert line, or None when no rule knows it: by its condition first,
+    """The rule for one assert line, or None when no rule knows it: a rule that knows both its
+    condition and its kernel function first (a line without its file name: ``index >= 0`` is
+    nll_loss's own bookkeeping, fractional_max_pool's an index check), then by its condition,
     then by its kernel function."""
+    if line.function and not line.file:
+        for rule in RULES:
+            knows_both = rule.functions and rule.condition != "."
+            if knows_both and rule.matches_function(line) and rule.matches(line):
+                return rule
     for rule in RULES:
         if rule.matches(line):
             return rule
     for rule in RULES:
         if rule.matches_function(line):
             return rule
+    return _by_file_alone(line)
+
+
+_ABRIDGED = re.compile(r"(?:\.\.\.|\u2026)\s*$|\s(?:\.\.\.|\u2026)\s|\[\s*\.\.\.\s*\]")
+
+
+def _by_file_alone(line: AssertLine) -> Rule | None:
+    """For a condition that was cut off ("idx_dim >= 0 && ...") or could not be read: the rule
+    of its file when every rule of that file names the same cause (ScatterGatherKernel.cu only
+    checks gather/scatter indices; Loss.cu checks labels, BCE inputs and its own bookkeeping, so
+    a cut condition there names nothing)."""
+    condition = line.condition.strip()
+    if not line.file or (condition and not _ABRIDGED.search(condition)):
+        return None
+    candidates = [rule for rule in RULES if rule.files and rule.matches_file(line.file)]
+    if candidates and len({rule.cause for rule in candidates}) == 1:
+        return candidates[0]
     return None
 
 

@@ -165,6 +165,32 @@ CASES: list[tuple[str, str, str]] = [
     ),
     # NCCL NaN check
     ("NanCheck.cu", "!isnan(data[i])", "nan-detected"),
+    # max_unpool3d (2.2+), repeat_interleave's negative repeat, EmbeddingBag max mode (2.9)
+    ("MaxUnpooling.cu", "index >= 0 && index < outputImageSize", "index-out-of-range"),
+    ("Repeat.cu", "repeat >= 0", "size-mismatch"),
+    (
+        "EmbeddingBag.cu",
+        '!has_invalid_index && "Invalid input index in EmbeddingBag: index out of range '
+        '[0, numRows)"',
+        "index-out-of-range",
+    ),
+    # index_put_ / take / put before 1.9 (IndexKernel.cu and THC's indexToOffset)
+    ("IndexKernel.cu", "linearIndex < size && linearIndex >= -size", "index-out-of-range"),
+    ("THCTensorIndex.cu", "linearIndex < size && linearIndex >= -size", "index-out-of-range"),
+    # PyTorch's own _assert_async.msg callers (torch/_decomp one_hot, torch/nested): eager
+    # under export/compile fails in TensorCompare.cu, Inductor in its Triton kernel
+    ("TensorCompare.cu", "one_hot: Class values must be non-negative.", "label-out-of-range"),
+    (
+        "TensorCompare.cu",
+        "one_hot: Class values must be smaller than num_classes.",
+        "label-out-of-range",
+    ),
+    ("c4x2k.py", "one_hot: Class values must be smaller than num_classes.", "label-out-of-range"),
+    (
+        "TensorCompare.cu",
+        "Some indices in the ragged dimension are out of bounds!",
+        "index-out-of-range",
+    ),
     # Inductor
     ("cabcdefxyz.py", "index out of bounds: 0 <= tmp4 < 50257", "index-out-of-range"),
     ("c7xk2.py", "index out of bounds: 0 <= tmp12 < ks0", "index-out-of-range"),
@@ -204,9 +230,14 @@ def test_the_lines_a_real_gpu_printed_map_to_their_cause(name):
 
 def test_a_line_with_no_readable_condition_maps_by_its_kernel_function():
     # torch._assert_async(cond) without a message prints an empty condition (seen on an H100).
+    # The file alone decides too (every assert of TensorCompare.cu is _assert_async's), so the
+    # function is tested on the line without its path.
     line, _ = H100_TORCH_2_11["assert-async"]
-    elsewhere = line.replace("_assert_async_cuda_kernel", "some_other_kernel")
+    pathless = line.split("TensorCompare.cu:109: ")[1]
+    assert diagnose(ASSERT_2_9, device_output=pathless).cause == "user-assert"
+    elsewhere = pathless.replace("_assert_async_cuda_kernel", "some_other_kernel")
     assert diagnose(ASSERT_2_9, device_output=elsewhere).cause == "unknown-assert"
+    assert diagnose(ASSERT_2_9, device_output=line).cause == "user-assert"
 
 
 def test_lines_folded_from_hundreds_of_threads_still_map():
@@ -237,6 +268,16 @@ def test_rocm_file_extension_matches_the_cuda_rule():
         ("Loss.cu", "blockDim.x == 1024"),
         ("SortUtils.cuh", "sort_size <= items_per_thread * num_threads"),
         ("Sorting.cu", 'false && "unreachable"'),
+        # found by tests/data/extract_assert_sites.py: dtype dispatch, reduction bookkeeping,
+        # topk's slot counting, depthwise conv3d's launch shape, multinomial's launch
+        ("DynamicCast.h", "ScalarType::Float == src_type"),
+        ("TypeCast.h", "ScalarType::Half == dest_type"),
+        ("Reduce.cuh", "noutputs == 1"),
+        ("Reduce.cuh", "!final_output"),
+        ("TensorTopK.cu", "writeIndex < outputSliceSize"),
+        ("THCTensorTopK.cuh", "outputSliceSize >= writeIndexStart"),
+        ("DepthwiseConv3d.cu", "__popc(blockDim.x) == 1"),
+        ("MultinomialKernel.cu", "props != NULL"),
     ],
 )
 def test_internal_invariants_are_never_blamed_on_user_data(file, condition):
@@ -245,6 +286,67 @@ def test_internal_invariants_are_never_blamed_on_user_data(file, condition):
     assert diagnosis is not None
     assert diagnosis.cause == "pytorch-internal"
     assert "not the values of your data" in diagnosis.explanation
+
+
+# Lines pasted without their path: the kernel function decides between families that print the
+# same condition, and names the family when the condition is lost.
+PATHLESS: list[tuple[str, str]] = [
+    (
+        "fractional_max_pool2d_backward_out_cuda_frame: block: [0,0,0], thread: [3,0,0] "
+        "Assertion `index >= 0` failed.",
+        "index-out-of-range",
+    ),
+    (
+        "nll_loss_backward_reduce_cuda_kernel_2d: block: [0,0,0], thread: [3,0,0] "
+        "Assertion `index >= 0` failed.",
+        "pytorch-internal",
+    ),
+    (
+        "_assert_async_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `one_hot: Class "
+        "values must be smaller than num_classes.` failed.",
+        "label-out-of-range",
+    ),
+    (
+        "_assert_async_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `tokens must "
+        "fit the cache` failed.",
+        "user-assert",
+    ),
+    (
+        "max_unpooling3d_forward_kernel: block: [2,1,0], thread: [7,3,0] Assertion `index >= 0 "
+        "&& index < outputImageSize` failed.",
+        "index-out-of-range",
+    ),
+    ("compute_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `` failed.", "size-mismatch"),
+    ("gatherTopK: block: [0,0,0], thread: [0,0,0] Assertion `` failed.", "pytorch-internal"),
+    (
+        "segment_reduce_forward_kernel: block: [0,0,0], thread: [0,0,0] Assertion "
+        "`lengths_data[row_id] >= 0` failed.",
+        "size-mismatch",
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "cause"), PATHLESS)
+def test_a_line_without_its_path_maps_by_function_and_condition(line, cause):
+    diagnosis = diagnose(ASSERT_2_9, device_output=line)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == cause, diagnosis.assert_lines
+
+
+def test_repeat_interleave_printf_site_prints_its_message_line_then_the_assert():
+    # CUDA_KERNEL_ASSERT_PRINTF (c10 Macros.h) prints its own line, then the runtime's.
+    device = (
+        "[CUDA_KERNEL_ASSERT] /pytorch/aten/src/ATen/native/cuda/Repeat.cu:24: "
+        "compute_cuda_kernel: block: [0,0,0], thread: [0,0,0]: Assertion failed: "
+        "`result_size == cumsum_ptr[size - 1]`: Invalid input! In `repeat_interleave`, the "
+        "`output_size` argument (7) must be the same as the sum of the elements in the "
+        "`repeats` tensor (6).\n/pytorch/aten/src/ATen/native/cuda/Repeat.cu:24: "
+        "compute_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `result_size == "
+        "cumsum_ptr[size - 1]` failed."
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.cause == "size-mismatch"
+    assert "repeat_interleave" in diagnosis.title
 
 
 def test_unknown_condition_in_a_known_file_is_an_unknown_assert_not_a_guess():
@@ -312,3 +414,92 @@ def test_import_stays_free_of_torch_and_ipython():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert nb_cudaguard.diagnose is diagnose
+
+
+# Sites read from current copies of PyTorch's sources (tests/data/pytorch_assert_sites.json
+# names each copy): device lines as a release build prints them.
+CURRENT_SITES = [
+    # Loss.cu's CHECK_INDEX_IN_CLASS: uint8 targets print the bound alone
+    ("Loss.cu", "nll_loss_forward_reduce_cuda_kernel_2d", "t < n_classes", "label-out-of-range"),
+    (
+        "Loss.cu",
+        "nll_loss_backward_no_reduce_cuda_kernel",
+        "cur_target < n_classes",
+        "label-out-of-range",
+    ),
+    # nll_loss2d's own int64 offset guards are PyTorch's bookkeeping, not the labels
+    ("NLLLoss2d.cu", "nll_loss2d_forward_kernel", "input_index >= 0", "pytorch-internal"),
+    ("NLLLoss2d.cu", "nll_loss2d_backward_kernel", "grad_input_index >= 0", "pytorch-internal"),
+    ("MultinomialKernel.cu", "sampleMultinomialOnce", "!at::_isnan(val)", "nan-detected"),
+    ("MultinomialKernel.cu", "sampleMultinomialOnce", "!_isinf(val)", "nan-detected"),
+    ("MultinomialKernel.cu", "renormRowsL1", "!(val < zero)", "probability-out-of-range"),
+    # the TMA scatter kernels (sm_90+) and the vectorized scatter_add
+    (
+        "TmaScatterKernel.cu",
+        "tma_scatter_kernel",
+        'ind >= 0 && ind < self_dim_size && "tma scatter index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "TmaScatterAddKernel.cu",
+        "tma_scatter_add_kernel",
+        'ind >= 0 && ind < self_dim_size && "tma scatter add index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "TmaScatterAddKernel.cu",
+        "tma_scatter_add_kernel",
+        'false && "tma_scatter_add_kernel requires sm_90+"',
+        "pytorch-internal",
+    ),
+    (
+        "IndexKernelUtils.cu",
+        "vectorized_scatter_add_kernel",
+        'ind >= 0 && ind < self_dim_size && "vectorized scatter add kernel index out of bounds"',
+        "index-out-of-range",
+    ),
+    (
+        "Indexing.cu",
+        "operator()",
+        'idx >= -size && idx < size && "index_select(): index out of bounds"',
+        "index-out-of-range",
+    ),
+]
+
+
+@pytest.mark.parametrize(("file", "function", "condition", "cause"), CURRENT_SITES)
+def test_current_sites_printed_by_a_release_build_name_their_cause(
+    file, function, condition, cause
+):
+    device = (
+        f"/pytorch/aten/src/ATen/native/cuda/{file}:120: {function}: block: [3,0,0], "
+        f"thread: [64,0,0] Assertion `{condition}` failed."
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == cause
+
+
+def test_the_vectorized_gather_kernel_is_explained_for_every_op_that_uses_it():
+    """torch.gather, x[idx] and index_select print the same line as an embedding lookup: the
+    words must not blame an embedding alone."""
+    diagnosis = diagnose(
+        ASSERT_2_9, device_output=H100_TORCH_2_11["embedding-vectorized-gather"][0]
+    )
+    assert diagnosis is not None and diagnosis.cause == "index-out-of-range"
+    words = f"{diagnosis.title} {diagnosis.explanation}"
+    for op in ("embedding", "index_select", "gather", "x[idx]"):
+        assert op in words, op
+
+
+def test_an_embedding_with_max_norm_is_explained_as_an_embedding_lookup():
+    """nn.Embedding(max_norm=...) renormalises the looked-up rows first: Embedding.cu's renorm
+    kernels check the ids (cyyever/pytorch@a4d795d8), before any index_select runs."""
+    device = (
+        "/pytorch/aten/src/ATen/native/cuda/Embedding.cu:196: renorm_kernel: block: [2,0,0], "
+        "thread: [0,0,0] Assertion `index >= 0 && index < num_weights && "
+        '"embedding_renorm_: index out of bounds"` failed.'
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.cause == "index-out-of-range"
+    assert diagnosis.source is not None and "Embedding.cu" in diagnosis.source
