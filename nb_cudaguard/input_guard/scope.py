@@ -49,7 +49,7 @@ import torch
 
 from .errors import Finding, GuardError, GuardIndexError, Violation
 from .ops import NAMES, OpCheck, display_name, entry_points
-from .requirements import Requirement, Slot
+from .requirements import Requirement, Slot, Summary
 
 MODES = ("strict", "deferred")
 # Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
@@ -279,29 +279,25 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
             if not requirement.holds_now():
                 return requirement.explain()
         return None
-    summaries = [r.summary() for r in live]
-    for requirement, values in zip(live, _read(summaries), strict=True):
+    for requirement, values in zip(live, _read([r.summary() for r in live]), strict=True):
         if not requirement.holds(values):
             return requirement.explain()
     return None
 
 
-def _read(summaries: list[torch.Tensor]) -> list[list[Any]]:
-    """Every summary's values, with one host transfer per dtype (each read in its own dtype, so
-    a float64 bound is compared exactly)."""
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for index, summary in enumerate(summaries):
-        by_dtype.setdefault(summary.dtype, []).append(index)
-    out: list[list[Any]] = [[] for _ in summaries]
-    for indices in by_dtype.values():
+def _read(summaries: list[Summary]) -> list[list[Any]]:
+    """Every summary's values, with one stack and one host transfer per dtype (each read in its
+    own dtype, so a float64 bound is compared exactly)."""
+    by_dtype: dict[torch.dtype, list[tuple[int, int]]] = {}
+    for i, summary in enumerate(summaries):
+        for j, part in enumerate(summary):
+            by_dtype.setdefault(part.dtype, []).append((i, j))
+    out: list[list[Any]] = [[None] * len(summary) for summary in summaries]
+    for places in by_dtype.values():
         STATS["transfers"] += 1
-        group = [summaries[i] for i in indices]
-        flat: list[Any] = (torch.cat(group) if len(group) > 1 else group[0]).tolist()
-        start = 0
-        for i in indices:
-            n = summaries[i].numel()
-            out[i] = flat[start : start + n]
-            start += n
+        values = torch.stack([summaries[i][j] for i, j in places]).tolist()
+        for (i, j), value in zip(places, values, strict=True):
+            out[i][j] = value
     return out
 
 
@@ -313,7 +309,7 @@ class _Pending:
     check: OpCheck
     func: Any
     requirements: list[Requirement]
-    summaries: list[torch.Tensor]
+    summaries: list[Summary]
     versions: list[int]
     where: _Where
 
