@@ -334,6 +334,20 @@ def _indexing(
     return found
 
 
+_PLAIN_ITEMS = (int, slice, type(None), type(Ellipsis))
+
+
+def plain_index(args: Args) -> bool:
+    """``x[0]``, ``x[:, 1:]``, ``x[..., None]``: no tensor values, PyTorch checks them on the
+    host. Decided before anything else, since model code slices tensors all the time."""
+    if len(args) < 2:
+        return False
+    idx = args[1]
+    if type(idx) is tuple:
+        return all(type(i) in _PLAIN_ITEMS for i in idx)
+    return type(idx) in _PLAIN_ITEMS
+
+
 def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
     items = _index_items(args[1]) if len(args) > 1 else None
     if items is None:
@@ -429,6 +443,7 @@ class OpCheck:
     extract: Extract
     fix: str
     index_error: bool = False  # PyTorch's CPU check raises IndexError here
+    nothing_to_check: Callable[[Args], bool] | None = None  # a quick test of the arguments
 
 
 FIX_CLASSES = (
@@ -584,8 +599,8 @@ CHECKS: tuple[OpCheck, ...] = (
         FIX_INDEX,
         True,
     ),
-    OpCheck("getitem", "index", ("Tensor.__getitem__",), _getitem, FIX_INDEX, True),
-    OpCheck("setitem", "index", ("Tensor.__setitem__",), _getitem, FIX_INDEX, True),
+    OpCheck("getitem", "index", ("Tensor.__getitem__",), _getitem, FIX_INDEX, True, plain_index),
+    OpCheck("setitem", "index", ("Tensor.__setitem__",), _getitem, FIX_INDEX, True, plain_index),
     OpCheck("take", "index", ("torch.take", "Tensor.take"), _take, FIX_INDEX, True),
     OpCheck("put", "index", ("torch.put", "Tensor.put", "Tensor.put_"), _take, FIX_INDEX, True),
     OpCheck(

@@ -8,13 +8,18 @@ end puts torch's own objects back (``_Entries``). A wrapper called in a thread t
 guard, or from inside a checked call (the ``nll_loss`` inside ``cross_entropy``, the indexing
 inside a check), calls the bare op at once.
 
-What the wrappers cannot see: a reference taken before the guard started and called through that
-reference (``from torch.nn.functional import cross_entropy`` at the top of a notebook, then
-``cross_entropy(...)`` inside the guard; ``f = torch.Tensor.gather``). Modules are not affected
-(``nn.CrossEntropyLoss`` and ``nn.Embedding`` look ``F.cross_entropy`` up at each call), nor is
-``import torch.nn.functional as F``. Code compiled by TorchScript or ``torch.compile`` is not
-checked. A ``TorchFunctionMode`` would see those references too, but it is called for every torch
-call of a step (~360), at about 1.1 us each: more than the guard's whole budget.
+References taken before the guard started: modules look their functions up at each call
+(``nn.CrossEntropyLoss`` calls ``F.cross_entropy``), and the functional losses, embeddings and
+``ctc_loss`` are also wrapped at the op they call inside (``torch._C._nn.cross_entropy_loss``,
+``torch.embedding``...), so ``from torch.nn.functional import cross_entropy`` at the top of a
+notebook is still checked. Not seen: a ``torch`` function or ``Tensor`` method bound before the
+guard (``from torch import gather``, ``take = torch.Tensor.take``), ``F.one_hot`` and
+``F.max_unpool*d`` bound before it. Code compiled by TorchScript or ``torch.compile`` is not
+checked: TorchScript compiles torch's own ops inside a guard as outside, and a wrapper traced by
+``torch.compile`` calls the op itself (where dynamo first met torch inside a guard, it may not
+know that op and break the graph there). A ``TorchFunctionMode`` would see early references
+too, but it is called for every torch call of a step (~360), at about 1.1 us each: more than
+the guard's whole budget.
 
 Two modes. ``strict`` reads each checked call's verdict back at once (on a GPU, one host
 synchronisation per checked call) and raises before the kernel launches. ``deferred`` never
@@ -102,6 +107,7 @@ class _ThreadState(threading.local):
 
 
 _STATE = _ThreadState()
+_is_compiling = torch.compiler.is_compiling
 
 
 def _checked_entry(check: OpCheck, func: Any) -> Any:
@@ -109,12 +115,27 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
+        if _is_compiling():  # torch.compile traces the op itself, never our checks
+            return func(*args, **kwargs)
         state = _STATE
         if state.busy or not state.configs:
             return func(*args, **kwargs)
         return _guarded_call(state, check, func, args, kwargs)
 
-    return _dressed_as(checked, func)
+    if check.nothing_to_check is None:
+        return _dressed_as(checked, func)
+    plain = check.nothing_to_check
+
+    def indexing(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if plain(args) or _is_compiling():
+            return func(*args, **kwargs)
+        state = _STATE
+        if state.busy or not state.configs:
+            return func(*args, **kwargs)
+        return _guarded_call(state, check, func, args, kwargs)
+
+    return _dressed_as(indexing, func)
 
 
 def _sync_entry(func: Any) -> Any:
@@ -122,7 +143,7 @@ def _sync_entry(func: Any) -> Any:
 
     def synchronising(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if _STATE.pending and not _STATE.busy:
+        if not _is_compiling() and _STATE.pending and not _STATE.busy:
             flush()
         return func(*args, **kwargs)
 
@@ -135,6 +156,9 @@ def _dressed_as(wrapper: Any, func: Any) -> Any:
         with contextlib.suppress(AttributeError, TypeError):
             setattr(wrapper, attr, getattr(func, attr))
     wrapper.__wrapped__ = func
+    if isinstance(func, FunctionType):
+        # torch.jit.script compiles what this returns (F.cross_entropy's own source)
+        wrapper.__prepare_scriptable__ = lambda: func
     return wrapper
 
 
@@ -207,6 +231,7 @@ class _Entries:
         self.users = 0
         # (owner, attribute, torch's own object or _ABSENT, our wrapper)
         self.installed: list[tuple[Any, str, Any, Any]] = []
+        self.builtin_ids: list[int] = []  # our entries in TorchScript's table of builtins
 
     def acquire(self) -> None:
         with self.lock:
@@ -230,11 +255,27 @@ class _Entries:
                 wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
                 setattr(owner, attr, wrapper)
                 self.installed.append((owner, attr, own, wrapper))
+                self._as_builtin(func, wrapper)
         except BaseException:
             self._uninstall()
             raise
 
+    def _as_builtin(self, func: Any, wrapper: Any) -> None:
+        """TorchScript compiles ``torch.gather`` as the aten op it is: it finds it by identity
+        in a table (built on first use), which must know the wrapper as that op too."""
+        jit = sys.modules.get("torch.jit._builtins")
+        table = getattr(jit, "_builtin_table", None)
+        if isinstance(table, dict) and id(func) in table and id(wrapper) not in table:
+            table[id(wrapper)] = table[id(func)]
+            self.builtin_ids.append(id(wrapper))
+
     def _uninstall(self) -> None:
+        jit = sys.modules.get("torch.jit._builtins")
+        table = getattr(jit, "_builtin_table", None)
+        for key in self.builtin_ids:
+            if isinstance(table, dict):
+                table.pop(key, None)
+        self.builtin_ids = []
         installed, self.installed = self.installed, []
         for owner, attr, own, wrapper in reversed(installed):
             if owner.__dict__.get(attr) is not wrapper:

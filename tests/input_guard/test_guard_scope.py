@@ -362,3 +362,25 @@ def test_a_mode_the_block_leaves_on_keeps_working_and_the_guard_still_leaves() -
     finally:
         torch.set_default_device(None)  # pops torch's mode: it must still be on top
     assert mode_depth() == before
+
+
+def test_torchscript_compiles_a_module_inside_a_guard_as_outside() -> None:
+    from compiled_model import Lookup
+
+    ids, labels = torch.tensor([1, 2]), torch.tensor([0, 3])
+    with guard():
+        scripted = torch.jit.script(Lookup())
+        assert scripted(ids, labels).shape == ()
+
+
+def test_a_torch_compiled_module_runs_inside_a_guard_as_outside() -> None:
+    pytest.importorskip("torch._dynamo")
+    from compiled_model import Lookup
+
+    torch.manual_seed(0)
+    model = Lookup()
+    ids, labels = torch.tensor([1, 2]), torch.tensor([0, 3])
+    expected = model(ids, labels)
+    with guard():
+        got = torch.compile(model, backend="eager")(ids, labels)
+    assert torch.allclose(got, expected)
