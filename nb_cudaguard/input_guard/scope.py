@@ -45,7 +45,7 @@ import sys
 import sysconfig
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import FrameType, FunctionType, TracebackType
 from typing import Any
@@ -226,7 +226,8 @@ class _Entries:
     ``torch._C.TensorBase``). An attribute someone else replaced meanwhile is left to them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, plan: Callable[[], list[tuple[Any, str, OpCheck | None]]]) -> None:
+        self.plan = plan
         self.lock = threading.Lock()
         self.users = 0
         # (owner, attribute, torch's own object or _ABSENT, our wrapper)
@@ -246,10 +247,8 @@ class _Entries:
                 self._uninstall()
 
     def _install(self) -> None:
-        plan: list[tuple[Any, str, OpCheck | None]] = [*entry_points()]
-        plan += [(torch.Tensor, attr, None) for attr in _SYNC_POINTS]
         try:
-            for owner, attr, check in plan:
+            for owner, attr, check in self.plan():
                 own = owner.__dict__.get(attr, _ABSENT)
                 func = getattr(owner, attr)
                 wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
@@ -292,7 +291,10 @@ class _Entries:
 
 _ABSENT = object()
 _SYNC_POINTS = ("item", "tolist")
-_ENTRIES = _Entries()
+# The checked ops, while any guard is active; .item()/.tolist(), while a deferred one is (only
+# it leaves verdicts to read there; an optimizer calls .item() once per parameter).
+_ENTRIES = _Entries(lambda: [*entry_points()])
+_SYNC_ENTRIES = _Entries(lambda: [(torch.Tensor, attr, None) for attr in _SYNC_POINTS])
 
 
 def _inspect(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Finding | None:
@@ -492,14 +494,23 @@ def _hook_on() -> None:
         if _HOOK["users"] == 0:
             _HOOK["handle"] = register_optimizer_step_pre_hook(_step_pre_hook)
         _HOOK["users"] += 1
+    try:
+        _SYNC_ENTRIES.acquire()
+    except BaseException:
+        _hook_off(entries=False)
+        raise
 
 
-def _hook_off() -> None:
-    with _HOOK_LOCK:
-        _HOOK["users"] -= 1
-        if _HOOK["users"] == 0 and _HOOK["handle"] is not None:
-            _HOOK["handle"].remove()
-            _HOOK["handle"] = None
+def _hook_off(entries: bool = True) -> None:
+    try:
+        with _HOOK_LOCK:
+            _HOOK["users"] -= 1
+            if _HOOK["users"] == 0 and _HOOK["handle"] is not None:
+                _HOOK["handle"].remove()
+                _HOOK["handle"] = None
+    finally:
+        if entries:
+            _SYNC_ENTRIES.release()
 
 
 @dataclass

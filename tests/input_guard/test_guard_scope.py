@@ -56,9 +56,19 @@ def test_inside_a_guard_only_the_checked_entry_points_are_wrapped() -> None:
     assert ("torch", "gather") in changed
     assert ("Tensor", "__getitem__") in added  # inherited from TensorBase: shadowed, then deleted
     assert ("torch.nn.functional", "linear") not in changed and ("torch", "matmul") not in changed
+    assert ("Tensor", "item") not in added  # only a deferred guard has verdicts to read there
     assert all(key[0] != "TensorBase" for key in changed | added)
     assert_as_before(before)
     assert mode_depth() == 0 and not active()
+
+
+def test_a_deferred_guard_also_reads_its_verdicts_at_item() -> None:
+    before = torch_surface()
+    with guard(mode="deferred"):
+        assert ("Tensor", "item") in set(torch_surface()) - set(before)
+        with guard():  # a strict guard inside keeps the outer one's wrappers
+            assert ("Tensor", "item") in set(torch_surface()) - set(before)
+    assert_as_before(before)
 
 
 def test_a_guard_leaves_torch_exactly_as_it_found_it() -> None:
