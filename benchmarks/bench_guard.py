@@ -40,9 +40,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -289,13 +291,30 @@ def _make(device: str, workload: Workload) -> Step:
 
 
 def counts(device: str, workload: Workload) -> str:
+    """Checked calls, verdict reads and calls through a wrapper per step (counted apart from
+    the timing: the profile hook that counts them is slow)."""
     step = _make(device, workload)
     parts = []
     for mode in MODES[1:]:
         block(device, step, 1, mode)  # warm-up
         STATS.clear()
-        block(device, step, 1, mode)
-        parts.append(f"{mode}: {STATS['calls']} checked, {STATS['transfers']} reads")
+        wrapped: Counter[str] = Counter()
+
+        def count(
+            frame: FrameType, event: str, arg: object, wrapped: Counter[str] = wrapped
+        ) -> None:
+            if event == "call" and frame.f_code.co_name in ("checked", "indexing", "synchronising"):
+                wrapped[frame.f_code.co_name] += 1
+
+        sys.setprofile(count)
+        try:
+            block(device, step, 1, mode)
+        finally:
+            sys.setprofile(None)
+        parts.append(
+            f"{mode}: {STATS['calls']} checked, {STATS['transfers']} reads, "
+            f"{sum(wrapped.values())} calls through a wrapper ({dict(wrapped)})"
+        )
     return "per step: " + "; ".join(parts)
 
 
