@@ -233,6 +233,7 @@ class _Entries:
         # (owner, attribute, torch's own object or _ABSENT, our wrapper)
         self.installed: list[tuple[Any, str, Any, Any]] = []
         self.builtin_ids: list[int] = []  # our entries in TorchScript's table of builtins
+        self.made: dict[tuple[Any, str], Any] = {}
 
     def acquire(self) -> None:
         with self.lock:
@@ -251,7 +252,12 @@ class _Entries:
             for owner, attr, check in self.plan():
                 own = owner.__dict__.get(attr, _ABSENT)
                 func = getattr(owner, attr)
-                wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
+                # the same wrapper for the same op every time: cheaper per cell, and a reference
+                # taken inside one guard is the wrapper of the next
+                wrapper = self.made.get((owner, attr))
+                if wrapper is None or wrapper.__wrapped__ is not func:
+                    wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
+                    self.made[(owner, attr)] = wrapper
                 setattr(owner, attr, wrapper)
                 self.installed.append((owner, attr, own, wrapper))
                 self._as_builtin(func, wrapper)
