@@ -1,25 +1,50 @@
-"""What the guard costs: a small transformer classifier's training step, strict and deferred
-guard vs bare.
+"""What the guard costs: strict and deferred guard vs bare, side by side in one run.
 
-    python benchmarks/bench_guard.py            # CPU
-    python benchmarks/bench_guard.py --cuda     # GPU: also CUDA_LAUNCH_BLOCKING=1 in a subprocess
+    python benchmarks/bench_guard.py                 # CPU: every workload below
+    python benchmarks/bench_guard.py --only percall  # one workload
+    python benchmarks/bench_guard.py --cuda          # GPU: also CUDA_LAUNCH_BLOCKING=1 in a
+                                                     # separate process (training workloads)
 
-Bare, strict and deferred blocks alternate within one run (so drift and thermal state hit all
-alike); each ratio is median(mode) / median(bare). A benchmark, not a timed test.
+Workloads (models built from torch.nn only, random weights, no downloads):
+- ``tiny``: the toy classifier step of the first measurements (vocab 1000, d 64, 4 heads,
+  2 layers, seq 32, batch 16): launch-bound training, where a fixed per-call cost shows most.
+- ``bert-small``: BERT-Small's shape (4 layers, d 512, 8 heads, FFN 2048, vocab 30522, 512
+  positions, 2 token types, post-norm, GELU) fine-tuned as a 3-label classifier: seq 128,
+  batch 2 on CPU (8 on a GPU), padding in the last 16 positions, AdamW. Checked calls per
+  step: 3 embeddings, cross_entropy.
+- ``gpt2-small``: GPT-2 small's shape (12 layers, d 768, 12 heads, FFN 3072, vocab 50257,
+  pre-norm, causal, LM head tied to the token embedding), next-token loss over seq 64, batch 1
+  on CPU (seq 128, batch 8 on a GPU), the last 8 labels -100, AdamW. Checked calls per step:
+  2 embeddings, cross_entropy, and the label shift's slicing (wrapped, plain slices: no check).
+- ``infer-b1``: launch-bound inference: the tiny classifier's forward at batch 1 under
+  ``torch.inference_mode()``.
+- ``percall``: the overhead of one call in microseconds: checked calls (cross_entropy,
+  embedding, ``x[idx]``), a wrapped call with nothing to check (``x[0]``), an unchecked call
+  (``torch.add``), a checked op called from a thread outside the guard, and a guard's
+  entry + exit.
+
+Bare, strict and deferred blocks alternate within one run (so drift and the shared machine's
+load hit all alike); each ratio is median(mode) / median(bare), and the fastest block's ratio is
+printed too (on a loaded machine the least disturbed). A benchmark, not a timed test.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,9 +55,10 @@ from torch import nn
 import nb_cudaguard
 from nb_cudaguard.input_guard.scope import STATS
 
-CLASSES = 10
+MODES = ("bare", "strict", "deferred")
 
 
+# --- models ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Size:
     vocab: int
@@ -40,18 +66,17 @@ class Size:
     heads: int
     seq: int
     batch: int
+    layers: int = 2
 
 
-# "tiny": a toy step (~10 ms on 2 CPU cores) where the mode's fixed per-call cost shows most;
-# "small": BERT-tiny's shape (2 layers, d=128, 2 heads) on 64-token sequences, batch 32.
-# "base": BERT-base's width (d=768, 12 heads, vocab 30522) on 128-token sequences, batch 32: the
-# realistic GPU step (2 layers keep it short); run with --cuda only.
+CLASSES = 10
+# "small" and "base" are the sizes of the lead's first GPU runs (BERT-tiny's shape; BERT-base's
+# width on 2 layers); kept so those numbers can be compared.
 SIZES = {
     "tiny": Size(1000, 64, 4, 32, 16),
     "small": Size(8000, 128, 2, 64, 32),
     "base": Size(30522, 768, 12, 128, 32),
 }
-GPU_ONLY = ("base",)
 
 
 class Classifier(nn.Module):
@@ -62,7 +87,7 @@ class Classifier(nn.Module):
         layer = nn.TransformerEncoderLayer(
             size.dim, size.heads, 4 * size.dim, dropout=0.1, batch_first=True
         )
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.encoder = nn.TransformerEncoder(layer, size.layers, enable_nested_tensor=False)
         self.head = nn.Linear(size.dim, CLASSES)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -72,131 +97,383 @@ class Classifier(nn.Module):
         return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1))
 
 
-def make(
-    device: str, size: Size = SIZES["tiny"]
-) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+class BertSmall(nn.Module):
+    """BERT-Small (google/bert_uncased_L-4_H-512_A-8)'s shape, for sequence classification."""
+
+    def __init__(self, labels: int = 3) -> None:
+        super().__init__()
+        dim = 512
+        self.word_embeddings = nn.Embedding(30522, dim, padding_idx=0)
+        self.position_embeddings = nn.Embedding(512, dim)
+        self.token_type_embeddings = nn.Embedding(2, dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-12)
+        layer = nn.TransformerEncoderLayer(
+            dim, 8, 2048, dropout=0.1, activation="gelu", batch_first=True, layer_norm_eps=1e-12
+        )
+        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.pooler = nn.Linear(dim, dim)
+        self.classifier = nn.Linear(dim, labels)
+
+    def forward(self, ids: torch.Tensor, types: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        h = (
+            self.word_embeddings(ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(types)
+        )
+        h = self.encoder(self.norm(h), src_key_padding_mask=pad)
+        return self.classifier(torch.tanh(self.pooler(h[:, 0])))
+
+
+class Gpt2Small(nn.Module):
+    """GPT-2 small's shape: pre-norm causal decoder, LM head tied to the token embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        dim = 768
+        self.wte = nn.Embedding(50257, dim)
+        self.wpe = nn.Embedding(1024, dim)
+        layer = nn.TransformerEncoderLayer(
+            dim, 12, 3072, dropout=0.1, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, 12, enable_nested_tensor=False)
+        self.ln_f = nn.LayerNorm(dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        seq = ids.shape[1]
+        positions = torch.arange(seq, device=ids.device)
+        mask = nn.Transformer.generate_square_subsequent_mask(seq, device=ids.device)
+        h = self.blocks(self.wte(ids) + self.wpe(positions), mask=mask, is_causal=True)
+        return F.linear(self.ln_f(h), self.wte.weight)
+
+
+# --- workloads: each returns one step as a closure -------------------------------------------
+Step = Callable[[], None]
+
+
+def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    # foreach=True: the implementation PyTorch picks by default on a GPU
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+
+def classifier_step(device: str, size: Size) -> Step:
     torch.manual_seed(0)
     model = Classifier(size).to(device)
-    # foreach=True: the implementation PyTorch picks by default on a GPU.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    optimizer = _optimizer(model)
     ids = torch.randint(1, size.vocab, (size.batch, size.seq), device=device)
     ids[:, -4:] = 0  # padding
     labels = torch.randint(0, CLASSES, (size.batch,), device=device)
     labels[0] = -100  # an ignored example, as in real data
-    return model, optimizer, ids, labels
+
+    def step() -> None:
+        loss = F.cross_entropy(model(ids), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
 
 
-def step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor, y: torch.Tensor
-) -> None:
-    loss = F.cross_entropy(model(ids), y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+def bert_small_step(device: str, seq: int = 128, batch: int = 2) -> Step:
+    torch.manual_seed(0)
+    model = BertSmall().to(device)
+    optimizer = _optimizer(model)
+    ids = torch.randint(1000, 30522, (batch, seq), device=device)
+    ids[:, 0] = 101  # [CLS]
+    ids[:, -16:] = 0  # [PAD]
+    types = torch.zeros_like(ids)
+    types[:, seq // 2 :] = 1
+    pad = ids == 0
+    labels = torch.randint(0, 3, (batch,), device=device)
+    criterion = nn.CrossEntropyLoss()
+
+    def step() -> None:
+        loss = criterion(model(ids, types, pad), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
 
 
-MODES = ("bare", "strict", "deferred")
+def gpt2_small_step(device: str, seq: int = 64, batch: int = 1) -> Step:
+    torch.manual_seed(0)
+    model = Gpt2Small().to(device)
+    optimizer = _optimizer(model)
+    ids = torch.randint(0, 50257, (batch, seq), device=device)
+    labels = ids.clone()
+    labels[:, -8:] = -100  # padding, as a collator marks it
+
+    def step() -> None:
+        logits = model(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, 50257), labels[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
 
 
-def block(device: str, parts: tuple, steps: int, mode: str) -> float:
-    """Seconds per step over `steps` steps."""
+def inference_step(device: str) -> Step:
+    torch.manual_seed(0)
+    size = SIZES["tiny"]
+    model = Classifier(size).to(device).eval()
+    ids = torch.randint(1, size.vocab, (1, size.seq), device=device)
+
+    def step() -> None:
+        with torch.inference_mode():
+            model(ids).argmax(-1)
+
+    return step
+
+
+@dataclass(frozen=True)
+class Workload:
+    make: Callable[[str], Step]
+    steps: int  # per timed block
+    reps: int  # interleaved blocks per mode
+    training: bool = True
+
+
+WORKLOADS = {
+    "tiny": Workload(lambda d: classifier_step(d, SIZES["tiny"]), 10, 15),
+    "infer-b1": Workload(inference_step, 50, 15, training=False),
+    "bert-small": Workload(bert_small_step, 2, 7),
+    "gpt2-small": Workload(gpt2_small_step, 1, 5),
+}
+# On a GPU the same models at a realistic batch (a CPU step at these sizes takes seconds).
+GPU_MAKE = {
+    "bert-small": lambda d: bert_small_step(d, 128, 8),
+    "gpt2-small": lambda d: gpt2_small_step(d, 128, 8),
+}
+GPU_ONLY = {
+    "small": Workload(lambda d: classifier_step(d, SIZES["small"]), 10, 15),
+    "base": Workload(lambda d: classifier_step(d, SIZES["base"]), 10, 15),
+}
+GPU_STEPS = {"bert-small": 10, "gpt2-small": 10}  # a GPU step is short: longer blocks
+
+
+def block(device: str, step: Step, steps: int, mode: str) -> float:
+    """Seconds per step over ``steps`` steps; a guarded block enters its guard once."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
     if mode == "bare":
         for _ in range(steps):
-            step(*parts)
+            step()
     else:
         with nb_cudaguard.guard(mode=mode):
             for _ in range(steps):
-                step(*parts)
+                step()
     sync()
     return (time.perf_counter() - start) / steps
 
 
 def measure(
-    device: str, size: Size, reps: int, steps: int, modes: tuple[str, ...]
-) -> dict[str, float]:
-    parts = make(device, size)
+    device: str, workload: Workload, modes: tuple[str, ...], scale: float, steps: int
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    step = _make(device, workload)
     for mode in modes:  # warm-up: allocator, autograd, lazy init
-        block(device, parts, 3, mode)
+        block(device, step, 2, mode)
+    reps = max(3, math.ceil(workload.reps * scale))
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     for _ in range(reps):
         for mode in modes:
-            times[mode].append(block(device, parts, steps, mode))
-    return {mode: statistics.median(values) for mode, values in times.items()}
+            times[mode].append(block(device, step, steps, mode))
+    return {mode: statistics.median(v) for mode, v in times.items()}, times
 
 
+def _make(device: str, workload: Workload) -> Step:
+    for name, w in WORKLOADS.items():
+        if w is workload and device == "cuda" and name in GPU_MAKE:
+            return GPU_MAKE[name](device)
+    return workload.make(device)
+
+
+def counts(device: str, workload: Workload) -> str:
+    """Checked calls, verdict reads and calls through a wrapper per step (counted apart from
+    the timing: the profile hook that counts them is slow)."""
+    step = _make(device, workload)
+    parts = []
+    for mode in MODES[1:]:
+        block(device, step, 1, mode)  # warm-up
+        STATS.clear()
+        wrapped: Counter[str] = Counter()
+
+        def count(
+            frame: FrameType, event: str, arg: object, wrapped: Counter[str] = wrapped
+        ) -> None:
+            if event == "call" and frame.f_code.co_name in ("checked", "indexing", "synchronising"):
+                wrapped[frame.f_code.co_name] += 1
+
+        sys.setprofile(count)
+        try:
+            block(device, step, 1, mode)
+        finally:
+            sys.setprofile(None)
+        parts.append(
+            f"{mode}: {STATS['calls']} checked, {STATS['transfers']} reads, "
+            f"{sum(wrapped.values())} calls through a wrapper ({dict(wrapped)})"
+        )
+    return "per step: " + "; ".join(parts)
+
+
+# --- per call -------------------------------------------------------------------------------
+def percall(scale: float) -> list[tuple[str, dict[str, float]]]:
+    torch.manual_seed(0)
+    logits = torch.randn(32, 10)
+    labels = torch.randint(0, 10, (32,))
+    labels[0] = -100
+    weight = torch.randn(1000, 64)
+    ids = torch.randint(0, 1000, (16, 32))
+    x = torch.randn(64, 8)
+    idx = torch.randint(0, 64, (16,))
+    a, b = torch.randn(4), torch.randn(4)
+    calls: dict[str, Callable[[], object]] = {
+        "F.cross_entropy (32x10, one -100)": lambda: F.cross_entropy(logits, labels),
+        "F.embedding (16x32 ids)": lambda: F.embedding(ids, weight),
+        "x[idx] (16 ids)": lambda: x[idx],
+        "x[0] (wrapped, nothing to check)": lambda: x[0],
+        "torch.add (not wrapped)": lambda: torch.add(a, b),
+    }
+    n = 2000
+    reps = max(5, math.ceil(15 * scale))
+
+    def timed(call: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        return (time.perf_counter() - start) / n * 1e6
+
+    rows = []
+    for name, call in calls.items():
+        times: dict[str, list[float]] = {m: [] for m in MODES}
+        for _ in range(reps):
+            times["bare"].append(timed(call))
+            for mode in MODES[1:]:
+                with nb_cudaguard.guard(mode=mode):
+                    times[mode].append(timed(call))
+        rows.append((name, {m: statistics.median(v) for m, v in times.items()}))
+
+    # a thread outside any guard, while this one holds a (strict) guard
+    def in_thread(out: list[float]) -> None:
+        out.append(timed(calls["F.cross_entropy (32x10, one -100)"]))
+
+    outside: dict[str, list[float]] = {"bare": [], "strict": []}
+    for _ in range(reps):
+        for mode in ("bare", "strict"):
+            result: list[float] = []
+            thread = threading.Thread(target=in_thread, args=(result,))
+            if mode == "bare":
+                thread.start()
+                thread.join()
+            else:
+                with nb_cudaguard.guard():
+                    thread.start()
+                    thread.join()
+            outside[mode].append(result[0])
+    rows.append(
+        (
+            "F.cross_entropy in a thread outside the guard",
+            {m: statistics.median(v) for m, v in outside.items()},
+        )
+    )
+
+    enter: list[float] = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(200):
+            with nb_cudaguard.guard():
+                pass
+        enter.append((time.perf_counter() - start) / 200 * 1e6)
+    rows.append(
+        ("guard() entry + exit (outermost)", {"bare": 0.0, "strict": statistics.median(enter)})
+    )
+    return rows
+
+
+# --- main -----------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cuda", action="store_true")
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--size", choices=[*SIZES, "all"], default="all")
+    parser.add_argument("--only", help="comma-separated workloads (default: all)")
+    parser.add_argument("--scale", type=float, default=1.0, help="repetitions x this")
+    parser.add_argument(
+        "--threads", type=int, help="torch.set_num_threads (on a shared, oversubscribed VM: 1)"
+    )
     parser.add_argument("--bare-only-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = "cuda" if args.cuda else "cpu"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    available = {**WORKLOADS, **(GPU_ONLY if args.cuda else {})}
+    names = [*available, "percall"] if args.only is None else args.only.split(",")
+    training = [n for n in names if n in available]
 
-    sizes = (
-        [n for n in SIZES if args.cuda or n not in GPU_ONLY] if args.size == "all" else [args.size]
-    )
     if args.bare_only_json:  # the CUDA_LAUNCH_BLOCKING=1 child
-        print(
-            json.dumps(
-                {
-                    n: measure(device, SIZES[n], args.reps, args.steps, ("bare",))["bare"]
-                    for n in sizes
-                }
-            )
-        )
+        out = {}
+        for name in training:
+            w = available[name]
+            steps = GPU_STEPS.get(name, w.steps)
+            out[name] = measure(device, w, ("bare",), args.scale, steps)[0]["bare"]
+        print(json.dumps(out))
         return
 
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-        f"torch {torch.__version__}, device {device}"
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), device {device}"
         + (f" ({torch.cuda.get_device_name()})" if args.cuda else "")
+        + f", {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        flush=True,
     )
-    results = {}
-    for name in sizes:
-        results[name] = measure(device, SIZES[name], args.reps, args.steps, MODES)
-        print(f"[{name}] {SIZES[name]}")
+    results: dict[str, dict[str, float]] = {}
+    for name in training:
+        w = available[name]
+        steps = GPU_STEPS.get(name, w.steps) if args.cuda else w.steps
+        medians, times = measure(device, w, MODES, args.scale, steps)
+        results[name] = medians
+        bare = medians["bare"]
+        line = f"[{name}] median: bare {bare * 1e3:9.3f} ms/step"
         for mode in MODES[1:]:
-            STATS.clear()
-            block(device, make(device, SIZES[name]), 1, mode)
-            print(
-                f"[{name}] {mode}: checked calls per step {STATS['calls']}, "
-                f"host transfers per step {STATS['transfers']} (deferred: read at the step)"
-            )
-        bare = results[name]["bare"]
-        print(f"[{name}] bare     {bare * 1e3:8.3f} ms/step")
-        for mode in MODES[1:]:
-            t = results[name][mode]
-            print(
-                f"[{name}] {mode:8} {t * 1e3:8.3f} ms/step   ratio {t / bare:.3f} "
-                f"(+{(t - bare) * 1e3:.2f} ms/step)"
-            )
+            t = medians[mode]
+            line += f" | {mode} {t * 1e3:9.3f} ms ({t / bare:.3f}x, {(t - bare) * 1e3:+.3f} ms)"
+        print(line, flush=True)
+        # the fastest block of each mode: the least disturbed by other load on a shared machine
+        fastest = {mode: min(v) for mode, v in times.items()}
+        print(
+            f"[{name}] fastest: bare {fastest['bare'] * 1e3:9.3f} ms/step"
+            + "".join(f" | {m} {fastest[m] / fastest['bare']:.3f}x" for m in MODES[1:]),
+            flush=True,
+        )
+        print(f"[{name}] {counts(device, w)}", flush=True)
 
-    if args.cuda:
+    if "percall" in names and not args.cuda:
+        print("[percall] microseconds per call, medians; overhead = mode - bare")
+        for name, m in percall(args.scale):
+            bare = m["bare"]
+            extra = "  ".join(f"{k} {v - bare:+7.2f}" for k, v in m.items() if k != "bare")
+            print(f"[percall] {name:46} bare {bare:7.2f}  {extra}", flush=True)
+
+    if args.cuda and training:
         env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
         command = [
             sys.executable,
             __file__,
             "--cuda",
             "--bare-only-json",
-            "--reps",
-            str(args.reps),
-            "--steps",
-            str(args.steps),
-            "--size",
-            args.size,
+            "--scale",
+            str(args.scale),
+            *(["--threads", str(args.threads)] if args.threads else []),
+            "--only",
+            ",".join(training),
         ]
         child = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         blocking = json.loads(child.stdout.strip().splitlines()[-1])
-        for name in sizes:
+        for name in training:
             bare = results[name]["bare"]
             print(
-                f"[{name}] CUDA_LAUNCH_BLOCKING=1 {blocking[name] * 1e3:8.3f} ms/step   "
-                f"ratio {blocking[name] / bare:.3f} (separate process)"
+                f"[{name}] CUDA_LAUNCH_BLOCKING=1 {blocking[name] * 1e3:9.3f} ms/step "
+                f"({blocking[name] / bare:.3f}x bare, separate process)"
             )
 
 

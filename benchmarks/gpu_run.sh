@@ -47,7 +47,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   {
     timeout 120 python3 benchmarks/bench_extension.py --cuda --cells 2000 --imports 5
     timeout 120 python3 benchmarks/bench_sync.py --gpu --rounds 100
-    timeout 300 python3 benchmarks/bench_guard.py --cuda --reps 10 --steps 10
+    timeout 400 python3 benchmarks/bench_guard.py --cuda --scale 0.7
   } 2>&1 | tee "$out/gpu-bench.log" || status=1
 fi
 exit $status

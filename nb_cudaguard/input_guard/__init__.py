@@ -1,3 +1,3 @@
-"""The ``%%cudacheck`` guard: a torch function mode that checks the inputs of assert-prone
-operations before their kernels launch (``scope``), the per-op checks (``ops``), the kinds of
-requirement they state (``requirements``), and ``GuardError`` (``errors``)."""
+"""The ``%%cudacheck`` guard: wrappers over torch's assert-prone ops that check their inputs
+before their kernels launch (``scope``), the per-op checks (``ops``), the kinds of requirement
+they state (``requirements``), and ``GuardError`` (``errors``)."""

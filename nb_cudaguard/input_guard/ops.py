@@ -1,10 +1,10 @@
 """Which calls the guard checks, and what each one's GPU kernel asserts about its arguments.
 
-One entry per op: the functions a ``TorchFunctionMode`` sees for it (functional form, tensor
-method, in-place method), and how to turn a call's arguments into requirements (pure host work:
-shapes and arguments, no tensor values). The conditions follow PyTorch's own CPU checks, which
-the tests compare against call by call; where CUDA checks nothing at all (ctc_loss targets) the
-condition is the one the kernel silently relies on.
+One entry per op: its entry points, which the guard wraps while it is active (functional form,
+tensor method, in-place method), and how to turn a call's arguments into requirements (pure
+host work: shapes and arguments, no tensor values). The conditions follow PyTorch's own CPU
+checks, which the tests compare against call by call; where CUDA checks nothing at all
+(ctc_loss targets) the condition is the one the kernel silently relies on.
 """
 
 from __future__ import annotations
@@ -38,18 +38,21 @@ def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None)
     return kwargs.get(name, default)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_INDEX_DTYPES = frozenset(
+    d
+    for d in vars(torch).values()
+    if isinstance(d, torch.dtype) and not (d.is_floating_point or d.is_complex or d == torch.bool)
+)
+
+
 def _is_plain(value: Any) -> bool:
     """A tensor whose values can be read: not a FakeTensor, DTensor or other subclass, not meta."""
-    return type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta"
+    return type(value) in _PLAIN and not value.is_meta
 
 
 def _is_index(value: Any) -> bool:
-    return (
-        _is_plain(value)
-        and not value.dtype.is_floating_point
-        and not value.dtype.is_complex
-        and value.dtype != torch.bool
-    )
+    return type(value) in _PLAIN and value.dtype in _INDEX_DTYPES and not value.is_meta
 
 
 def _size(t: torch.Tensor, dim: Any) -> tuple[int, int] | None:
@@ -171,10 +174,15 @@ def _torch_embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
     return _ids(ids, weight, (1, "indices", None))
 
 
-def _embedding_bag(args: Args, kwargs: Kwargs) -> list[Requirement]:
-    ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+def _embedding_bag(args: Args, kwargs: Kwargs, inner: bool = False) -> list[Requirement]:
+    if inner:  # torch.embedding_bag(weight, indices, offsets, ...), what F.embedding_bag calls
+        weight, ids = _arg(args, kwargs, 0, "weight"), _arg(args, kwargs, 1, "indices")
+        id_slot: Slot = (1, "indices", None)
+    else:
+        ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+        id_slot = (0, "input", None)
     offsets = _arg(args, kwargs, 2, "offsets")
-    found = _ids(ids, weight, (0, "input", None))
+    found = _ids(ids, weight, id_slot)
     if found and ids.dim() == 1 and _is_index(offsets) and offsets.dim() == 1:
         found.append(Offsets("offsets", offsets, ids.numel(), slot=(2, "offsets", None)))
     return found
@@ -326,6 +334,20 @@ def _indexing(
     return found
 
 
+_PLAIN_ITEMS = (int, slice, type(None), type(Ellipsis))
+
+
+def plain_index(args: Args) -> bool:
+    """``x[0]``, ``x[:, 1:]``, ``x[..., None]``: no tensor values, PyTorch checks them on the
+    host. Decided before anything else, since model code slices tensors all the time."""
+    if len(args) < 2:
+        return False
+    idx = args[1]
+    if type(idx) is tuple:
+        return all(type(i) in _PLAIN_ITEMS for i in idx)
+    return type(idx) in _PLAIN_ITEMS
+
+
 def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
     items = _index_items(args[1]) if len(args) > 1 else None
     if items is None:
@@ -417,10 +439,11 @@ def _unpool_size(
 class OpCheck:
     name: str  # what --only/--skip accept, and the message's op name
     family: str
-    funcs: tuple[str, ...]  # "F.x", "torch.x", "Tensor.x", resolved when the guard starts
+    funcs: tuple[str, ...]  # "F.x", "torch.x", "Tensor.x", "_nn.x": wrapped while guarded
     extract: Extract
     fix: str
     index_error: bool = False  # PyTorch's CPU check raises IndexError here
+    nothing_to_check: Callable[[Args], bool] | None = None  # a quick test of the arguments
 
 
 FIX_CLASSES = (
@@ -451,20 +474,48 @@ FIX_CTC = (
     "does not check this at all and reads out of bounds."
 )
 
+# The "_nn." entries (torch._C._nn) and torch.ctc_loss / torch.embedding / torch.embedding_bag
+# are what the functional forms call inside, with the same leading arguments: checked there
+# only when the outer function was not (a reference to it taken before the guard started).
 CHECKS: tuple[OpCheck, ...] = (
-    OpCheck("cross_entropy", "loss", ("F.cross_entropy",), _cross_entropy, FIX_CLASSES, True),
-    OpCheck("nll_loss", "loss", ("F.nll_loss",), _nll_loss, FIX_CLASSES, True),
-    OpCheck("multi_margin_loss", "loss", ("F.multi_margin_loss",), _multi_margin, FIX_CLASSES),
     OpCheck(
-        "binary_cross_entropy", "loss", ("F.binary_cross_entropy",), _binary_cross_entropy, FIX_BCE
+        "cross_entropy",
+        "loss",
+        ("F.cross_entropy", "_nn.cross_entropy_loss"),
+        _cross_entropy,
+        FIX_CLASSES,
+        True,
     ),
-    OpCheck("ctc_loss", "loss", ("F.ctc_loss",), _ctc_loss, FIX_CTC),
+    OpCheck("nll_loss", "loss", ("F.nll_loss", "_nn.nll_loss_nd"), _nll_loss, FIX_CLASSES, True),
+    OpCheck(
+        "multi_margin_loss",
+        "loss",
+        ("F.multi_margin_loss", "_nn.multi_margin_loss"),
+        _multi_margin,
+        FIX_CLASSES,
+    ),
+    OpCheck(
+        "binary_cross_entropy",
+        "loss",
+        ("F.binary_cross_entropy", "_nn.binary_cross_entropy"),
+        _binary_cross_entropy,
+        FIX_BCE,
+    ),
+    OpCheck("ctc_loss", "loss", ("F.ctc_loss", "torch.ctc_loss"), _ctc_loss, FIX_CTC),
     OpCheck("embedding", "embedding", ("F.embedding",), _embedding, FIX_EMBEDDING, True),
     OpCheck("embedding", "embedding", ("torch.embedding",), _torch_embedding, FIX_EMBEDDING, True),
     # IndexError for ids, as on CPU; the CPU's offsets errors are RuntimeErrors or IndexErrors
     # depending on mode, and GuardIndexError is both
     OpCheck(
         "embedding_bag", "embedding", ("F.embedding_bag",), _embedding_bag, FIX_EMBEDDING, True
+    ),
+    OpCheck(
+        "embedding_bag",
+        "embedding",
+        ("torch.embedding_bag",),
+        lambda args, kwargs: _embedding_bag(args, kwargs, inner=True),
+        FIX_EMBEDDING,
+        True,
     ),
     OpCheck(
         "multinomial",
@@ -548,8 +599,8 @@ CHECKS: tuple[OpCheck, ...] = (
         FIX_INDEX,
         True,
     ),
-    OpCheck("getitem", "index", ("Tensor.__getitem__",), _getitem, FIX_INDEX, True),
-    OpCheck("setitem", "index", ("Tensor.__setitem__",), _getitem, FIX_INDEX, True),
+    OpCheck("getitem", "index", ("Tensor.__getitem__",), _getitem, FIX_INDEX, True, plain_index),
+    OpCheck("setitem", "index", ("Tensor.__setitem__",), _getitem, FIX_INDEX, True, plain_index),
     OpCheck("take", "index", ("torch.take", "Tensor.take"), _take, FIX_INDEX, True),
     OpCheck("put", "index", ("torch.put", "Tensor.put", "Tensor.put_"), _take, FIX_INDEX, True),
     OpCheck(
@@ -583,28 +634,26 @@ FAMILIES = frozenset(c.family for c in CHECKS)
 NAMES = frozenset(c.name for c in CHECKS) | FAMILIES
 
 
-def _resolve(path: str) -> Any:
-    namespace, _, attr = path.partition(".")
-    root = {
+def _owner(namespace: str) -> Any:
+    return {
         "F": torch.nn.functional,
         "torch": torch,
-        "Tensor": torch._C.TensorBase,
+        "Tensor": torch.Tensor,
+        "_nn": torch._C._nn,
     }[namespace]
-    return getattr(root, attr, None)
 
 
-def table() -> dict[Any, OpCheck]:
-    """{function object the mode sees: its check}; ops a torch version lacks are left out."""
-    found: dict[Any, OpCheck] = {}
+def entry_points() -> list[tuple[Any, str, OpCheck]]:
+    """(owner, attribute, check) for every entry point the guard wraps: ``torch.nn.functional``
+    and ``torch`` functions, and ``torch.Tensor`` methods (``x[idx]`` is ``__getitem__``); ops
+    a torch version lacks are left out."""
+    found: list[tuple[Any, str, OpCheck]] = []
     for check in CHECKS:
         for path in check.funcs:
-            func = _resolve(path)
-            if func is not None:
-                found[func] = check
-                if path.startswith("Tensor."):  # torch.Tensor may re-export the same method
-                    alias = getattr(torch.Tensor, path[7:], None)
-                    if alias is not None:
-                        found.setdefault(alias, check)
+            namespace, _, attr = path.partition(".")
+            owner = _owner(namespace)
+            if getattr(owner, attr, None) is not None:
+                found.append((owner, attr, check))
     return found
 
 
@@ -612,6 +661,8 @@ def display_name(check: OpCheck, func: Any) -> str:
     name = getattr(func, "__name__", check.name)
     qualname = getattr(func, "__qualname__", name)
     module = getattr(func, "__module__", "") or ""
+    if module == "torch._C._nn":  # F.one_hot, and what the functional losses call inside
+        return f"F.{check.name}"
     if module == "torch.nn.functional":
         return f"F.{name}"
     if "TensorBase" in qualname or "Tensor." in qualname:

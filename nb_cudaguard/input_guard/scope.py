@@ -1,10 +1,25 @@
 """The guard: check the inputs of assert-prone torch calls before their kernels launch.
 
-It is a ``torch.overrides.TorchFunctionMode``, not a set of patched attributes: one mode sees
-functional calls, tensor methods and ``Tensor.__getitem__``/``__setitem__`` alike, also from inside
-``nn.Module.forward``, sees only the outermost call (the mode is off while it runs, so the
-``nll_loss`` inside ``cross_entropy`` is not checked twice), and leaving the ``with`` block takes
-it off torch's stack again whatever happened inside. Nothing in torch is modified.
+While a guard is active (in any thread), the checked ops' entry points are replaced by thin
+wrappers: the ``torch.nn.functional`` and ``torch`` functions and the ``torch.Tensor`` methods
+(``x[idx]`` and ``x[idx] = v`` included) that ``ops.py`` names, and nothing else, so every other
+torch call costs exactly what it costs bare. The first guard to start installs them, the last to
+end puts torch's own objects back (``_Entries``). A wrapper called in a thread that is in no
+guard, or from inside a checked call (the ``nll_loss`` inside ``cross_entropy``, the indexing
+inside a check), calls the bare op at once.
+
+References taken before the guard started: modules look their functions up at each call
+(``nn.CrossEntropyLoss`` calls ``F.cross_entropy``), and the functional losses, embeddings and
+``ctc_loss`` are also wrapped at the op they call inside (``torch._C._nn.cross_entropy_loss``,
+``torch.embedding``...), so ``from torch.nn.functional import cross_entropy`` at the top of a
+notebook is still checked. Not seen: a ``torch`` function or ``Tensor`` method bound before the
+guard (``from torch import gather``, ``take = torch.Tensor.take``), ``F.one_hot`` and
+``F.max_unpool*d`` bound before it. Code compiled by TorchScript or ``torch.compile`` is not
+checked: TorchScript compiles torch's own ops inside a guard as outside, and a wrapper traced by
+``torch.compile`` calls the op itself (where dynamo first met torch inside a guard, it may not
+know that op and break the graph there). A ``TorchFunctionMode`` would see early references
+too, but it is called for every torch call of a step (~360), at about 1.1 us each: more than
+the guard's whole budget.
 
 Two modes. ``strict`` reads each checked call's verdict back at once (on a GPU, one host
 synchronisation per checked call) and raises before the kernel launches. ``deferred`` never
@@ -21,6 +36,8 @@ Module import needs torch: ``nb_cudaguard`` imports this lazily.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import linecache
 import os
 import re
@@ -28,24 +45,24 @@ import sys
 import sysconfig
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import FrameType, TracebackType
+from types import FrameType, FunctionType, TracebackType
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .errors import Finding, GuardError, GuardIndexError, Violation
-from .ops import NAMES, OpCheck, display_name, table
-from .requirements import Requirement, Slot
+from .ops import NAMES, OpCheck, display_name, entry_points
+from .requirements import Requirement, Slot, Summary
 
 MODES = ("strict", "deferred")
 # Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
 # loop that never synchronises does not keep its inputs alive without bound.
 MAX_PENDING = 32
 
-# How often the guard read values back from the device: the cost a non-blocking mode would remove.
+# How often the guard read verdicts back to the host (on a GPU each is a synchronisation: the cost
+# the deferred mode removes; on CPU a read of host memory, counted alike).
 STATS: Counter[str] = Counter()
 
 
@@ -56,10 +73,10 @@ class GuardConfig:
     deferred: bool = False
 
     def selects(self, check: OpCheck) -> bool:
-        names = {check.name, check.family}
-        if self.only is not None and not names & self.only:
+        only, skip = self.only, self.skip
+        if only is not None and check.name not in only and check.family not in only:
             return False
-        return not names & self.skip
+        return check.name not in skip and check.family not in skip
 
 
 def parse_names(names: Iterable[str] | str | None) -> frozenset[str] | None:
@@ -78,54 +95,212 @@ def parse_names(names: Iterable[str] | str | None) -> frozenset[str] | None:
 
 
 class _ThreadState(threading.local):
-    # TorchFunctionMode stacks are per thread, and so is ours
+    """Per thread: the wrappers are process-wide, the guard is not (a thread outside any guard
+    calls the bare op)."""
+
     def __init__(self) -> None:
         self.configs: list[GuardConfig] = []
-        self.mode: _CheckMode | None = None
+        # inside a checked call (its check or the op itself): torch's own inner calls (the
+        # nll_loss inside cross_entropy, indexing inside a check) pass through unchecked
+        self.busy = False
         self.pending: list[_Pending] = []
 
 
 _STATE = _ThreadState()
-_TABLE: dict[Any, OpCheck] | None = None
+_is_compiling = torch.compiler.is_compiling
 
 
-class _CheckMode(TorchFunctionMode):
-    def __init__(self, checks: dict[Any, OpCheck]) -> None:
-        super().__init__()
-        self._checks = checks
+def _checked_entry(check: OpCheck, func: Any) -> Any:
+    """The wrapper installed over one entry point while a guard is active somewhere."""
 
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
-        if kwargs is None:
-            kwargs = {}
-        check = self._checks.get(func)
-        if check is None:
-            if _STATE.pending and func in _SYNC_POINTS:
-                flush()  # the caller synchronises here anyway: read the verdicts with it
+        if _is_compiling():  # torch.compile traces the op itself, never our checks
             return func(*args, **kwargs)
-        configs = _STATE.configs
-        if configs and configs[-1].selects(check):
-            if configs[-1].deferred:
-                args, kwargs = _defer(check, func, args, kwargs)
-            else:
-                finding = _inspect(check, args, kwargs)
-                if finding is not None:
-                    _raise(check, func, finding, args, kwargs)
+        state = _STATE
+        if state.busy or not state.configs:
+            return func(*args, **kwargs)
+        return _guarded_call(state, check, func, args, kwargs)
+
+    if check.nothing_to_check is None:
+        return _dressed_as(checked, func)
+    plain = check.nothing_to_check
+
+    def indexing(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if plain(args) or _is_compiling():
+            return func(*args, **kwargs)
+        state = _STATE
+        if state.busy or not state.configs:
+            return func(*args, **kwargs)
+        return _guarded_call(state, check, func, args, kwargs)
+
+    return _dressed_as(indexing, func)
+
+
+def _sync_entry(func: Any) -> Any:
+    """``.item()``/``.tolist()``: the caller synchronises here anyway, so read the verdicts too."""
+
+    def synchronising(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if not _is_compiling() and _STATE.pending and not _STATE.busy:
+            flush()
         return func(*args, **kwargs)
 
+    return _dressed_as(synchronising, func)
 
-_SYNC_POINTS = {
-    torch.Tensor.item,
-    torch.Tensor.tolist,
-    torch._C.TensorBase.item,
-    torch._C.TensorBase.tolist,
-}
+
+def _dressed_as(wrapper: Any, func: Any) -> Any:
+    # help(), the name in a message, inspect.signature (through __wrapped__) stay torch's
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(wrapper, attr, getattr(func, attr))
+    wrapper.__wrapped__ = func
+    if isinstance(func, FunctionType):
+        # torch.jit.script compiles what this returns (F.cross_entropy's own source)
+        wrapper.__prepare_scriptable__ = lambda: func
+    return wrapper
+
+
+def _guarded_call(
+    state: _ThreadState, check: OpCheck, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    __tracebackhide__ = True
+    state.busy = True
+    try:
+        config = state.configs[-1]
+        if not config.selects(check):
+            return func(*args, **kwargs)
+        if not config.deferred:
+            finding = _inspect(check, args, kwargs)
+            if finding is not None and _accepts(func, args, kwargs):
+                _raise(check, func, finding, args, kwargs)
+            return func(*args, **kwargs)
+        waiting = len(state.pending)
+        args, kwargs = _defer(check, func, args, kwargs)
+        try:
+            return func(*args, **kwargs)
+        except TypeError:
+            # torch rejected the arguments themselves: the op never ran, its verdict is moot
+            del state.pending[waiting:]
+            raise
+    finally:
+        state.busy = False
+
+
+def _accepts(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """On the failing path only: would torch take these arguments at all? The wrapper runs
+    before torch parses them, and a bare call with a wrong argument raises a TypeError first
+    (``x.bernoulli(out=y)``), so the guard must not answer for it."""
+    if isinstance(func, FunctionType):  # torch.nn.functional's Python functions
+        try:
+            inspect.signature(func).bind(*args, **kwargs)
+        except TypeError:
+            return False
+        except ValueError:  # no signature to bind against
+            return True
+        return True
+    try:  # a builtin: let torch's parser judge the call, run on shapes alone
+        func(*_on_meta(args), **{k: _on_meta(v) for k, v in kwargs.items()})
+    except TypeError:
+        return False
+    except Exception:
+        pass  # the parser took the arguments; what failed later is not our business here
+    return True
+
+
+def _on_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value, device="meta")
+    if type(value) in (list, tuple):
+        return type(value)(_on_meta(v) for v in value)
+    return value
+
+
+class _Entries:
+    """The wrappers over torch's entry points: installed when the first guard (in any thread)
+    starts, removed when the last one ends, so torch is exactly as it was between guards.
+
+    Each attribute is put back as it was found: torch's own object where the owner had one in its
+    ``__dict__``, deleted where it was inherited (``torch.Tensor`` methods live on
+    ``torch._C.TensorBase``). An attribute someone else replaced meanwhile is left to them.
+    """
+
+    def __init__(self, plan: Callable[[], list[tuple[Any, str, OpCheck | None]]]) -> None:
+        self.plan = plan
+        self.lock = threading.Lock()
+        self.users = 0
+        # (owner, attribute, torch's own object or _ABSENT, our wrapper)
+        self.installed: list[tuple[Any, str, Any, Any]] = []
+        self.builtin_ids: list[int] = []  # our entries in TorchScript's table of builtins
+        self.made: dict[tuple[Any, str], Any] = {}
+
+    def acquire(self) -> None:
+        with self.lock:
+            if self.users == 0:
+                self._install()
+            self.users += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.users -= 1
+            if self.users == 0:
+                self._uninstall()
+
+    def _install(self) -> None:
+        try:
+            for owner, attr, check in self.plan():
+                own = owner.__dict__.get(attr, _ABSENT)
+                func = getattr(owner, attr)
+                # the same wrapper for the same op every time: cheaper per cell, and a reference
+                # taken inside one guard is the wrapper of the next
+                wrapper = self.made.get((owner, attr))
+                if wrapper is None or wrapper.__wrapped__ is not func:
+                    wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
+                    self.made[(owner, attr)] = wrapper
+                setattr(owner, attr, wrapper)
+                self.installed.append((owner, attr, own, wrapper))
+                self._as_builtin(func, wrapper)
+        except BaseException:
+            self._uninstall()
+            raise
+
+    def _as_builtin(self, func: Any, wrapper: Any) -> None:
+        """TorchScript compiles ``torch.gather`` as the aten op it is: it finds it by identity
+        in a table (built on first use), which must know the wrapper as that op too."""
+        jit = sys.modules.get("torch.jit._builtins")
+        table = getattr(jit, "_builtin_table", None)
+        if isinstance(table, dict) and id(func) in table and id(wrapper) not in table:
+            table[id(wrapper)] = table[id(func)]
+            self.builtin_ids.append(id(wrapper))
+
+    def _uninstall(self) -> None:
+        jit = sys.modules.get("torch.jit._builtins")
+        table = getattr(jit, "_builtin_table", None)
+        for key in self.builtin_ids:
+            if isinstance(table, dict):
+                table.pop(key, None)
+        self.builtin_ids = []
+        installed, self.installed = self.installed, []
+        for owner, attr, own, wrapper in reversed(installed):
+            if owner.__dict__.get(attr) is not wrapper:
+                print(
+                    f"nb_cudaguard: {getattr(owner, '__name__', owner)}.{attr} was replaced "
+                    "while the guard was active; leaving the replacement in place",
+                    file=sys.stderr,
+                )
+            elif own is _ABSENT:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, own)
+
+
+_ABSENT = object()
+_SYNC_POINTS = ("item", "tolist")
+# The checked ops, while any guard is active; .item()/.tolist(), while a deferred one is (only
+# it leaves verdicts to read there; an optimizer calls .item() once per parameter).
+_ENTRIES = _Entries(lambda: [*entry_points()])
+_SYNC_ENTRIES = _Entries(lambda: [(torch.Tensor, attr, None) for attr in _SYNC_POINTS])
 
 
 def _inspect(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Finding | None:
@@ -138,7 +313,8 @@ def _inspect(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> F
 
 
 def first_violation(requirements: list[Requirement]) -> Finding | None:
-    """One fused reduction per requirement, one host transfer for all of them."""
+    """One fused reduction per requirement, one host read for all of them (a GPU's summaries
+    travel together; a CPU tensor's values are read where they are)."""
     if not requirements:
         return None
     STATS["calls"] += 1
@@ -146,29 +322,31 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
     if not live:
         STATS["skipped"] += 1
         return None
-    summaries = [r.summary() for r in live]
-    for requirement, values in zip(live, _read(summaries), strict=True):
+    if all(r.tensor.is_cpu for r in live):
+        STATS["transfers"] += 1
+        for requirement in live:
+            if not requirement.holds_now():
+                return requirement.explain()
+        return None
+    for requirement, values in zip(live, _read([r.summary() for r in live]), strict=True):
         if not requirement.holds(values):
             return requirement.explain()
     return None
 
 
-def _read(summaries: list[torch.Tensor]) -> list[list[Any]]:
-    """Every summary's values, with one host transfer per dtype (each read in its own dtype, so
-    a float64 bound is compared exactly)."""
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for index, summary in enumerate(summaries):
-        by_dtype.setdefault(summary.dtype, []).append(index)
-    out: list[list[Any]] = [[] for _ in summaries]
-    for indices in by_dtype.values():
+def _read(summaries: list[Summary]) -> list[list[Any]]:
+    """Every summary's values, with one stack and one host transfer per dtype (each read in its
+    own dtype, so a float64 bound is compared exactly)."""
+    by_dtype: dict[torch.dtype, list[tuple[int, int]]] = {}
+    for i, summary in enumerate(summaries):
+        for j, part in enumerate(summary):
+            by_dtype.setdefault(part.dtype, []).append((i, j))
+    out: list[list[Any]] = [[None] * len(summary) for summary in summaries]
+    for places in by_dtype.values():
         STATS["transfers"] += 1
-        group = [summaries[i] for i in indices]
-        flat: list[Any] = (torch.cat(group) if len(group) > 1 else group[0]).tolist()
-        start = 0
-        for i in indices:
-            n = summaries[i].numel()
-            out[i] = flat[start : start + n]
-            start += n
+        values = torch.stack([summaries[i][j] for i, j in places]).tolist()
+        for (i, j), value in zip(places, values, strict=True):
+            out[i][j] = value
     return out
 
 
@@ -180,7 +358,7 @@ class _Pending:
     check: OpCheck
     func: Any
     requirements: list[Requirement]
-    summaries: list[torch.Tensor]
+    summaries: list[Summary]
     versions: list[int]
     where: _Where
 
@@ -267,6 +445,15 @@ def flush() -> None:
     entries, _STATE.pending = _STATE.pending, []
     if not entries:
         return
+    busy, _STATE.busy = _STATE.busy, True  # the message's own tensor work is not checked
+    try:
+        _raise_first(entries)
+    finally:
+        _STATE.busy = busy
+
+
+def _raise_first(entries: list[_Pending]) -> None:
+    __tracebackhide__ = True
     summaries = [s for e in entries for s in e.summaries]
     values = iter(_read(summaries))
     for entry in entries:
@@ -313,14 +500,23 @@ def _hook_on() -> None:
         if _HOOK["users"] == 0:
             _HOOK["handle"] = register_optimizer_step_pre_hook(_step_pre_hook)
         _HOOK["users"] += 1
+    try:
+        _SYNC_ENTRIES.acquire()
+    except BaseException:
+        _hook_off(entries=False)
+        raise
 
 
-def _hook_off() -> None:
-    with _HOOK_LOCK:
-        _HOOK["users"] -= 1
-        if _HOOK["users"] == 0 and _HOOK["handle"] is not None:
-            _HOOK["handle"].remove()
-            _HOOK["handle"] = None
+def _hook_off(entries: bool = True) -> None:
+    try:
+        with _HOOK_LOCK:
+            _HOOK["users"] -= 1
+            if _HOOK["users"] == 0 and _HOOK["handle"] is not None:
+                _HOOK["handle"].remove()
+                _HOOK["handle"] = None
+    finally:
+        if entries:
+            _SYNC_ENTRIES.release()
 
 
 @dataclass
@@ -535,38 +731,35 @@ def _rank() -> int | None:
 class Guard:
     """``with guard():`` checks every assert-prone call in the block; nested guards are safe.
 
-    Only the outermost guard puts a mode on torch's stack; an inner one narrows or widens the
-    selection of checks (and the mode) until it ends. Both are undone in ``__exit__``, on
-    exceptions and on KeyboardInterrupt alike, also where the block pushed a mode of its own
-    above the guard's and left it there (``torch.set_default_device``).
+    The outermost guard (of any thread) installs the wrappers over the checked ops' entry points,
+    the last one to end removes them; an inner guard narrows or widens the selection of checks
+    (and the mode) until it ends. All of it is undone in ``__exit__``, on exceptions and on
+    KeyboardInterrupt alike, and for a guard inside a generator left open, when the generator is
+    closed or collected.
     """
 
     def __init__(self, config: GuardConfig, sync: bool = False) -> None:
         self.config = config
         self.sync = sync
         self._entered = False
+        self._configs: list[GuardConfig] = []
+        self._thread = 0
 
     def __enter__(self) -> Guard:
-        global _TABLE
         if self._entered:
             raise RuntimeError("this guard is already active; create a new one with guard()")
-        if _TABLE is None:
-            _TABLE = table()
-        if self.config.deferred:
-            _hook_on()
-        _STATE.configs.append(self.config)
+        _ENTRIES.acquire()
+        try:
+            if self.config.deferred:
+                _hook_on()
+        except BaseException:
+            _ENTRIES.release()
+            raise
+        # the list itself: a generator's guard may be closed from another thread
+        self._configs = _STATE.configs
+        self._thread = threading.get_ident()
+        self._configs.append(self.config)
         self._entered = True
-        if _STATE.mode is None:
-            mode = _CheckMode(_TABLE)
-            try:
-                mode.__enter__()
-            except BaseException:
-                _STATE.configs.pop()
-                self._entered = False
-                if self.config.deferred:
-                    _hook_off()
-                raise
-            _STATE.mode = mode
         return self
 
     def __exit__(
@@ -579,53 +772,36 @@ class Guard:
         if not self._entered:
             return
         self._entered = False
+        configs = self._configs
+        here = self._thread == threading.get_ident()
         try:
             if self.sync and exc_type is None:
                 _synchronize()
             # The block's deferred verdicts are read as it ends: after another error too (a bad
             # input is the likelier cause of what followed), but not on Ctrl-C or an exit.
-            if exc_type is None or issubclass(exc_type, Exception):
-                if self.config.deferred or not any(c.deferred for c in _STATE.configs[:-1]):
+            if not here:
+                pass  # closed from another thread (a collected generator): not its verdicts
+            elif exc_type is None or issubclass(exc_type, Exception):
+                # a strict guard inside a deferred one leaves the outer one's verdicts to it
+                if self.config.deferred or not any(
+                    c.deferred for c in configs if c is not self.config
+                ):
                     flush()
             else:
                 _STATE.pending.clear()
         finally:
-            _STATE.configs.pop()
-            if self.config.deferred:
-                _hook_off()
-            if not _STATE.configs:
+            # by identity, not the top: guards in generators end out of order
+            for index in range(len(configs) - 1, -1, -1):
+                if configs[index] is self.config:
+                    del configs[index]
+                    break
+            if not configs and here:
                 _STATE.pending.clear()
-                if _STATE.mode is not None:
-                    mode, _STATE.mode = _STATE.mode, None
-                    _leave(mode)
-
-
-def _leave(mode: _CheckMode) -> None:
-    """Take the guard's mode off torch's stack, wherever it is.
-
-    A block may push a mode of its own and leave it on (``torch.set_default_device`` does):
-    popping the top would remove theirs, leaving ours would strand it (and a guard per cell
-    would stack one more each cell). So the modes above ours are lifted off, ours removed, and
-    theirs put back in their order.
-    """
-    from torch._C import (
-        _len_torch_function_stack,
-        _pop_torch_function_stack,
-        _push_on_torch_function_stack,
-    )
-
-    above: list[Any] = []
-    try:
-        while _len_torch_function_stack() > 0:
-            top = _pop_torch_function_stack()
-            if top is mode:
-                break
-            above.append(top)
-        else:
-            print("nb_cudaguard: the guard's mode was already off torch's stack", file=sys.stderr)
-    finally:
-        for other in reversed(above):
-            _push_on_torch_function_stack(other)
+            try:
+                if self.config.deferred:
+                    _hook_off()
+            finally:
+                _ENTRIES.release()
 
 
 def _synchronize() -> None:

@@ -13,7 +13,10 @@ prints "Error in callback"), so an AST transformer ends each cell with
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
+from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -26,6 +29,25 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from ..input_guard.scope import Guard
+
+
+_OLD_CELL_NAME = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
+
+
+def _calling_cell(shell: InteractiveShell, frame: FrameType | None) -> int | None:
+    """The number of the cell whose code called us (its In[N]), from the nearest cell frame."""
+    format_code_name = getattr(shell.compile, "format_code_name", None)
+    for _ in range(30):
+        if frame is None:
+            return None
+        filename = frame.f_code.co_filename
+        name = format_code_name(filename) if format_code_name is not None else None
+        match = re.fullmatch(r"In\[(\d+)\]", name[1]) if name else None
+        match = match or _OLD_CELL_NAME.fullmatch(filename)
+        if match:
+            return int(match.group(1))
+        frame = frame.f_back
+    return None
 
 
 class CellStopped(Exception):
@@ -169,10 +191,24 @@ class CudaCheckMagics(Magics):
     def _run_guarded(self, cell: str, options: dict[str, Any]) -> None:
         from ..input_guard.scope import guard
 
-        with guard(**options):
+        with guard(**options), self._counted_as(_calling_cell(self.ip, sys._getframe(1))):
             result = self.ip.run_cell(cell)
         if result.error_before_exec is not None or result.error_in_exec is not None:
             raise CellStopped("the cell stopped at the error above.")
+
+    @contextlib.contextmanager
+    def _counted_as(self, number: int | None) -> Iterator[None]:
+        """IPython 8+ counts a cell before running it, so a body run by ``run_cell`` is compiled
+        under the *next* number: an error in cell 3 would point at "Cell In[4]". Hold the count
+        at the number the user sees while the body runs (IPython 7 needs nothing)."""
+        if number is None or number == self.ip.execution_count:
+            yield
+            return
+        counted, self.ip.execution_count = self.ip.execution_count, number
+        try:
+            yield
+        finally:
+            self.ip.execution_count = counted
 
     # --- line: on / off / status ---------------------------------------------------------------
     def _turn_on(self, options: dict[str, Any]) -> None:

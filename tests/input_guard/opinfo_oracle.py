@@ -244,14 +244,33 @@ def op_infos() -> list[Any]:
     return [op for op in op_db if op.name in OP_NAMES and op.variant_test_name not in skip]
 
 
+def late_bound(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The function as user code reaches it: looked up by name at each call.
+
+    op_db holds the function objects it found at import (``torch.gather``, the
+    ``TensorBase.gather`` descriptor); a call through such a reference bypasses whatever torch
+    exposes under that name at call time, as ``x.gather(...)`` or ``torch.gather(...)`` in user
+    code does not. Lambdas already look their op up when called.
+    """
+    name = getattr(function, "__name__", "")
+    for owner in (torch.nn.functional, torch, torch.Tensor):
+        if name and getattr(owner, name, None) is function:
+
+            def call(*args: Any, owner: Any = owner, **kwargs: Any) -> Any:
+                return getattr(owner, name)(*args, **kwargs)
+
+            return call
+    return function
+
+
 def op_samples(op: Any) -> Iterator[tuple[str, Callable[..., Any], Sample]]:
     """(label, function, sample) for the op's functional, method and in-place forms."""
     supported = op.supported_dtypes("cpu")
-    functions = [("op", op.op)]
+    functions = [("op", late_bound(op.op))]
     if op.method_variant is not None:
-        functions.append(("method", op.method_variant))
+        functions.append(("method", late_bound(op.method_variant)))
     if op.inplace_variant is not None:
-        functions.append(("inplace", op.inplace_variant))
+        functions.append(("inplace", late_bound(op.inplace_variant)))
     for dtype in DTYPES:
         if dtype not in supported:
             continue

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from nb_cudaguard import guard
+from nb_cudaguard.input_guard.scope import STATS
 
 oracle = pytest.importorskip("opinfo_oracle", reason="needs torch.testing._internal (expecttest)")
 pytest.importorskip("expecttest")
@@ -37,6 +38,7 @@ def test_the_guard_raises_exactly_when_the_cpu_op_raises(name: str, mode: str) -
     factory = functools.partial(guard, mode=mode)
     wrong: list[str] = []
     checked = 0
+    STATS.clear()
     for label, function, sample in _cases(name):
         for variant, case in oracle.variants(sample):
             if oracle.undefined(name, case):
@@ -46,4 +48,7 @@ def test_the_guard_raises_exactly_when_the_cpu_op_raises(name: str, mode: str) -
             if problem is not None:
                 wrong.append(f"{label} {variant}: {problem}")
     assert checked > 0
+    assert STATS["calls"] > 0, (
+        "the guard never inspected a call: the oracle compared bare with bare"
+    )
     assert not wrong, f"{len(wrong)} of {checked} cases:\n" + "\n".join(wrong[:30])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -10,6 +13,29 @@ import torch.nn.functional as F
 
 from nb_cudaguard import GuardError, guard
 from nb_cudaguard.input_guard.scope import STATS, active
+
+OWNERS = (torch, torch.nn.functional, torch.Tensor, torch._C.TensorBase)
+
+
+def torch_surface() -> dict[tuple[str, str], Any]:
+    """Every attribute of torch, torch.nn.functional and torch.Tensor, by identity."""
+    return {
+        (owner.__name__, name): value for owner in OWNERS for name, value in vars(owner).items()
+    }
+
+
+def assert_as_before(before: dict[tuple[str, str], Any]) -> None:
+    after = torch_surface()
+    changed = [key for key, value in before.items() if after.get(key, before) is not value]
+    # torch may import a submodule lazily meanwhile; nothing of ours may stay
+    added = [key for key, value in after.items() if key not in before and _ours(value)]
+    assert not changed and not added, (changed, added)
+
+
+def _ours(value: Any) -> bool:
+    return "nb_cudaguard" in (getattr(value, "__code__", None) or object).__class__.__module__ or (
+        "nb_cudaguard" in getattr(getattr(value, "__code__", None), "co_filename", "")
+    )
 
 
 def mode_depth() -> int:
@@ -20,11 +46,36 @@ def bad_embedding() -> None:
     F.embedding(torch.tensor([10]), torch.randn(10, 2))
 
 
-def test_a_guard_leaves_no_mode_on_torchs_stack() -> None:
-    before = mode_depth()
+def test_inside_a_guard_only_the_checked_entry_points_are_wrapped() -> None:
+    before = torch_surface()
     with guard():
-        assert mode_depth() == before + 1
-    assert mode_depth() == before
+        during = torch_surface()
+    changed = {key for key, value in before.items() if during.get(key) is not value}
+    added = {key for key in during if key not in before}
+    assert ("torch.nn.functional", "cross_entropy") in changed
+    assert ("torch", "gather") in changed
+    assert ("Tensor", "__getitem__") in added  # inherited from TensorBase: shadowed, then deleted
+    assert ("torch.nn.functional", "linear") not in changed and ("torch", "matmul") not in changed
+    assert ("Tensor", "item") not in added  # only a deferred guard has verdicts to read there
+    assert all(key[0] != "TensorBase" for key in changed | added)
+    assert_as_before(before)
+    assert mode_depth() == 0 and not active()
+
+
+def test_a_deferred_guard_also_reads_its_verdicts_at_item() -> None:
+    before = torch_surface()
+    with guard(mode="deferred"):
+        assert ("Tensor", "item") in set(torch_surface()) - set(before)
+        with guard():  # a strict guard inside keeps the outer one's wrappers
+            assert ("Tensor", "item") in set(torch_surface()) - set(before)
+    assert_as_before(before)
+
+
+def test_a_guard_leaves_torch_exactly_as_it_found_it() -> None:
+    before = torch_surface()
+    with guard():
+        pass
+    assert_as_before(before)
     assert not active()
 
 
@@ -36,35 +87,116 @@ def test_after_the_block_pytorch_raises_its_own_error_again() -> None:
     assert not isinstance(caught.value, GuardError)
 
 
-def test_a_guard_error_inside_the_block_still_removes_the_mode() -> None:
-    before = mode_depth()
-    with pytest.raises(GuardError), guard():
-        bad_embedding()
-    assert mode_depth() == before and not active()
+@pytest.mark.parametrize("mode", ["strict", "deferred"])
+@pytest.mark.parametrize(
+    "ending", [GuardError, ValueError, KeyboardInterrupt, SystemExit, GeneratorExit]
+)
+def test_every_way_out_of_the_block_unpatches_torch(mode: str, ending: type) -> None:
+    before = torch_surface()
+    with pytest.raises(ending), guard(mode=mode):
+        if ending is GuardError:
+            bad_embedding()
+        raise ending()
+    assert_as_before(before)
+    assert not active()
 
 
-def test_keyboard_interrupt_inside_the_block_still_removes_the_mode() -> None:
-    before = mode_depth()
-    with pytest.raises(KeyboardInterrupt), guard():
-        raise KeyboardInterrupt
-    assert mode_depth() == before and not active()
+def test_a_deferred_verdict_raised_as_the_block_ends_unpatches_torch() -> None:
+    before = torch_surface()
+    with pytest.raises(GuardError), guard(mode="deferred"):
+        bad_embedding()  # runs on clamped ids; raises at the end of the block
+    assert_as_before(before)
 
 
-def test_nested_guards_push_one_mode_and_unwind_completely() -> None:
-    before = mode_depth()
+def test_nested_guards_install_once_and_unwind_completely() -> None:
+    before = torch_surface()
     with guard():
+        outer = torch_surface()
         with guard(only="loss"):
-            assert mode_depth() == before + 1
+            assert torch_surface() == outer  # the same wrappers, not wrappers of wrappers
         with pytest.raises(GuardError):
             bad_embedding()
-    assert mode_depth() == before
+    assert_as_before(before)
 
 
 def test_interrupted_nested_guards_unwind_completely() -> None:
-    before = mode_depth()
+    before = torch_surface()
     with pytest.raises(KeyboardInterrupt), guard(), guard(skip="index"):
         raise KeyboardInterrupt
-    assert mode_depth() == before and not active()
+    assert_as_before(before)
+    assert not active()
+
+
+def guarded_batches() -> Iterator[int]:
+    with guard():
+        yield 1
+        yield 2
+
+
+def test_a_guard_in_a_generator_left_open_ends_when_the_generator_is_closed() -> None:
+    before = torch_surface()
+    batches = guarded_batches()
+    next(batches)
+    assert active()  # the generator's block has not ended yet
+    batches.close()
+    assert_as_before(before)
+    assert not active()
+
+
+def test_a_guard_in_a_generator_left_open_ends_when_it_is_collected() -> None:
+    before = torch_surface()
+    batches = guarded_batches()
+    next(batches)
+    del batches
+    gc.collect()
+    assert_as_before(before)
+    assert not active()
+
+
+def test_guards_ending_out_of_order_leave_the_right_one_active() -> None:
+    before = torch_surface()
+    batches = guarded_batches()  # strict, all checks
+    outer = guard(only="loss")
+    outer.__enter__()
+    next(batches)  # the generator's guard is now the innermost
+    outer.__exit__(None, None, None)  # ends first
+    with pytest.raises(GuardError):
+        bad_embedding()  # still under the generator's guard, which checks embeddings
+    batches.close()
+    assert_as_before(before)
+    assert not active()
+
+
+def test_a_wrapper_kept_past_the_guard_calls_the_bare_op() -> None:
+    with guard():
+        kept = F.embedding  # the wrapper, bound inside the block
+    assert kept is not F.embedding
+    with pytest.raises(IndexError) as caught:
+        kept(torch.tensor([10]), torch.randn(10, 2))
+    assert not isinstance(caught.value, GuardError)
+
+
+def test_a_reference_taken_before_the_guard_is_not_seen() -> None:
+    # the documented limit of wrapping entry points (scope.py's docstring, README)
+    early_gather = torch.gather
+    with guard(), pytest.raises(RuntimeError) as caught:
+        early_gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))
+    assert not isinstance(caught.value, GuardError)
+
+
+def test_an_early_reference_to_a_functional_loss_is_caught_at_the_op_it_calls() -> None:
+    from torch.nn.functional import cross_entropy, nll_loss  # as if at a notebook's top
+
+    with guard():
+        for loss in (cross_entropy, nll_loss):
+            with pytest.raises(GuardError, match=rf"F\.{loss.__name__}: class index out of range"):
+                loss(torch.randn(3, 4), torch.tensor([0, 4, -100]))
+
+
+def test_an_early_reference_to_f_embedding_is_caught_at_torch_embedding_inside_it() -> None:
+    early_embedding = F.embedding
+    with guard(), pytest.raises(GuardError, match=r"torch\.embedding: token id out of range"):
+        early_embedding(torch.tensor([10]), torch.randn(10, 2))
 
 
 def test_the_innermost_guard_selects_the_checks() -> None:
@@ -98,7 +230,7 @@ def test_a_guard_object_cannot_be_entered_twice() -> None:
 
 
 def test_another_thread_is_not_guarded() -> None:
-    # TorchFunctionMode stacks are per thread; the guard says so rather than pretending
+    # the wrappers are process-wide, the guard is per thread
     errors: list[BaseException] = []
 
     def work() -> None:
@@ -112,6 +244,54 @@ def test_another_thread_is_not_guarded() -> None:
         thread.start()
         thread.join()
     assert len(errors) == 1 and not isinstance(errors[0], GuardError)
+
+
+def test_an_unguarded_thread_runs_no_check_at_all() -> None:
+    STATS.clear()
+
+    def work() -> None:
+        for _ in range(3):
+            F.cross_entropy(torch.randn(3, 4), torch.tensor([0, 1, 2]))
+            torch.randn(3, 4)[torch.tensor([0, 2])]
+
+    with guard():
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    assert STATS["calls"] == 0
+
+
+def test_threads_each_in_their_own_guard_unpatch_torch_when_the_last_ends() -> None:
+    before = torch_surface()
+    main_in = threading.Event()
+    other_in, other_may_leave, other_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    def other() -> None:
+        main_in.wait(5)
+        with guard():
+            other_in.set()
+            try:
+                bad_embedding()
+            except BaseException as error:
+                seen.append(error)
+            other_may_leave.wait(5)
+        other_out.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with guard(only="loss"):
+        main_in.set()
+        other_in.wait(5)
+        with pytest.raises(IndexError) as caught:
+            bad_embedding()  # this thread's guard checks losses only
+        assert not isinstance(caught.value, GuardError)
+    assert torch_surface() != before  # the other thread's guard is still on
+    other_may_leave.set()
+    other_out.wait(5)
+    thread.join(5)
+    assert len(seen) == 1 and isinstance(seen[0], GuardError)
+    assert_as_before(before)
 
 
 def test_guard_error_is_an_index_error_where_pytorch_raises_one() -> None:
@@ -156,6 +336,13 @@ def test_inner_ops_of_a_checked_op_are_not_checked_again() -> None:
     assert STATS["calls"] == 1
 
 
+def test_a_checked_op_that_calls_another_checked_entry_point_is_checked_once() -> None:
+    STATS.clear()
+    with guard():
+        F.embedding(torch.tensor([1, 2]), torch.randn(4, 2))  # calls torch.embedding inside
+    assert STATS["calls"] == 1
+
+
 def test_a_failing_check_lets_the_call_through() -> None:
     # a tensor whose values cannot be read (meta) is PyTorch's business, not ours
     weight = torch.randn(10, 2, device="meta")
@@ -173,13 +360,37 @@ def test_autograd_still_works_through_a_guarded_call() -> None:
 
 def test_a_mode_the_block_leaves_on_keeps_working_and_the_guard_still_leaves() -> None:
     before = mode_depth()
+    surface = torch_surface()
     try:
         with guard():
-            torch.set_default_device("cpu")  # pushes torch's device mode above the guard's
+            torch.set_default_device("cpu")  # pushes torch's device mode
         assert mode_depth() == before + 1 and not active()
+        assert_as_before(surface)
         with pytest.raises(IndexError) as caught:
             bad_embedding()  # no guard left under torch's mode
         assert not isinstance(caught.value, GuardError)
     finally:
         torch.set_default_device(None)  # pops torch's mode: it must still be on top
     assert mode_depth() == before
+
+
+def test_torchscript_compiles_a_module_inside_a_guard_as_outside() -> None:
+    from compiled_model import Lookup
+
+    ids, labels = torch.tensor([1, 2]), torch.tensor([0, 3])
+    with guard():
+        scripted = torch.jit.script(Lookup())
+        assert scripted(ids, labels).shape == ()
+
+
+def test_a_torch_compiled_module_runs_inside_a_guard_as_outside() -> None:
+    pytest.importorskip("torch._dynamo")
+    from compiled_model import Lookup
+
+    torch.manual_seed(0)
+    model = Lookup()
+    ids, labels = torch.tensor([1, 2]), torch.tensor([0, 3])
+    expected = model(ids, labels)
+    with guard():
+        got = torch.compile(model, backend="eager")(ids, labels)
+    assert torch.allclose(got, expected)

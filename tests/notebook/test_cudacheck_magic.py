@@ -19,6 +19,29 @@ def mode_depth() -> int:
     return int(torch._C._len_torch_function_stack())
 
 
+State = tuple[int, dict[tuple[str, str], int]]
+
+
+def torch_state() -> State:
+    """torch's mode stack depth and the identity of every attribute the guard may wrap."""
+    owners = (torch, torch.nn.functional, torch.Tensor)
+    return mode_depth(), {
+        (owner.__name__, name): id(value) for owner in owners for name, value in vars(owner).items()
+    }
+
+
+def as_before(before: State, depth: int = 0) -> bool:
+    now_depth, now = torch_state()
+    added = [
+        key for key in now if key not in before[1] and key[0] != "torch"
+    ]  # torch: lazy imports
+    return (
+        now_depth == before[0] + depth
+        and all(now.get(key) == value for key, value in before[1].items())
+        and not added
+    )
+
+
 @pytest.fixture
 def ip(shell: Any) -> Iterator[Any]:
     shell.run_cell("%load_ext nb_cudaguard")
@@ -59,22 +82,22 @@ def test_a_valid_cell_runs_normally(ip: Any) -> None:
 
 
 def test_the_guard_ends_with_the_cell(ip: Any) -> None:
-    before = mode_depth()
+    before = torch_state()
     ip.run_cell(
         "%%cudacheck\nfrom nb_cudaguard.input_guard.scope import active as _active\n"
         "inside = _active()"
     )
     assert ip.user_ns["inside"] is True
-    assert mode_depth() == before and not active()
+    assert as_before(before) and not active()
     ip.run_cell("emb(torch.tensor([10]))")
     assert isinstance(errors(ip)[-1], IndexError) and not isinstance(errors(ip)[-1], GuardError)
 
 
 def test_the_guard_ends_when_the_cell_is_interrupted(ip: Any) -> None:
-    before = mode_depth()
+    before = torch_state()
     ip.run_cell("%%cudacheck\nraise KeyboardInterrupt")
     assert isinstance(errors(ip)[0], KeyboardInterrupt)
-    assert mode_depth() == before and not active()
+    assert as_before(before) and not active()
 
 
 def test_only_limits_the_checks(ip: Any) -> None:
@@ -123,18 +146,18 @@ def test_line_magic_off_stops_guarding(ip: Any) -> None:
 
 
 def test_between_cells_no_guard_is_active(ip: Any) -> None:
-    before = mode_depth()
+    before = torch_state()
     ip.run_cell("%cudacheck on")
     ip.run_cell("x = 1")
-    assert mode_depth() == before and not active()
+    assert as_before(before) and not active()
 
 
 def test_a_checked_cell_inside_line_mode_unwinds_both(ip: Any) -> None:
-    before = mode_depth()
+    before = torch_state()
     ip.run_cell("%cudacheck on --only loss")
     ip.run_cell("%%cudacheck\nemb(torch.tensor([10]))")
     assert isinstance(errors(ip)[0], GuardError)
-    assert mode_depth() == before and not active()
+    assert as_before(before) and not active()
 
 
 def test_status_reports_the_state(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,6 +186,17 @@ def test_in_a_real_kernel_the_cell_fails_with_the_guard_errors_traceback(kernel:
     assert out.errors[0]["ename"] == "GuardIndexError"
     assert "nn.Embedding(10, 4) at emb" in "\n".join(out.errors[0]["traceback"])
     assert kernel.execute("print(emb.weight.shape)").stream.strip() == "torch.Size([10, 4])"
+
+
+def test_in_a_real_kernel_the_traceback_names_the_cell_number_the_user_sees(kernel: Any) -> None:
+    kernel.execute("%load_ext nb_cudaguard\n" + SETUP)
+    kernel.execute("x = 1")  # the count moves on: In[3] below, not In[1]
+    out = kernel.execute("%%cudacheck\nok = emb(torch.tensor([3]))\nemb(torch.tensor([3, 10]))")
+    shown = out.reply["execution_count"]
+    assert shown >= 3
+    traceback = "\n".join(out.errors[0]["traceback"])
+    assert f"Cell In[{shown}], line 2: emb(torch.tensor([3, 10]))" in traceback, traceback
+    assert f"your line: Cell In[{shown}], line 2" in traceback, traceback
 
 
 def test_a_guard_error_is_not_diagnosed_as_a_cuda_error(ip: Any) -> None:
@@ -197,10 +231,10 @@ def test_a_deferred_cell_raises_before_the_optimizer_step(ip: Any) -> None:
 
 
 def test_a_deferred_cell_raises_at_its_end(ip: Any) -> None:
-    before = mode_depth()
+    before = torch_state()
     ip.run_cell("%%cudacheck --deferred\nout = emb(torch.tensor([3, 10]))\nafter = 1")
     assert isinstance(errors(ip)[0], GuardError) and ip.user_ns["after"] == 1
-    assert mode_depth() == before and not active()
+    assert as_before(before) and not active()
 
 
 def test_line_mode_is_deferred_by_default_and_fails_the_cell(ip: Any) -> None:
@@ -232,14 +266,14 @@ def test_line_mode_off_removes_its_transformer(ip: Any) -> None:
 
 
 def test_a_cell_that_pushes_its_own_mode_does_not_strand_the_guard(ip: Any) -> None:
-    before = mode_depth()
+    before = torch_state()
     ip.run_cell("%cudacheck on")
     for _ in range(3):
         ip.run_cell('torch.set_default_device("cpu")')
-    assert mode_depth() == before + 1  # torch's device mode only, no guard left under it
+    assert as_before(before, depth=1)  # torch's device mode only, no guard left under it
     assert not active()
     ip.run_cell("torch.set_default_device(None)")
-    assert mode_depth() == before
+    assert as_before(before)
 
 
 # --- options that mean nothing where they are given ------------------------------------------
