@@ -20,8 +20,11 @@ BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-LOST = "Either button starts a new kernel process: every variable is lost."
-RERUN = "then re-run the notebook from the top (all variables are gone)"
+LOST = (
+    "Either button starts a new kernel process: CPU variables are kept for it to restore, "
+    "GPU memory is lost."
+)
+RERUN = "then `%load_ext nb_cudaguard` there restores the CPU variables; re-run the rest"
 
 
 def command_text(blocking_on: bool) -> str:
@@ -49,10 +52,11 @@ _EXPECT = {
 
 
 def after_restart_text(
-    method: str, blocking: bool, blocking_kept: bool = False, warning: str = ""
+    method: str, blocking: bool, blocking_kept: bool = False, warning: str = "", kept: str = ""
 ) -> str:
     """What the user will see after asking for a restart, and what to do then; first, a
-    ``warning`` about blocking mode (several GPUs, DataParallel, a process group)."""
+    ``warning`` about blocking mode (several GPUs, DataParallel, a process group); last, what
+    was ``kept`` for the new kernel to restore (``notebook/keep_glue.py``)."""
     expect = _EXPECT.get(method, "The kernel restarts.")
     if blocking:
         mode = (
@@ -68,6 +72,8 @@ def after_restart_text(
     else:
         mode = ""
     first = f"WARNING: {warning} " if warning and blocking else ""
+    if kept:
+        return f"{first}Restarting. {expect}{mode} {kept}"
     return f"{first}Restarting. {expect}{mode} Then re-run the notebook from the top."
 
 
@@ -161,7 +167,11 @@ class RestartActions:
         kept = self.blocking_on and not self.blocking_ours and not blocking
         self._say(
             after_restart_text(
-                plan.method.value, blocking, blocking_kept=kept, warning=plan.warning
+                plan.method.value,
+                blocking,
+                blocking_kept=kept,
+                warning=plan.warning,
+                kept=plan.kept,
             )
         )
 
