@@ -84,7 +84,7 @@ def describe(value: Any) -> str:
             where = "" if value.device.type == "cpu" else f" on {value.device}"
             return f"{name} {dtype} {list(value.shape)}{where}"
         if isinstance(value, dict | list | set | tuple | frozenset):
-            return f"{name}, {len(value)} items"
+            return f"{name}, {len(value)} item{'' if len(value) == 1 else 's'}"
         if isinstance(value, types.ModuleType):
             return "module"
         if isinstance(value, type):
