@@ -106,11 +106,10 @@ def _repro(state: ExtensionState, args: argparse.Namespace) -> None:
 
 def _restore(state: ExtensionState, args: argparse.Namespace) -> None:
     from ..keep.store import StoreError
-    from .extension import kernel_connection, profile_dirs
-    from .keep_glue import discard, restore
+    from .keep_glue import discard, restore, where_kept
 
     shell = state.shell
-    connection, profile = kernel_connection(shell), profile_dirs(shell)
+    connection, profile = where_kept(shell)
     if args.discard:
         if args.value:
             raise UsageError("%cudaguard restore --discard deletes everything kept: no NAME")

@@ -35,6 +35,19 @@ DISCARD_LABEL = "Discard"
 SHOWN_SKIPPED = 8  # in the restart message; the offer lists them all
 
 
+def where_kept(shell: InteractiveShell) -> tuple[str | None, tuple[str, str] | None]:
+    """(this kernel's connection file, its IPython profile (location, startup dir)), as
+    ``extension.kernel_connection`` and ``extension.profile_dirs`` find them (that module
+    imports this one, so it is not imported back)."""
+    from ..restart.environment import running_kernel_connection
+
+    profile = getattr(shell, "profile_dir", None)
+    dirs = None if profile is None else (str(profile.location), str(profile.startup_dir))
+    if getattr(shell, "kernel", None) is None:
+        return None, dirs
+    return running_kernel_connection(), dirs
+
+
 # --- keep ----------------------------------------------------------------------------------------
 
 
