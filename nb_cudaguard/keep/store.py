@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import threading
@@ -40,6 +41,7 @@ VARIABLE_CAP = 4 * 1024**3  # bytes per variable (or group)
 TOTAL_CAP = 16 * 1024**3
 FREE_SPACE_KEPT = 1024**3  # never fill the disk: this much stays free, and at most half of it used
 MANIFEST = "manifest.json"
+_FILE_NAME = re.compile(r"^[vg]\d+\.bin$")
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,11 @@ class Manifest:
     seconds: float = 0.0
     timed_out: bool = False
     format: int = FORMAT
+    total: int = 0  # bytes on disk (names that share state share a file)
 
     @property
     def size(self) -> int:
-        return sum(k.size for k in self.kept)
+        return self.total or sum(k.size for k in self.kept)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -83,7 +86,11 @@ class Manifest:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError("not a keep manifest of this version")
+        for item in data.get("kept", ()):
+            if item.get("file") is not None and not _FILE_NAME.match(str(item["file"])):
+                raise ValueError(f"unexpected file name {item['file']!r}")
         return cls(
+            total=int(data.get("total", 0)),
             kernel=str(data["kernel"]),
             created=float(data["created"]),
             kept=tuple(Kept(**k) for k in data.get("kept", ())),
@@ -174,6 +181,10 @@ class _Saver:
                 for n, v in self.values
                 if n not in self.done
             ]
+        total = 0
+        for file in {k.file for k in self.kept if k.file}:
+            with contextlib.suppress(OSError):
+                total += (self.directory / file).stat().st_size
         return Manifest(
             self.kernel,
             self.created,
@@ -182,6 +193,7 @@ class _Saver:
             self.ipython_names,
             round(time.monotonic() - self.started, 3),
             timed_out,
+            total=total,
         )
 
     def run(self) -> None:
@@ -530,6 +542,7 @@ def restore(
                 manifest.ipython_names,
                 manifest.seconds,
                 manifest.timed_out,
+                total=sum(k.size for k in remaining),
             ),
         )
     else:

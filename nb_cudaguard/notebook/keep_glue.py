@@ -135,11 +135,15 @@ def offer_restore(
     from ..keep import store
 
     try:
+        store.remove_expired(profile[0])  # leftovers of kernels that never came back
         manifest = store.read_manifest(profile[0], connection)
     except StoreError as error:
         display(_Note(f"what the previous process of this kernel kept cannot be used: {error}."))
         return
-    if manifest is None or not manifest.kept:
+    if manifest is None:
+        return
+    if not manifest.kept:  # only reasons: said at the restart already
+        store.discard(store.keep_dir(profile[0], connection))
         return
     display(restore_offer(shell, connection, profile, manifest))
 
