@@ -15,6 +15,8 @@ notebook function). Alternating, ``--repeat`` times each:
   imports torch);
 - ``keep + restore``: ``restart_kernel(blocking=False)`` (saves first) until the new process has
   run ``%load_ext nb_cudaguard`` and ``%cudaguard restore`` and the data is back, checked.
+  Restored arrays and tensors use the file's pages (mapped copy-on-write), read on first
+  touch: the first full read of the data after the restore is timed too, and again after it.
 
 Prints the medians, the added time (target: keep + restore adds <= 2 s to a plain restart), and
 the save and restore times the kernel measured itself.
@@ -46,6 +48,10 @@ def total():
     return arrays + float(t0.sum() + t1.sum() + t2.sum() + t3.sum())
 """
 CHECK = "print(total(), config['name'])"
+TIMED_CHECK = (
+    "import time as _t\n_s = _t.perf_counter(); _v = total()\n"
+    "print('check_s', _t.perf_counter() - _s, _v)"
+)
 
 
 def _run(server: JupyterServer, kid: str, code: str, timeout: float = 300) -> str:
@@ -84,6 +90,8 @@ def main() -> None:
     kept: list[float] = []
     saves: list[float] = []
     restores: list[float] = []
+    first_touch: list[float] = []
+    hot_touch: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         server = JupyterServer(Path(tmp))
         try:
@@ -122,8 +130,12 @@ def main() -> None:
                 wait_for_new_process(server, kid, pid, timeout=120)
                 out = _run(server, kid, restore)
                 kept.append(time.perf_counter() - t0)
+                touch = _run(server, kid, TIMED_CHECK).split("check_s")[-1].split()
+                first_touch.append(float(touch[0]))
                 if _run(server, kid, CHECK) != expected:
                     raise RuntimeError("the restored data differs")
+                hot = _run(server, kid, TIMED_CHECK).split("check_s")[-1].split()
+                hot_touch.append(float(hot[0]))
                 said = reply.stream
                 if "Kept" not in said:
                     raise RuntimeError(f"nothing kept: {said}")
@@ -138,6 +150,8 @@ def main() -> None:
         ("plain restart -> `import numpy, torch`", plain_import),
         ("keep + restart -> `%load_ext` + `%cudaguard restore` done", kept),
         ("  of which: restore in the new kernel", restores),
+        ("first full read of the restored data (pages mapped in)", first_touch),
+        ("the same read again (pages in memory)", hot_touch),
     ):
         print(f"| {name} | {median(samples):.2f} s ({min(samples):.2f}-{max(samples):.2f}) |")
     print(f"| save before the restart (kernel's own measure) | {median(saves):.2f} s |")

@@ -18,13 +18,18 @@ with three changes:
   copy of ``model`` along, or fail because ``model`` is on the GPU). Here such a function is
   rebuilt with the restoring namespace as its globals, as it was defined.
 
-File layout: ``MAGIC``, the out-of-band buffers one after the other, the pickle stream, then a
-trailer (buffer lengths, pickle length, trailer length, ``MAGIC``) read from the end.
+File layout: ``MAGIC``, the out-of-band buffers (each at a 64-byte aligned offset), the pickle
+stream, then a trailer (each buffer's offset and length, the pickle's, the trailer's length,
+``MAGIC``) read from the end. Reading maps the file copy-on-write (``mmap``, ``ACCESS_COPY``):
+arrays and tensors use the mapped pages as their memory, with no copy and no zero-filled
+allocation; pages are read from the page cache on first touch (the file was just written), and
+stay valid after the file is removed.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import struct
 import sys
@@ -33,6 +38,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 MAGIC = b"NBCGKEEP"
+ALIGN = 64  # buffers start at aligned offsets, so mapped arrays and tensors are aligned
 _U64 = struct.Struct("<Q")
 
 
@@ -180,7 +186,7 @@ class KeepPickler:
         alive: list[Any] = []
         out.write(MAGIC)
         written[0] += len(MAGIC)
-        lengths: list[int] = []
+        spans: list[tuple[int, int]] = []
 
         def write(data: Any) -> None:
             view = memoryview(data)
@@ -194,8 +200,11 @@ class KeepPickler:
                 raw = buffer.raw()
             except BufferError:  # not contiguous: in band
                 return True
+            padding = -written[0] % ALIGN
+            if padding:
+                write(bytes(padding))
+            spans.append((written[0], raw.nbytes))
             write(raw)
-            lengths.append(raw.nbytes)
             return False
 
         stream = io.BytesIO()
@@ -292,10 +301,10 @@ class KeepPickler:
         pickler.dump(value)
         _collect_identities(pickler.memo.copy(), identities, alive)
         data = stream.getbuffer()
+        start = written[0]
         write(data)
-        trailer = b"".join(
-            [_U64.pack(len(lengths)), *(_U64.pack(n) for n in lengths), _U64.pack(data.nbytes)]
-        )
+        numbers = [len(spans), *(n for span in spans for n in span), start, data.nbytes]
+        trailer = b"".join(_U64.pack(n) for n in numbers)
         write(trailer + _U64.pack(len(trailer)) + MAGIC)
         return written[0], identities, alive
 
@@ -346,41 +355,33 @@ class BadFile(ValueError):
 def load(path: Any, namespace: dict[str, Any] | None = None) -> Any:
     """Read a value written by ``KeepPickler.dump``; notebook functions get ``namespace`` as their
     globals. The file must have been checked as ours first: unpickling runs code."""
+    import mmap
+
     with open(path, "rb") as handle:
-        handle.seek(0, io.SEEK_END)
-        end = handle.tell()
-        if end < len(MAGIC) * 2 + 16:
+        size = os.fstat(handle.fileno()).st_size
+        if size < len(MAGIC) * 2 + 32:
             raise BadFile("too short")
-        handle.seek(end - len(MAGIC) - 8)
-        tail = handle.read(len(MAGIC) + 8)
-        if tail[8:] != MAGIC:
-            raise BadFile("no trailer")
-        trailer_length = _U64.unpack(tail[:8])[0]
-        trailer_start = end - len(MAGIC) - 8 - trailer_length
-        handle.seek(trailer_start)
-        trailer = handle.read(trailer_length)
-        count = _U64.unpack_from(trailer, 0)[0]
-        lengths = [_U64.unpack_from(trailer, 8 + 8 * i)[0] for i in range(count)]
-        pickle_length = _U64.unpack_from(trailer, 8 + 8 * count)[0]
-        handle.seek(0)
-        if handle.read(len(MAGIC)) != MAGIC:
-            raise BadFile("bad magic")
-        buffers = [_read_exactly(handle, n) for n in lengths]
-        data = _read_exactly(handle, pickle_length)
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(mapped)
+    if view[: len(MAGIC)] != MAGIC or view[size - len(MAGIC) :] != MAGIC:
+        raise BadFile("not a keep file")
+    trailer_length = _U64.unpack_from(view, size - len(MAGIC) - 8)[0]
+    trailer_start = size - len(MAGIC) - 8 - trailer_length
+    if trailer_start < len(MAGIC):
+        raise BadFile("bad trailer")
+    numbers = [
+        _U64.unpack_from(view, trailer_start + 8 * i)[0] for i in range(trailer_length // 8)
+    ]
+    count = numbers[0]
+    if len(numbers) != 2 * count + 3:
+        raise BadFile("bad trailer")
+    spans = [(numbers[1 + 2 * i], numbers[2 + 2 * i]) for i in range(count)]
+    start, length = numbers[-2], numbers[-1]
+    if any(o + n > trailer_start for o, n in [*spans, (start, length)]):
+        raise BadFile("bad trailer")
+    buffers = [view[o : o + n] for o, n in spans]
     _restore_namespace.append(namespace if namespace is not None else _current_namespace())
     try:
-        return pickle.loads(data, buffers=buffers)
+        return pickle.loads(view[start : start + length], buffers=buffers)
     finally:
         _restore_namespace.pop()
-
-
-def _read_exactly(handle: BinaryIO, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    done = 0
-    while done < size:
-        got = handle.readinto(view[done:])  # type: ignore[attr-defined]
-        if not got:
-            raise BadFile("truncated")
-        done += got
-    return buffer
