@@ -369,9 +369,7 @@ def load(path: Any, namespace: dict[str, Any] | None = None) -> Any:
     trailer_start = size - len(MAGIC) - 8 - trailer_length
     if trailer_start < len(MAGIC):
         raise BadFile("bad trailer")
-    numbers = [
-        _U64.unpack_from(view, trailer_start + 8 * i)[0] for i in range(trailer_length // 8)
-    ]
+    numbers = [_U64.unpack_from(view, trailer_start + 8 * i)[0] for i in range(trailer_length // 8)]
     count = numbers[0]
     if len(numbers) != 2 * count + 3:
         raise BadFile("bad trailer")

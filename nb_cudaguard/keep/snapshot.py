@@ -4,6 +4,8 @@ After a sticky CUDA error GPU memory cannot be read (FIELD_NOTES §2), so the we
 the GPU are lost unless a copy is already on the CPU. For each named object (a module, an
 optimizer, a tensor, anything with ``state_dict()``), its tensors are copied into CPU buffers:
 
+- **one snapshot of all names together** (a model and its optimizer always from the same cell;
+  a tensor both hold is copied once);
 - **two buffer sets, alternating**: the copy goes into the set that is not the last good one, so
   a failure during a copy (the context broken mid-way) leaves the last good snapshot intact;
 - a snapshot **counts as good only once its copy is known complete**: at once on the CPU; on
@@ -85,32 +87,33 @@ class _CudaDone:
 
 
 @dataclass
-class Entry:
-    """One named object's snapshots."""
+class _State:
+    """The double-buffered copies of every snapshotted name's tensors, taken together (one
+    cell's model and optimizer always go together; a tensor two names share is copied once)."""
 
-    name: str
     sets: tuple[dict[tuple[Any, ...], _Slot], dict[tuple[Any, ...], _Slot]] = field(
         default_factory=lambda: ({}, {})
     )
     good: int | None = None  # the buffer set holding the last complete snapshot
     good_cell: int | None = None
-    pending: tuple[int, Any, int | None] | None = None  # (set, completion, cell)
+    good_names: tuple[str, ...] = ()
+    pending: tuple[int, Any, int | None, tuple[str, ...]] | None = None  # set, completion, ...
     failed: str = ""  # why the last copy was dropped
 
     def settle(self) -> None:
         """Promote the copy in flight if it is known complete; drop it if asking fails."""
         if self.pending is None:
             return
-        target, completion, cell = self.pending
+        target, completion, cell, names = self.pending
         try:
             finished = completion.done()
         except Exception as error:  # a broken context: the previous good snapshot stays
             self.pending = None
-            self.failed = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            self.failed = _why(error)
             return
         if finished:
             self.pending = None
-            self.good, self.good_cell, self.failed = target, cell, ""
+            self.good, self.good_cell, self.good_names, self.failed = target, cell, names, ""
 
     def good_buffers(self) -> dict[tuple[Any, ...], Any]:
         if self.good is None:
@@ -118,13 +121,20 @@ class Entry:
         return {key: slot.buffer for key, slot in self.sets[self.good].items()}
 
 
+def _why(error: BaseException) -> str:
+    text = str(error).splitlines()[0][:120] if str(error) else ""
+    return f"{type(error).__name__}: {text}"
+
+
 class Snapshots:
     """The snapshotted names of one notebook, and what their snapshots cost."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, Entry] = {}
+        self.names: dict[str, None] = {}  # ordered set
+        self.state = _State()
         self.costs: deque[float] = deque(maxlen=100)  # seconds of host time per cell
         self.last_bytes = 0
+        self.skipped_in_flight = 0
         self.streams: dict[Any, Any] = {}
 
     def add(self, name: str, value: Any) -> None:
@@ -133,47 +143,51 @@ class Snapshots:
                 f"`{name}` ({type(value).__name__}) holds no tensors: keep a module, an "
                 "optimizer, a tensor, or a dict/list of them"
             )
-        self.entries.setdefault(name, Entry(name))
+        self.names[name] = None
 
     def remove(self, name: str) -> None:
-        self.entries.pop(name, None)
+        self.names.pop(name, None)
 
     def after_cell(self, namespace: dict[str, Any], cell: int | None) -> None:
-        """Start this cell's copies (each name on its own: one failure drops that copy only)."""
+        """Start this cell's copy of every name's tensors; a failure drops this copy only."""
         started = time.perf_counter()
-        copied = 0
-        for entry in self.entries.values():
-            value = namespace.get(entry.name)
-            if value is None:
-                continue
-            entry.settle()
-            if entry.pending is not None:
-                continue  # the last copy is still in flight: no waiting here
+        state = self.state
+        self.last_bytes = 0
+        try:
+            state.settle()
+            if state.pending is not None:
+                self.skipped_in_flight += 1  # the last copy is still in flight: no waiting here
+                return
+            names = tuple(n for n in self.names if namespace.get(n) is not None)
+            if not names:
+                return
             try:
-                target, completion, size = self._copy(entry, value)
+                target, completion, size = self._copy([namespace[n] for n in names])
             except Exception as error:
-                entry.failed = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
-                continue
-            copied += size
-            entry.pending = (target, completion, cell)
-            entry.settle()  # CPU copies are complete at once
-        self.last_bytes = copied
-        self.costs.append(time.perf_counter() - started)
+                state.failed = _why(error)
+                return
+            self.last_bytes = size
+            state.pending = (target, completion, cell, names)
+            state.settle()  # CPU copies are complete at once
+        finally:
+            self.costs.append(time.perf_counter() - started)
 
-    def _copy(self, entry: Entry, value: Any) -> tuple[int, Any, int]:
+    def _copy(self, values: list[Any]) -> tuple[int, Any, int]:
         import torch
 
-        target = 0 if entry.good is None else 1 - entry.good
-        slots = entry.sets[target]
+        state = self.state
+        target = 0 if state.good is None else 1 - state.good
+        slots = state.sets[target]
         fresh: dict[tuple[Any, ...], _Slot] = {}
         events: list[Any] = []
         size = 0
         by_device: dict[Any, list[tuple[tuple[Any, ...], Any]]] = {}
-        for tensor in tensors_of(value):
-            key = tensor_identity(tensor)
-            if key not in fresh:
-                by_device.setdefault(tensor.device, []).append((key, tensor))
-                fresh[key] = _Slot(None, -1)
+        for value in values:
+            for tensor in tensors_of(value):
+                key = tensor_identity(tensor)
+                if key not in fresh:
+                    by_device.setdefault(tensor.device, []).append((key, tensor))
+                    fresh[key] = _Slot(None, -1)
         for device, pairs in by_device.items():
             on_cuda = device.type == "cuda"
             stream = None
@@ -182,7 +196,7 @@ class Snapshots:
                 if stream is None:
                     stream = self.streams[device] = torch.cuda.Stream(device)
                 stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream) if on_cuda else _nothing():
+            with torch.cuda.stream(stream) if on_cuda else _nothing(), torch.no_grad():
                 for key, tensor in pairs:
                     slot = slots.get(key)
                     version = tensor._version
@@ -194,8 +208,7 @@ class Snapshots:
                             tensor, device="cpu", pin_memory=on_cuda, requires_grad=False
                         )
                         slot = _Slot(buffer, -1)
-                    with torch.no_grad():
-                        slot.buffer.copy_(tensor.detach(), non_blocking=on_cuda)
+                    slot.buffer.copy_(tensor.detach(), non_blocking=on_cuda)
                     if on_cuda:
                         tensor.record_stream(stream)
                     slot.version = version
@@ -205,49 +218,50 @@ class Snapshots:
                 event = torch.cuda.Event()
                 event.record(stream)
                 events.append(event)
-        entry.sets = (fresh, entry.sets[1]) if target == 0 else (entry.sets[0], fresh)
+        state.sets = (fresh, state.sets[1]) if target == 0 else (state.sets[0], fresh)
         return target, (_CudaDone(events) if events else _Done()), size
 
     def for_keep(self) -> tuple[dict[tuple[Any, ...], Any], dict[str, str], dict[str, str]]:
         """At the restart: (CUDA tensor identity -> CPU copy, name -> what it is, name -> why
         there is no snapshot)."""
-        substitutes: dict[tuple[Any, ...], Any] = {}
+        state = self.state
+        state.settle()
         notes: dict[str, str] = {}
         missing: dict[str, str] = {}
-        for entry in self.entries.values():
-            entry.settle()
-            if entry.good is None:
-                missing[entry.name] = "no complete snapshot yet" + (
-                    f" (the copy failed: {entry.failed})" if entry.failed else ""
-                )
-                continue
-            substitutes.update(entry.good_buffers())
-            cell = f" after cell [{entry.good_cell}]" if entry.good_cell is not None else ""
-            notes[entry.name] = f"snapshot{cell}"
-        return substitutes, notes, missing
+        for name in self.names:
+            if state.good is None or name not in state.good_names:
+                failed = f" (the copy failed: {state.failed})" if state.failed else ""
+                missing[name] = "no complete snapshot yet" + failed
+            else:
+                cell = f" after cell [{state.good_cell}]" if state.good_cell is not None else ""
+                notes[name] = f"snapshot{cell}"
+        return state.good_buffers(), notes, missing
 
     def status(self) -> list[str]:
-        if not self.entries:
+        if not self.names:
             return []
-        parts = []
-        for entry in self.entries.values():
-            if entry.good is None:
-                state = "no complete snapshot yet"
-            elif entry.good_cell is not None:
-                state = f"last good after cell [{entry.good_cell}]"
-            else:
-                state = "last good"
-            if entry.pending is not None:
-                state += ", a copy in flight"
-            if entry.failed:
-                state += f", last copy dropped ({entry.failed})"
-            parts.append(f"{entry.name} ({state})")
-        lines = ["snapshots (%cudaguard keep): " + "; ".join(parts)]
+        state = self.state
+        if state.good is None:
+            when = "no complete snapshot yet"
+        elif state.good_cell is not None:
+            when = f"last good after cell [{state.good_cell}]"
+        else:
+            when = "last good"
+        if state.pending is not None:
+            when += ", a copy in flight"
+        if state.failed:
+            when += f", last copy dropped ({state.failed})"
+        lines = [f"snapshots (%cudaguard keep): {', '.join(self.names)} ({when})"]
         if self.costs:
             median = statistics.median(self.costs) * 1e3
             lines.append(
                 f"snapshot cost per cell: {median:.2f} ms median host time over the last "
                 f"{len(self.costs)} cells; {self.last_bytes / 1e6:.1f} MB copied after the last"
+                + (
+                    f"; {self.skipped_in_flight} cells skipped (a copy still in flight)"
+                    if self.skipped_in_flight
+                    else ""
+                )
             )
         return lines
 

@@ -343,14 +343,14 @@ class SnapshotHook:
             if name not in self.shell.user_ns:
                 raise KeyError(name)
             self.snapshots.add(name, self.shell.user_ns[name])
-        if self.snapshots.entries and not self.registered:
+        if self.snapshots.names and not self.registered:
             self.shell.events.register("post_run_cell", self.post_run_cell)
             self.registered = True
 
     def stop(self, names: Iterable[str] | None = None) -> None:
-        for name in list(self.snapshots.entries) if names is None else names:
+        for name in list(self.snapshots.names) if names is None else names:
             self.snapshots.remove(name)
-        if not self.snapshots.entries:
+        if not self.snapshots.names:
             self.close()
 
     def close(self) -> None:
