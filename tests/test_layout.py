@@ -123,7 +123,14 @@ def test_importing_the_package_and_every_pure_layer_loads_no_frontend_and_no_tor
     pure = [
         m
         for m in MODULES
-        if m.startswith(("nb_cudaguard.diagnosis", "nb_cudaguard.runtime", "nb_cudaguard.restart"))
+        if m.startswith(
+            (
+                "nb_cudaguard.diagnosis",
+                "nb_cudaguard.runtime",
+                "nb_cudaguard.restart",
+                "nb_cudaguard.keep",
+            )
+        )
     ]
     code = (
         "import importlib, sys\n"
