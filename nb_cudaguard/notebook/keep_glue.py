@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 RESTORE_LABEL = "Restore"
 DISCARD_LABEL = "Discard"
-SHOWN_SKIPPED = 8  # in the restart message; the offer lists them all
+SHOWN_SKIPPED = 8  # in the restart message
+LISTED = 60  # in the offer, of each list
 
 
 def where_kept(shell: InteractiveShell) -> tuple[str | None, tuple[str, str] | None]:
@@ -108,9 +109,9 @@ def kept_sentence(manifest: Manifest) -> str:
         )
     else:
         text = "Nothing was kept."
-    if skipped:
-        text += f" Not kept: {skipped}."
-    return text + " Then re-run the cells that made what was not kept."
+    if not skipped:
+        return text
+    return f"{text} Not kept: {skipped}. Then re-run the cells that made what was not kept."
 
 
 def _short(reason: str) -> str:
@@ -154,16 +155,21 @@ def offer_text(manifest: Manifest, now: float | None = None) -> str:
         f"nb_cudaguard: the previous process of this kernel kept {_count(len(manifest.kept))} "
         f"({human_size(manifest.size)}) {_ago(age)}:"
     ]
-    width = max(len(k.name) for k in manifest.kept)
-    for item in manifest.kept:
+    width = min(24, max(len(k.name) for k in manifest.kept))
+    for item in manifest.kept[:LISTED]:
         size = "" if item.kind == "module" else f", {human_size(item.size)}"
         what = "module, imported again" if item.kind == "module" else item.type
         note = f" ({item.note}: comes back on the CPU)" if item.kind == "snapshot" else ""
         lines.append(f"  {item.name:<{width}}  {what}{size}{note}")
+    if len(manifest.kept) > LISTED:
+        lines.append(f"  ... and {len(manifest.kept) - LISTED} more")
     if manifest.skipped:
         lines.append("Not kept:")
-        width = max(len(s.name) for s in manifest.skipped)
-        lines.extend(f"  {s.name:<{width}}  {s.type}: {s.reason}" for s in manifest.skipped)
+        width = min(24, max(len(s.name) for s in manifest.skipped))
+        shown = manifest.skipped[:LISTED]
+        lines.extend(f"  {s.name:<{width}}  {s.type}: {s.reason}" for s in shown)
+        if len(manifest.skipped) > LISTED:
+            lines.append(f"  ... and {len(manifest.skipped) - LISTED} more")
     if manifest.ipython_names:
         lines.append("IPython's own names (In, Out, _, _i1, ...) are not kept: it makes them anew.")
     lines.append(
