@@ -80,9 +80,10 @@ class CudaGuardExtension:
             with contextlib.suppress(ValueError):  # someone already removed it
                 self.shell.events.unregister(event, callback)
         self.set_sync(False)
-        from .keep_glue import close
+        with contextlib.suppress(Exception):  # the snapshot hook, if %cudaguard keep started one
+            from .keep_glue import close
 
-        close(self.shell)  # the snapshot hook, if %cudaguard keep started one
+            close(self.shell)
         self.tee.close()
         self._unregister_magics()
 
