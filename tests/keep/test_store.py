@@ -164,6 +164,17 @@ def test_a_file_others_could_write_is_refused(profile):
         store.restore({}, location, connection)
 
 
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a file away needs root"
+)
+def test_a_file_another_user_owns_is_refused(profile):
+    location, connection = profile
+    store.save(notebook("z = 1\n"), location, connection)
+    os.chown(store.keep_dir(location, connection) / store.MANIFEST, 65534, 65534)
+    with pytest.raises(store.StoreError, match="belongs to another user"):
+        store.restore({}, location, connection)
+
+
 def test_another_kernel_finds_nothing_and_a_foreign_manifest_is_refused(profile, tmp_path):
     location, connection = profile
     store.save(notebook("z = 1\n"), location, connection)
