@@ -170,6 +170,7 @@ class _Saver:
         self.skipped: list[Skipped] = []
         self.done: set[str] = set()
         self.finished = False
+        self.error: BaseException | None = None
         self.started = time.monotonic()
         self.ipython_names = 0
 
@@ -197,6 +198,12 @@ class _Saver:
         )
 
     def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:  # handed to the caller, not printed by the thread
+            self.error = error
+
+    def _run(self) -> None:
         identities: dict[str, set[tuple[str, int]]] = {}
         alive: list[Any] = []  # ids are compared only while their objects live
         for index, (name, value) in enumerate(self.values):
@@ -417,6 +424,8 @@ def save(
     with saver.lock:
         if saver.finished:
             return saver.manifest(timed_out=False)
+        if saver.error is not None:
+            raise saver.error
         budget.cancelled.set()  # the worker writes nothing more, and removes what it was writing
         manifest = saver.manifest(timed_out=True)
         write_manifest(directory, manifest)
@@ -551,8 +560,9 @@ def restore(
 
 
 def discard(directory: Path) -> None:
-    """Remove a keep directory (ours: it is only ever called with one)."""
-    if directory.is_symlink():
+    """Remove a keep directory (ours: it is only ever called with one), or whatever is in its
+    place."""
+    if directory.is_symlink() or directory.is_file():
         directory.unlink()
     elif directory.exists():
         shutil.rmtree(directory, ignore_errors=True)

@@ -243,3 +243,25 @@ def test_snapshots_are_taken_after_successful_cells_and_status_shows_their_cost(
     assert "snapshot cost per cell:" in status
     stop = _run(server, kid, "%cudaguard keep --stop").stream
     assert "no snapshots" in stop
+
+
+def test_a_save_that_fails_still_restarts_and_says_nothing_was_kept(server, kernel):
+    kid, pid = kernel
+    block = (
+        "from nb_cudaguard.keep import store\n"
+        "from nb_cudaguard.restart.environment import running_kernel_connection\n"
+        "_d = store.keep_dir(get_ipython().profile_dir.location, running_kernel_connection())\n"
+        "import shutil; shutil.rmtree(_d.parent, ignore_errors=True)\n"
+        "_d.parent.write_text('a file where the directory goes')\n"
+        "count = 7\n%load_ext nb_cudaguard"
+    )
+    assert _run(server, kid, block).status == "ok"
+    out = _run(server, kid, "%cudaguard restart --no-blocking")
+    assert out.status == "ok"
+    assert "Nothing was kept (" in out.stream
+    new_pid, _ = wait_for_new_process(server, kid, pid)
+    assert new_pid != pid
+    cleanup = (
+        "import os; os.unlink(os.path.join(get_ipython().profile_dir.location, 'nb_cudaguard'))"
+    )
+    assert _run(server, kid, cleanup).status == "ok"  # the other tests share this profile
