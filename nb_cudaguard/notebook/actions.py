@@ -152,6 +152,8 @@ class RestartActions:
         blocking = button is self.blocking_button
         for each in self.buttons:
             each.disabled = True
+        # The CPU variables are saved first (keep_glue): seconds for gigabytes.
+        self._say("Keeping the CPU variables for the new kernel, then restarting...", "#555")
         try:
             plan = self._restart(blocking=blocking, after_cell=self.after_cell)
         except Exception as error:
