@@ -78,6 +78,23 @@ def _current_namespace() -> dict[str, Any]:
     return namespace
 
 
+class _EmptyCell:
+    """Stands for a closure cell not yet assigned (a name the function will see later)."""
+
+    def __reduce__(self) -> str:
+        return "_EMPTY_CELL"
+
+
+_EMPTY_CELL = _EmptyCell()
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY_CELL
+
+
 def _make_function(
     code: types.CodeType,
     namespace: dict[str, Any],
@@ -88,7 +105,9 @@ def _make_function(
 ) -> types.FunctionType:
     closure = None
     if closure_values is not None:
-        closure = tuple(types.CellType(v) for v in closure_values)
+        closure = tuple(
+            types.CellType() if v is _EMPTY_CELL else types.CellType(v) for v in closure_values
+        )
     function = types.FunctionType(code, namespace, name, defaults, closure)
     for attribute, value in state.items():
         setattr(function, attribute, value)
@@ -279,7 +298,7 @@ class KeepPickler:
 
         def _reduce_notebook_function(function: types.FunctionType) -> Any:
             closure = function.__closure__
-            values = None if closure is None else tuple(c.cell_contents for c in closure)
+            values = None if closure is None else tuple(_cell_value(c) for c in closure)
             state = {
                 "__qualname__": function.__qualname__,
                 "__module__": function.__module__,

@@ -269,3 +269,33 @@ def test_the_file_is_checked_before_anything_is_unpickled(tmp_path):
     path.write_bytes(b"not a keep file at all, but long enough to have a trailer")
     with pytest.raises(pickling.BadFile):
         pickling.load(path)
+
+
+def test_closures_and_odd_tensors_come_back(profile):
+    code = (
+        "import torch\n"
+        "def make(k):\n"
+        "    def add(v):\n"
+        "        return v + k + later\n"
+        "    later = 1\n"
+        "    return add\n"
+        "add3 = make(3)\n"
+        "def unbound():\n"
+        "    def inner():\n"
+        "        return value\n"
+        "    return inner\n"
+        "    value = 2  # never runs: the closure's cell stays empty\n"
+        "inner = unbound()\n"
+        "empty = torch.empty(0, 3)\n"
+        "transposed = torch.arange(6.0).reshape(2, 3).t()\n"
+        "ints = torch.arange(5)\n"
+    )
+    _, done, new = save_and_restore(notebook(code), profile)
+    assert done.failed == ()
+    assert new["add3"](1) == 5
+    with pytest.raises(NameError):
+        new["inner"]()  # as before the restart
+    assert new["empty"].shape == (0, 3)
+    assert torch.equal(new["transposed"], torch.arange(6.0).reshape(2, 3).t())
+    assert new["transposed"].stride() == (1, 3)
+    assert torch.equal(new["ints"], torch.arange(5))
