@@ -328,7 +328,7 @@ class KeepPickler:
         return written[0], identities, alive
 
 
-_IMMUTABLE = (str, bytes, int, float, complex, bool, tuple, frozenset, type(None), range)
+_CONTAINERS = (dict, list, set, bytearray)
 _BY_NAME = (
     type,
     types.FunctionType,
@@ -343,11 +343,18 @@ def _collect_identities(
     memo: dict[int, tuple[int, Any]], identities: set[tuple[str, int]], alive: list[Any]
 ) -> None:
     """Mutable objects the pickle holds: two variables that hold the same one must be restored
-    together, or each gets its own copy (an optimizer would update a model that is not ours)."""
+    together, or each gets its own copy (an optimizer would update a model that is not ours).
+    Values pickled by name (dtypes, devices, enum members, classes, functions) are shared by
+    everything and say nothing: they are left out, or every array would join every other."""
+    import enum
+
     for key, (_, obj) in memo.items():
-        if isinstance(obj, (*_IMMUTABLE, *_BY_NAME)):
-            continue
-        if isinstance(obj, pickle.PickleBuffer | _StorageBytes | _NotebookGlobals):
+        if isinstance(obj, _CONTAINERS):
+            pass
+        elif (
+            not hasattr(obj, "__dict__")
+            or isinstance(obj, (*_BY_NAME, enum.Enum, _StorageBytes, _NotebookGlobals))
+        ):
             continue
         identities.add(("obj", key))
         alive.append(obj)

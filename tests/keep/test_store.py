@@ -115,6 +115,23 @@ def test_shared_state_comes_back_shared(profile):
     assert not torch.equal(before, new["model"][0].weight)
 
 
+def test_unrelated_values_of_one_dtype_are_written_once_each(profile):
+    # dtypes, devices and classes are pickled by name and shared by everything: they must not
+    # join unrelated arrays into one group (each would be written twice).
+    namespace = {
+        "a": np.ones(10, dtype=np.float32),
+        "b": np.zeros(10, dtype=np.float32),
+        "t": torch.ones(3),
+        "u": torch.zeros(3),
+        "m": torch.nn.Linear(2, 2),
+        "n": torch.nn.Linear(2, 2),
+    }
+    location, connection = profile
+    manifest = store.save(namespace, location, connection)
+    files = [k.file for k in manifest.kept]
+    assert len(set(files)) == len(files) == 6
+
+
 def test_things_that_cannot_be_kept_are_listed_with_the_reason_and_the_rest_is_kept(
     profile, tmp_path
 ):
