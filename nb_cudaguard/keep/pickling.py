@@ -351,9 +351,8 @@ def _collect_identities(
     for key, (_, obj) in memo.items():
         if isinstance(obj, _CONTAINERS):
             pass
-        elif (
-            not hasattr(obj, "__dict__")
-            or isinstance(obj, (*_BY_NAME, enum.Enum, _StorageBytes, _NotebookGlobals))
+        elif not hasattr(obj, "__dict__") or isinstance(
+            obj, (*_BY_NAME, enum.Enum, _StorageBytes, _NotebookGlobals)
         ):
             continue
         identities.add(("obj", key))

@@ -531,8 +531,9 @@ def restore(
             for item in items:
                 namespace[item.name] = values[item.name]
                 restored.append(item)
-        except Exception as error:
-            failed.extend((item.name, _reason(error)) for item in items)
+        except Exception as error:  # a class that no longer imports, a damaged file, ...
+            text = str(error).splitlines()[0][:160] if str(error) else ""
+            failed.extend((item.name, f"{type(error).__name__}: {text}") for item in items)
     done = {k.name for k in restored}
     remaining = tuple(k for k in manifest.kept if k.name not in done)
     if remaining:

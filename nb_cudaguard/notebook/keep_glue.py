@@ -299,11 +299,16 @@ def restored_text(done: Restored, seconds: float) -> str:
                 f"`{item.name}` is {item.note}, on the CPU: rebuild the object and call "
                 f"`.load_state_dict({item.name})`, then move it with `.to('cuda')`."
             )
+        elif "torch.optim." in item.type:
+            parts.append(
+                f"`{item.name}` is its {item.note}, on the CPU, and follows its model's "
+                f"parameters: once the model is moved, "
+                f"`{item.name}.load_state_dict({item.name}.state_dict())` moves its state to them."
+            )
         else:
             parts.append(
-                f"`{item.name}` is its {item.note}, on the CPU: `{item.name}.to('cuda')` moves a "
-                f"module back; an optimizer follows its model's parameters, and "
-                f"`{item.name}.load_state_dict({item.name}.state_dict())` moves its state to them."
+                f"`{item.name}` is its {item.note}, on the CPU: `{item.name}.to('cuda')` moves it "
+                "back to the GPU."
             )
     for name, why in done.failed:
         parts.append(f"`{name}` could not be restored: {why}.")
