@@ -226,7 +226,17 @@ class KeepPickler:
             write(raw)
             return False
 
-        stream = io.BytesIO()
+        class _InBand(io.BytesIO):
+            """The pickle stream; held in memory until the buffers are out, so the size cap and
+            the deadline are checked as it grows, not only once it is whole."""
+
+            def write(self, data: Any) -> int:
+                count = super().write(data)
+                if check is not None:
+                    check(written[0] + self.tell())
+                return count
+
+        stream = _InBand()
 
         class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             def reducer_override(self, obj: Any) -> Any:

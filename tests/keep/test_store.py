@@ -245,6 +245,22 @@ def test_a_variable_over_the_size_cap_is_skipped_saying_so(profile):
     assert new["small"].shape == (10,)
 
 
+def test_a_large_pure_python_value_is_stopped_at_the_cap_while_it_is_pickled(profile):
+    import tracemalloc
+
+    namespace = {"many": list(range(2_000_000)), "few": [1, 2, 3]}  # ~10 MB pickled, in band
+    location, connection = profile
+    tracemalloc.start()
+    try:
+        manifest = store.save(namespace, location, connection, variable_cap=1_000_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [s.name for s in manifest.skipped] == ["many"]
+    assert "over the size cap" in manifest.skipped[0].reason
+    assert peak < 4_000_000  # stopped near the cap, not after pickling it all in memory
+
+
 class SlowToSave:
     def __reduce__(self):
         time.sleep(3)
