@@ -69,6 +69,10 @@ def keep_before_restart(
         fallbacks = {}
         if snapshots is not None:
             substitutes, notes, missing = snapshots.snapshots.for_keep()
+            # An object with nothing on a GPU is written as it is now, not from its snapshot.
+            on_gpu = {n for n in {*notes, *missing} if _on_gpu(shell.user_ns.get(n))}
+            notes = {n: v for n, v in notes.items() if n in on_gpu}
+            missing = {n: v for n, v in missing.items() if n in on_gpu}
             for name in notes:
                 fallbacks[name] = _state_dict_of(shell.user_ns, name)
         manifest = store.save(
@@ -86,6 +90,15 @@ def keep_before_restart(
     return kept_sentence(manifest)
 
 
+def _on_gpu(value: Any) -> bool:
+    from ..keep.snapshot import tensors_of
+
+    try:
+        return any(t.device.type != "cpu" for t in tensors_of(value))
+    except Exception:
+        return False
+
+
 def _state_dict_of(namespace: dict[str, Any], name: str) -> Any:
     def fallback() -> tuple[str, Any]:
         return f"{name}_state_dict", namespace[name].state_dict()
@@ -94,7 +107,7 @@ def _state_dict_of(namespace: dict[str, Any], name: str) -> Any:
 
 
 def kept_sentence(manifest: Manifest) -> str:
-    kept = [k for k in manifest.kept]
+    kept = list(manifest.kept)
     if not kept and not manifest.skipped:
         return ""
     skipped = "; ".join(

@@ -265,3 +265,24 @@ def test_a_save_that_fails_still_restarts_and_says_nothing_was_kept(server, kern
         "import os; os.unlink(os.path.join(get_ipython().profile_dir.location, 'nb_cudaguard'))"
     )
     assert _run(server, kid, cleanup).status == "ok"  # the other tests share this profile
+
+
+def test_a_snapshotted_cpu_object_is_kept_as_it_is_at_the_restart(server, kernel):
+    # Snapshots exist for GPU memory, which cannot be read after a crash; a CPU object can be,
+    # so it is written as it is now, changes made by a failed cell included.
+    kid, pid = kernel
+    setup = (
+        "import torch\nmodel = torch.nn.Linear(4, 2)\n"
+        "with torch.no_grad(): model.bias.fill_(1.0)\n"
+        "%load_ext nb_cudaguard\n%cudaguard keep model"
+    )
+    assert _run(server, kid, setup).status == "ok"
+    assert _run(server, kid, "x = 1").status == "ok"  # a snapshot: bias 1.0
+    assert _run(server, kid, "with torch.no_grad(): model.bias.fill_(5.0)\n1/0").status == "error"
+    _run(server, kid, "%cudaguard restart --no-blocking")
+    wait_for_new_process(server, kid, pid)
+    offer = _run(server, kid, "%load_ext nb_cudaguard")
+    text = "\n".join(d.get("text/plain", "") for d in offer.displays)
+    assert "model" in text and "snapshot" not in text
+    _run(server, kid, "%cudaguard restore model")
+    assert _run(server, kid, "print(model.bias.tolist())").stream.strip() == "[5.0, 5.0]"
