@@ -41,7 +41,7 @@ VARIABLE_CAP = 4 * 1024**3  # bytes per variable (or group)
 TOTAL_CAP = 16 * 1024**3
 FREE_SPACE_KEPT = 1024**3  # never fill the disk: this much stays free, and at most half of it used
 MANIFEST = "manifest.json"
-_FILE_NAME = re.compile(r"^[vg]\d+\.bin$")
+_FILE_NAME = re.compile(r"^[vgc]\d+\.bin$")
 
 
 @dataclass(frozen=True)
@@ -388,6 +388,7 @@ def save(
     now = time.time() if now is None else now
     remove_expired(profile_location, now=now)
     directory = keep_dir(profile_location, connection)
+    earlier = _set_aside(profile_location, connection, now)
     discard(directory)
     _private_dir(directory)
     hidden_names = frozenset(hidden)
@@ -422,14 +423,85 @@ def save(
     worker.start()
     worker.join(timeout)
     with saver.lock:
-        if saver.finished:
-            return saver.manifest(timed_out=False)
-        if saver.error is not None:
-            raise saver.error
-        budget.cancelled.set()  # the worker writes nothing more, and removes what it was writing
-        manifest = saver.manifest(timed_out=True)
-        write_manifest(directory, manifest)
+        if not saver.finished:
+            if saver.error is not None:
+                _drop_aside(earlier)
+                raise saver.error
+            budget.cancelled.set()  # the worker writes nothing more, removes what it was writing
+        manifest = saver.manifest(timed_out=not saver.finished)
+        if earlier is not None:
+            manifest = _carry_over(earlier, manifest, directory, {n for n, _ in values})
+        if earlier is not None or not saver.finished:
+            write_manifest(directory, manifest)
         return manifest
+
+
+def _set_aside(
+    profile_location: str | os.PathLike[str], connection: str, now: float
+) -> tuple[Path, Manifest] | None:
+    """What an earlier restart kept and nobody restored yet (a crash again before the restore):
+    moved aside, so that the names not defined now can be carried into the new keep."""
+    try:
+        manifest = read_manifest(profile_location, connection, now=now)
+    except (StoreError, OSError):
+        return None
+    if manifest is None or not manifest.kept:
+        return None
+    directory = keep_dir(profile_location, connection)
+    aside = directory.with_name(f".{directory.name}-earlier-{os.getpid()}")
+    discard(aside)
+    try:
+        directory.rename(aside)
+    except OSError:
+        return None
+    return aside, manifest
+
+
+def _carry_over(
+    earlier: tuple[Path, Manifest], manifest: Manifest, directory: Path, names_now: set[str]
+) -> Manifest:
+    """Add the earlier keep's names that are not defined now (their files moved, not copied)."""
+    aside, old = earlier
+    carried: list[Kept] = []
+    moved: dict[str, str] = {}
+    for item in old.kept:
+        if item.name in names_now:
+            continue  # the notebook has a newer value, kept (or not) just now
+        file = item.file
+        if file is not None:
+            if file not in moved:
+                new_name = f"c{len(moved)}.bin"
+                try:
+                    _check_private(aside / file, directory=False)
+                    (aside / file).rename(directory / new_name)
+                except (OSError, StoreError):
+                    continue
+                moved[file] = new_name
+            file = moved[file]
+        note = item.note or "kept at an earlier restart"
+        carried.append(Kept(item.name, item.type, item.size, file, item.kind, item.module, note))
+    _drop_aside(earlier)
+    if not carried:
+        return manifest
+    total = manifest.total
+    for file in moved.values():
+        with contextlib.suppress(OSError):
+            total += (directory / file).stat().st_size
+    return Manifest(
+        manifest.kernel,
+        manifest.created,
+        (*manifest.kept, *carried),
+        manifest.skipped,
+        manifest.ipython_names,
+        manifest.seconds,
+        manifest.timed_out,
+        total=total,
+    )
+
+
+def _drop_aside(earlier: tuple[Path, Manifest] | None) -> None:
+    if earlier is not None:
+        discard(earlier[0])
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
@@ -573,7 +645,8 @@ def remove_expired(profile_location: str | os.PathLike[str], now: float | None =
     """Remove every kernel's keep directories older than ``TTL_S``: leftovers of kernels that
     never came back."""
     now = time.time() if now is None else now
-    for directory in state_dir(profile_location).glob("keep-*"):
+    place = state_dir(profile_location)
+    for directory in [*place.glob("keep-*"), *place.glob(".keep-*-earlier-*")]:
         with contextlib.suppress(OSError):
             info = directory.lstat()
             mine = not hasattr(os, "geteuid") or info.st_uid == os.geteuid()

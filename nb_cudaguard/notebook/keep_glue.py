@@ -172,7 +172,10 @@ def offer_text(manifest: Manifest, now: float | None = None) -> str:
     for item in manifest.kept[:LISTED]:
         size = "" if item.kind == "module" else f", {human_size(item.size)}"
         what = "module, imported again" if item.kind == "module" else item.type
-        note = f" ({item.note}: comes back on the CPU)" if item.kind == "snapshot" else ""
+        if item.kind == "snapshot":
+            note = f" ({item.note}: comes back on the CPU)"
+        else:
+            note = f" ({item.note})" if item.note else ""
         lines.append(f"  {item.name:<{width}}  {what}{size}{note}")
     if len(manifest.kept) > LISTED:
         lines.append(f"  ... and {len(manifest.kept) - LISTED} more")

@@ -237,6 +237,22 @@ def test_a_full_restore_removes_the_files_a_partial_one_keeps_the_rest(profile):
     assert not store.keep_dir(location, connection).exists()
 
 
+def test_what_an_earlier_restart_kept_and_nobody_restored_is_carried_into_the_next(profile):
+    # A crash again before the restore: the names not defined now are not lost.
+    location, connection = profile
+    first = notebook("import numpy as np\na = np.arange(5)\nalias = a\nb = 2\n")
+    store.save(first, location, connection)
+    second = notebook("b = 3\nc = 4\n")
+    manifest = store.save(second, location, connection)
+    notes = {k.name: k.note for k in manifest.kept}
+    assert notes["a"] == notes["alias"] == "kept at an earlier restart" and notes["b"] == ""
+    fresh: dict[str, object] = {}
+    store.restore(fresh, location, connection)
+    assert fresh["b"] == 3 and fresh["c"] == 4  # the newer values win
+    assert list(fresh["a"]) == [0, 1, 2, 3, 4] and fresh["alias"] is fresh["a"]
+    assert not list(store.state_dir(location).glob(".keep-*"))
+
+
 def test_a_variable_over_the_size_cap_is_skipped_saying_so(profile):
     namespace = notebook("import numpy as np\nbig = np.zeros(1_000_000)\nsmall = np.zeros(10)\n")
     manifest, _, new = save_and_restore(namespace, profile, variable_cap=100_000)
