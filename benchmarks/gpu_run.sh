@@ -11,7 +11,8 @@
 # tests: the whole `gpu` suite (each poisoning in its own kernel or process), what each real assert
 #        showed (JSON, for the README and the recognition tests), every demo notebook on CUDA;
 # bench: the extension's per-cell cost with CUDA initialised, `%cudaguard sync on`, the guard
-#        against bare and against CUDA_LAUNCH_BLOCKING=1, the cost of `%cudaguard keep` snapshots.
+#        against bare and against CUDA_LAUNCH_BLOCKING=1, the cost of `%cudaguard keep` snapshots,
+#        restart + restore of 1 GB against a plain restart.
 # Logs and an archive land in OUT (default ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +51,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     timeout 120 python3 benchmarks/bench_sync.py --gpu --rounds 100
     timeout 300 python3 benchmarks/bench_guard.py --cuda --reps 10 --steps 10
     timeout 300 python3 benchmarks/bench_snapshot.py --cuda
+    timeout 400 python3 benchmarks/bench_keep.py --repeat 3
   } 2>&1 | tee "$out/gpu-bench.log" || status=1
 fi
 exit $status
