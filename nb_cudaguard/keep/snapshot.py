@@ -15,8 +15,10 @@ optimizer, a tensor, anything with ``state_dict()``), its tensors are copied int
   a side stream that first waits for the current stream (so it copies what the cell computed);
   ``record_stream`` keeps the caching allocator from reusing a source before the copy read it.
   While a copy is in flight, the next cell skips its snapshot rather than wait;
-- **only what changed**: a tensor whose version counter (``_version``, bumped by every in-place
-  op, the optimizer's included) is the one its buffer was copied at is not copied again. Writes
+- **only what changed**: the same tensor object (a weak reference says so: the caching allocator
+  reuses freed memory for new tensors, which start at version 0 again) whose version counter
+  (``_version``, bumped by every in-place op, the optimizer's included) is the one its buffer
+  was copied at is not copied again. Writes
   through ``.data`` do not bump it (PyTorch gives ``.data`` its own counter): code that updates
   ``p.data`` by hand is snapshotted once; use ``with torch.no_grad(): p.add_(...)`` instead.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,6 +74,14 @@ def tensors_of(value: Any) -> Iterator[Any]:
 class _Slot:
     buffer: Any
     version: int
+    owner: Any = None  # a weak reference to the tensor copied: memory is reused, objects are not
+
+
+def _owner(tensor: Any) -> Any:
+    try:
+        return weakref.ref(tensor)
+    except TypeError:
+        return None
 
 
 class _Done:
@@ -200,7 +211,10 @@ class Snapshots:
                 for key, tensor in pairs:
                     slot = slots.get(key)
                     version = tensor._version
-                    if slot is not None and slot.version == version:
+                    # Same memory, same version and the same tensor object: unchanged. (A new
+                    # tensor at a freed one's address starts at version 0 too.)
+                    same = slot is not None and slot.owner is not None and slot.owner() is tensor
+                    if slot is not None and same and slot.version == version:
                         fresh[key] = slot
                         continue
                     if slot is None:
@@ -212,6 +226,7 @@ class Snapshots:
                     if on_cuda:
                         tensor.record_stream(stream)
                     slot.version = version
+                    slot.owner = _owner(tensor)
                     fresh[key] = slot
                     size += tensor.numel() * tensor.element_size()
             if on_cuda:

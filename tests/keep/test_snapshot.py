@@ -72,6 +72,28 @@ def test_only_what_changed_is_copied(notebook):
     assert snapshots.last_bytes == notebook["model"][1].bias.numel() * 4
 
 
+def test_a_new_tensor_at_a_reused_address_is_copied_again():
+    from nb_cudaguard.keep.pickling import tensor_identity
+
+    storage = torch.zeros(4)
+    first = torch.empty(0).set_(storage.untyped_storage(), 0, (4,), (1,))
+    snapshots = Snapshots()
+    namespace = {"w": first}
+    snapshots.add("w", first)
+    snapshots.after_cell(namespace, 1)
+    snapshots.after_cell(namespace, 2)  # both buffer sets hold it now
+    second = torch.empty(0).set_(storage.untyped_storage(), 0, (4,), (1,))
+    with torch.no_grad():
+        storage.fill_(7)  # new values, written through another tensor's version counter
+    # The same memory at the same version, as a new tensor at a freed one's address.
+    assert tensor_identity(second) == tensor_identity(first)
+    assert second._version == first._version
+    namespace["w"] = second
+    snapshots.after_cell(namespace, 3)
+    assert snapshots.last_bytes == 16
+    assert torch.equal(snapshots.for_keep()[0][tensor_identity(second)], torch.full((4,), 7.0))
+
+
 class BrokenContext:
     """What asking a CUDA event does once the context is broken: PyTorch raises the error."""
 
