@@ -20,10 +20,7 @@ BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-LOST = (
-    "Either button starts a new kernel process: CPU variables are kept for it to restore, "
-    "GPU memory is lost."
-)
+LOST = "Either button starts a new kernel process: CPU variables are kept, GPU memory is not."
 RERUN = "then `%load_ext nb_cudaguard` there restores the CPU variables; re-run the rest"
 
 
