@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Everything that needs a real GPU, in one command for a lent GPU machine (see the README's "GPU"
 # section). That machine has torch with CUDA but no Jupyter packages and no network: carry them as
-# wheels in .whl/ (../shared/device/wheels.sh jupyter_server websocket-client wurlitzer), with a
-# wheel of this project beside them (python3 -m pip wheel --no-deps -w .whl .): the checkout's code
-# comes first on the path, the wheel only registers the pytest plugin's entry point.
+# wheels in .whl/ (../shared/device/wheels.sh jupyter_server websocket-client wurlitzer
+# cloudpickle), with a wheel of this project beside them (python3 -m pip wheel --no-deps -w .whl
+# .): the checkout's code comes first on the path, the wheel only registers the pytest plugin's
+# entry point.
 #
 #   benchmarks/gpu_run.sh tests|bench|all [OUT]
 #
 # tests: the whole `gpu` suite (each poisoning in its own kernel or process), what each real assert
 #        showed (JSON, for the README and the recognition tests), every demo notebook on CUDA;
 # bench: the extension's per-cell cost with CUDA initialised, `%cudaguard sync on`, the guard
-#        against bare and against CUDA_LAUNCH_BLOCKING=1.
+#        against bare and against CUDA_LAUNCH_BLOCKING=1, the cost of `%cudaguard keep` snapshots,
+#        restart + restore of 1 GB against a plain restart.
 # Logs and an archive land in OUT (default ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +50,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     timeout 120 python3 benchmarks/bench_extension.py --cuda --cells 2000 --imports 5
     timeout 120 python3 benchmarks/bench_sync.py --gpu --rounds 100
     timeout 400 python3 benchmarks/bench_guard.py --cuda --scale 0.7
+    timeout 300 python3 benchmarks/bench_snapshot.py --cuda
+    timeout 400 python3 benchmarks/bench_keep.py --repeat 3
   } 2>&1 | tee "$out/gpu-bench.log" || status=1
 fi
 exit $status

@@ -129,6 +129,7 @@ def test_importing_the_package_and_every_pure_layer_loads_no_frontend_and_no_tor
                 "nb_cudaguard.runtime",
                 "nb_cudaguard.restart",
                 "nb_cudaguard.replay",
+                "nb_cudaguard.keep",
             )
         )
     ]

@@ -20,8 +20,8 @@ BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-LOST = "Either button starts a new kernel process: every variable is lost."
-RERUN = "then re-run the notebook from the top (all variables are gone)"
+LOST = "Either button starts a new kernel process: CPU variables are kept, GPU memory is not."
+RERUN = "then `%load_ext nb_cudaguard` there restores the CPU variables; re-run the rest"
 
 
 def command_text(blocking_on: bool) -> str:
@@ -49,10 +49,11 @@ _EXPECT = {
 
 
 def after_restart_text(
-    method: str, blocking: bool, blocking_kept: bool = False, warning: str = ""
+    method: str, blocking: bool, blocking_kept: bool = False, warning: str = "", kept: str = ""
 ) -> str:
     """What the user will see after asking for a restart, and what to do then; first, a
-    ``warning`` about blocking mode (several GPUs, DataParallel, a process group)."""
+    ``warning`` about blocking mode (several GPUs, DataParallel, a process group); last, what
+    was ``kept`` for the new kernel to restore (``notebook/keep_glue.py``)."""
     expect = _EXPECT.get(method, "The kernel restarts.")
     if blocking:
         mode = (
@@ -68,6 +69,8 @@ def after_restart_text(
     else:
         mode = ""
     first = f"WARNING: {warning} " if warning and blocking else ""
+    if kept:
+        return f"{first}Restarting. {expect}{mode} {kept}"
     return f"{first}Restarting. {expect}{mode} Then re-run the notebook from the top."
 
 
@@ -146,6 +149,8 @@ class RestartActions:
         blocking = button is self.blocking_button
         for each in self.buttons:
             each.disabled = True
+        # The CPU variables are saved first (keep_glue): seconds for gigabytes.
+        self._say("Keeping the CPU variables for the new kernel, then restarting...", "#555")
         try:
             plan = self._restart(blocking=blocking, after_cell=self.after_cell)
         except Exception as error:
@@ -161,7 +166,11 @@ class RestartActions:
         kept = self.blocking_on and not self.blocking_ours and not blocking
         self._say(
             after_restart_text(
-                plan.method.value, blocking, blocking_kept=kept, warning=plan.warning
+                plan.method.value,
+                blocking,
+                blocking_kept=kept,
+                warning=plan.warning,
+                kept=plan.kept,
             )
         )
 

@@ -25,7 +25,7 @@ class ExtensionState(Protocol):
 
     def set_sync(self, on: bool) -> None: ...
 
-    def restart(self, blocking: bool = True) -> RestartPlan: ...
+    def restart(self, blocking: bool = True, *, keep: bool = True) -> RestartPlan: ...
 
     @property
     def last_diagnosis(self) -> Diagnosis | None: ...
@@ -36,8 +36,9 @@ class ExtensionState(Protocol):
 
 def _status(state: ExtensionState, args: argparse.Namespace) -> None:
     from ..runtime.status import gather
+    from .keep_glue import status_lines
 
-    print(gather().text())
+    print("\n".join([gather().text(), *status_lines(state.shell)]))
 
 
 def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
@@ -45,20 +46,27 @@ def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
 
     blocking = not args.no_blocking
     try:
-        plan = state.restart(blocking)
+        plan = state.restart(blocking, keep=not args.no_keep)
     except RestartError as error:
         raise UsageError(f"cannot restart: {error}") from None
     from .actions import after_restart_text
 
-    text = after_restart_text(plan.method.value, blocking, warning=plan.warning)
+    text = after_restart_text(plan.method.value, blocking, warning=plan.warning, kept=plan.kept)
     print(f"nb_cudaguard: {text}", flush=True)
 
 
+def _one_value(args: argparse.Namespace) -> str | None:
+    if len(args.value) > 1:
+        raise UsageError(f"%cudaguard {args.command} takes one value, not {len(args.value)}")
+    return args.value[0] if args.value else None
+
+
 def _sync(state: ExtensionState, args: argparse.Namespace) -> None:
-    if args.value not in (None, "on", "off"):
-        raise UsageError(f"%cudaguard sync takes on or off, not {args.value!r}")
-    if args.value is not None:
-        state.set_sync(args.value == "on")
+    value = _one_value(args)
+    if value not in (None, "on", "off"):
+        raise UsageError(f"%cudaguard sync takes on or off, not {value!r}")
+    if value is not None:
+        state.set_sync(value == "on")
     print(f"nb_cudaguard: end-of-cell CUDA synchronise is {'on' if state.sync else 'off'}.")
 
 
@@ -72,7 +80,7 @@ def _repro(state: ExtensionState, args: argparse.Namespace) -> None:
     diagnosis = state.last_diagnosis
     if diagnosis is None:
         raise UsageError("no CUDA error has been diagnosed in this kernel yet")
-    path = Path(args.value or "nb_cudaguard_repro.py")
+    path = Path(_one_value(args) or "nb_cudaguard_repro.py")
     error = getattr(sys, "last_value", None)  # IPython keeps the last traceback's exception
     replay = replay_script(
         diagnosis,
@@ -103,6 +111,40 @@ def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
     replay_command(state.shell, yes=args.yes, blocking_on=blocking_in_force()[0])
 
 
+def _restore(state: ExtensionState, args: argparse.Namespace) -> None:
+    from ..keep.store import StoreError
+    from .keep_glue import discard, restore, where_kept
+
+    shell = state.shell
+    connection, profile = where_kept(shell)
+    if args.discard:
+        if args.value:
+            raise UsageError("%cudaguard restore --discard deletes everything kept: no NAME")
+        print(f"nb_cudaguard: {discard(connection, profile)}")
+        return
+    try:
+        text = restore(shell, connection, profile, args.value or None)
+    except StoreError as error:
+        raise UsageError(f"nothing to restore: {error}") from None
+    except KeyError as error:
+        names = ", ".join(error.args[0])
+        raise UsageError(f"not kept: {names} (`%cudaguard restore` lists nothing else)") from None
+    print(f"nb_cudaguard: {text}")
+
+
+def _keep(state: ExtensionState, args: argparse.Namespace) -> None:
+    from ..keep.snapshot import NotSnapshottable
+    from .keep_glue import keep_command
+
+    def is_poisoned() -> bool:
+        return getattr(state, "poisoned_since", None) is not None
+
+    try:
+        print(keep_command(state.shell, is_poisoned, list(args.value), args.stop))
+    except NotSnapshottable as error:
+        raise UsageError(str(error)) from None
+
+
 # One entry per subcommand: adding a command is adding an entry.
 COMMANDS: dict[str, Callable[[ExtensionState, argparse.Namespace], None]] = {
     "status": _status,
@@ -110,6 +152,16 @@ COMMANDS: dict[str, Callable[[ExtensionState, argparse.Namespace], None]] = {
     "sync": _sync,
     "repro": _repro,
     "replay": _replay,
+    "restore": _restore,
+    "keep": _keep,
+}
+# The flags each command takes (a flag given to another command is a UsageError).
+FLAGS = {
+    "no_blocking": "restart",
+    "no_keep": "restart",
+    "discard": "restore",
+    "stop": "keep",
+    "yes": "replay",
 }
 
 
@@ -118,6 +170,9 @@ LISTING = """\
   %cudaguard status                 torch and CUDA state: is the context healthy, is blocking on
   %cudaguard restart                a new kernel, with CUDA_LAUNCH_BLOCKING=1 for that start only
   %cudaguard restart --no-blocking  a plain new kernel
+  %cudaguard restart --no-keep      ... without keeping the CPU variables for the new kernel
+  %cudaguard restore [NAME ...]     put back what the previous process kept (all, or NAMEs)
+  %cudaguard keep NAME ...          CPU snapshots of GPU objects after each cell (--stop ends)
   %cudaguard sync on|off            wait for each cell's GPU work at its end (errors surface there)
   %cudaguard repro [PATH]           write a script that replays the failing op on CPU
   %cudaguard replay [--yes]         after our restart: re-run the cells the failing one needs"""
@@ -144,9 +199,18 @@ class CudaGuardMagics(Magics):
         "inputs found in this kernel (default PATH: nb_cudaguard_repro.py). "
         "replay: in the kernel nb_cudaguard restarted, list the previous kernel's cells needed "
         "to rebuild what the failing cell uses and is missing now, then that cell, and ask; "
-        "with --yes, run them (stopping at the first error).",
+        "with --yes, run them (stopping at the first error). "
+        "restore [NAME ...]: put back what the previous process of this kernel kept at the "
+        "restart (all, or the NAMEs); files are deleted once restored. "
+        "keep NAME ...: copy these GPU objects' state (a module, an optimizer, tensors) to CPU "
+        "buffers at the end of every successful cell, so that the restart after a CUDA error "
+        "keeps the last good copy; without NAME, list them and their cost.",
     )
-    @argument("value", nargs="?", help="for sync: on or off; for repro: the script's PATH")
+    @argument(
+        "value",
+        nargs="*",
+        help="for sync: on or off; for repro: the script's PATH; for restore and keep: NAMEs",
+    )
     @argument(
         "--no-blocking",
         action="store_true",
@@ -157,6 +221,13 @@ class CudaGuardMagics(Magics):
         action="store_true",
         help="replay: run the cells without asking.",
     )
+    @argument(
+        "--no-keep",
+        action="store_true",
+        help="restart: do not save the CPU variables for the new kernel (they are by default).",
+    )
+    @argument("--discard", action="store_true", help="restore: delete what was kept instead.")
+    @argument("--stop", action="store_true", help="keep: stop the snapshots (of NAMEs, or all).")
     @line_magic
     def cudaguard(self, line: str) -> None:
         """Inspect and repair this kernel's CUDA state.
@@ -172,6 +243,12 @@ class CudaGuardMagics(Magics):
             %cudaguard repro [PATH]           # the failing op, replayed on CPU, as a script
             %cudaguard replay                 # after our restart: the cells to re-run, and ask
             %cudaguard replay --yes           # ... and run them
+            %cudaguard restart --no-keep      # do not keep the CPU variables
+            %cudaguard restore                # in the new kernel: everything kept
+            %cudaguard restore df tokenizer   # ... or these names
+            %cudaguard restore --discard      # delete what was kept
+            %cudaguard keep model optimizer   # CPU snapshots after each successful cell
+            %cudaguard keep --stop            # no more snapshots
 
         After a restart all variables are gone. nb_cudaguard's own restart keeps the list of
         the kernel's cells for its next process: ``%cudaguard replay`` (also offered, with a
@@ -180,23 +257,29 @@ class CudaGuardMagics(Magics):
         stops at the first error; in blocking mode that traceback points at the line that
         failed. The cells are found from their text: a cell whose effect cannot be known
         (``exec``, ``globals()``, a star import, ``%run``) is included, and the list says why.
+
+        Every restart we do keeps the CPU variables first (each on its own; GPU tensors, open
+        files, generators, locks, sockets and anything over the size cap are listed as not
+        kept, with the reason; modules are imported again). `%load_ext nb_cudaguard` in the new
+        kernel offers them with a Restore button. Files are private to you and to this kernel,
+        deleted once restored, and expire after a day.
         """
         args = parse_argstring(self.cudaguard, line)
+        flags = [flag for flag in FLAGS if getattr(args, flag)]
         if args.command is None:
-            if args.value is not None or args.no_blocking or args.yes:
+            if args.value or flags:
                 raise UsageError("%cudaguard: name a command first: " + ", ".join(COMMANDS))
             print(LISTING)
             return
-        if args.value is not None and args.command not in ("sync", "repro"):
+        if args.value and args.command not in ("sync", "repro", "restore", "keep"):
             raise UsageError(
-                f"%cudaguard {args.command} takes no {args.value!r}: only sync (on|off) and "
-                "repro (PATH) take a value"
+                f"%cudaguard {args.command} takes no {' '.join(args.value)!r}: only sync "
+                "(on|off), repro (PATH), restore and keep (NAMEs) take values"
             )
-        if args.yes and args.command != "replay":
-            raise UsageError(f"%cudaguard {args.command} takes no --yes: only replay asks first")
-        if args.no_blocking and args.command != "restart":
-            raise UsageError(
-                f"%cudaguard {args.command} takes no --no-blocking: it chooses the kind of "
-                "restart, so it goes with restart only"
-            )
+        for flag in flags:
+            if FLAGS[flag] != args.command:
+                option = "--" + flag.replace("_", "-")
+                raise UsageError(
+                    f"%cudaguard {args.command} takes no {option}: it goes with {FLAGS[flag]} only"
+                )
         COMMANDS[args.command](self.state, args)

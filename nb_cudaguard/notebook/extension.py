@@ -67,6 +67,12 @@ class CudaGuardExtension:
             on_load()  # the blocking-mode banner after our own restart
         except Exception as internal:  # a banner is never worth a failed %load_ext
             print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
+        try:
+            from .keep_glue import offer_restore
+
+            offer_restore(self.shell, kernel_connection(self.shell), profile_dirs(self.shell))
+        except Exception as internal:  # nor is the offer to restore what was kept
+            print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
 
     def unload(self) -> None:
         if not self.loaded:
@@ -79,6 +85,10 @@ class CudaGuardExtension:
             with contextlib.suppress(ValueError):  # someone already removed it
                 self.shell.events.unregister(event, callback)
         self.set_sync(False)
+        with contextlib.suppress(Exception):  # the snapshot hook, if %cudaguard keep started one
+            from .keep_glue import close
+
+            close(self.shell)
         self.tee.close()
         self._unregister_magics()
 
@@ -91,26 +101,41 @@ class CudaGuardExtension:
         return self._sync is not None
 
     def restart(
-        self, blocking: bool = True, *, after_cell: int | None = None, delay: float | None = None
+        self,
+        blocking: bool = True,
+        *,
+        after_cell: int | None = None,
+        delay: float | None = None,
+        keep: bool = True,
     ) -> RestartPlan:
         """Restart this kernel (see ``restart.methods.restart_kernel``), handing down what only
-        the shell knows: its profile, and the cell whose error was last explained."""
+        the shell knows: its profile, and the cell whose error was last explained. With ``keep``,
+        the CPU state is saved first for the new process to restore (``keep_glue``)."""
+        from dataclasses import replace
+
         from ..restart.methods import DELAY_S, restart_kernel
         from .replay_glue import cells_kept_for_restart
 
+        profile, connection = profile_dirs(self.shell), kernel_connection(self.shell)
+        kept = ""
+        if keep:
+            from .keep_glue import keep_before_restart
+
+            kept = keep_before_restart(self.shell, connection, profile)
         # Once the context is known broken no further panel is shown, so the last panel's cell is
         # also the one that broke it; where the probe could not tell, the panel still named it.
         after_cell = self.last_sticky_cell if after_cell is None else after_cell
         # The cells, for `%cudaguard replay` in the next process.
         with cells_kept_for_restart(self.shell, self.outcomes, after_cell):
-            return restart_kernel(
+            plan = restart_kernel(
                 blocking,
                 after_cell=after_cell,
-                profile=profile_dirs(self.shell),
+                profile=profile,
                 delay=DELAY_S if delay is None else delay,
-                connection=kernel_connection(self.shell),
+                connection=connection,
                 warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
             )
+        return replace(plan, kept=kept)
 
     def _register_magics(self) -> None:
         from .cudacheck_magic import CudaCheckMagics

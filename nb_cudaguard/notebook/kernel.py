@@ -8,13 +8,20 @@ loaded extension's last crash cell); it looks them up here, in the glue, and han
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..restart.methods import DELAY_S, RestartError, RestartPlan
 from ..restart.methods import restart_kernel as _restart_kernel
 from .extension import current_state, kernel_connection, multi_gpu_warning, profile_dirs
+from .keep_glue import keep_before_restart
 
 
 def restart_kernel(
-    blocking: bool = True, *, after_cell: int | None = None, delay: float = DELAY_S
+    blocking: bool = True,
+    *,
+    after_cell: int | None = None,
+    delay: float = DELAY_S,
+    keep: bool = True,
 ) -> RestartPlan:
     """Restart this kernel; with ``blocking``, its next process alone gets CUDA_LAUNCH_BLOCKING=1.
 
@@ -22,20 +29,25 @@ def restart_kernel(
     cell's output and reply still reach the frontend. ``after_cell`` (default: the cell whose
     error nb_cudaguard last explained) is named in the new kernel's banner. Re-run the notebook
     from the top afterwards. Raises ``RestartError`` where there is no kernel to restart.
+    With ``keep`` (the default), the CPU variables are saved first for the new process:
+    ``%load_ext nb_cudaguard`` there offers to restore them; ``plan.kept`` says what was kept.
     """
     state = current_state()
     if state is not None:
-        return state.restart(blocking, after_cell=after_cell, delay=delay)
+        return state.restart(blocking, after_cell=after_cell, delay=delay, keep=keep)
     from IPython import get_ipython
 
     shell = get_ipython()
     if shell is None:
         raise RestartError("not running inside IPython: there is no kernel to restart")
-    return _restart_kernel(
+    profile, connection = profile_dirs(shell), kernel_connection(shell)
+    kept = keep_before_restart(shell, connection, profile) if keep else ""
+    plan = _restart_kernel(
         blocking,
         after_cell=after_cell,
-        profile=profile_dirs(shell),
+        profile=profile,
         delay=delay,
-        connection=kernel_connection(shell),
+        connection=connection,
         warning=multi_gpu_warning(shell.user_ns) if blocking else "",
     )
+    return replace(plan, kept=kept)

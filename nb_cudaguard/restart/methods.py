@@ -65,6 +65,7 @@ class RestartPlan:
     server: Server | None = None
     note: str = ""  # why this method (a fallback says what it fell back from)
     warning: str = ""  # said before the restart (blocking mode with several GPUs, ...)
+    kept: str = ""  # what was kept for the new process to restore (keep/), said after
 
 
 class RestartError(RuntimeError):

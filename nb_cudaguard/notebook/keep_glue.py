@@ -1,0 +1,430 @@
+"""Keep and restore across our restarts, and snapshots of GPU objects: the IPython side of keep/.
+
+- ``keep_before_restart``: called by every restart we do (button, ``%cudaguard restart``,
+  ``restart_kernel()``) before the restart is scheduled; saves the namespace's CPU state
+  (``keep.store``) and returns the sentence the restart message ends with. It never raises and
+  never waits longer than the store's deadline: nothing of ours may stand between a broken
+  kernel and its cure.
+- ``offer_restore``: at ``%load_ext nb_cudaguard`` in the new process, what was kept (names,
+  types, sizes, what was not kept and why) with a Restore button (text + HTML saying the command
+  where widgets do not render, as ``actions.py`` does).
+- ``%cudaguard restore [NAME ...]``, ``%cudaguard keep [NAME ...]``: the commands
+  (``cudaguard_magic.py``).
+- Snapshots: a ``post_run_cell`` hook, registered while a name is kept and removed on unload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..diagnosis.render import inline_html
+from ..keep.select import human_size
+from ..keep.snapshot import NotSnapshottable, Snapshots
+from ..keep.store import Manifest, Restored, StoreError
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+RESTORE_LABEL = "Restore"
+DISCARD_LABEL = "Discard"
+SHOWN_SKIPPED = 8  # in the restart message
+LISTED = 60  # in the offer, of each list
+
+
+def where_kept(shell: InteractiveShell) -> tuple[str | None, tuple[str, str] | None]:
+    """(this kernel's connection file, its IPython profile (location, startup dir)), as
+    ``extension.kernel_connection`` and ``extension.profile_dirs`` find them (that module
+    imports this one, so it is not imported back)."""
+    from ..restart.environment import running_kernel_connection
+
+    profile = getattr(shell, "profile_dir", None)
+    dirs = None if profile is None else (str(profile.location), str(profile.startup_dir))
+    if getattr(shell, "kernel", None) is None:
+        return None, dirs
+    return running_kernel_connection(), dirs
+
+
+# --- keep ----------------------------------------------------------------------------------------
+
+
+def keep_before_restart(
+    shell: InteractiveShell, connection: str | None, profile: tuple[str, str] | None
+) -> str:
+    """Save this kernel's CPU state for its next process; the sentence for the restart message
+    ("" where there is no kernel, or nothing to say)."""
+    if connection is None or profile is None:
+        return ""
+    try:
+        from ..keep import store
+
+        snapshots = _sessions.get(id(shell))
+        substitutes: dict[Any, Any] = {}
+        notes: dict[str, str] = {}
+        missing: dict[str, str] = {}
+        fallbacks = {}
+        if snapshots is not None:
+            substitutes, notes, missing = snapshots.snapshots.for_keep()
+            # An object with nothing on a GPU is written as it is now, not from its snapshot.
+            on_gpu = {n for n in {*notes, *missing} if _on_gpu(shell.user_ns.get(n))}
+            notes = {n: v for n, v in notes.items() if n in on_gpu}
+            missing = {n: v for n, v in missing.items() if n in on_gpu}
+            for name in notes:
+                fallbacks[name] = _state_dict_of(shell.user_ns, name)
+        manifest = store.save(
+            shell.user_ns,
+            profile[0],
+            connection,
+            hidden=getattr(shell, "user_ns_hidden", {}),
+            substitutes=substitutes,
+            notes=notes,
+            fallbacks=fallbacks,
+            why_not={n: f"holds GPU memory, and {why}" for n, why in missing.items()},
+        )
+    except BaseException as error:  # the restart goes on, whatever happened here
+        return f"Nothing was kept ({type(error).__name__}: {error})."
+    return kept_sentence(manifest)
+
+
+def _on_gpu(value: Any) -> bool:
+    from ..keep.snapshot import tensors_of
+
+    try:
+        return any(t.device.type != "cpu" for t in tensors_of(value))
+    except Exception:
+        return False
+
+
+def _state_dict_of(namespace: dict[str, Any], name: str) -> Any:
+    def fallback() -> tuple[str, Any]:
+        return f"{name}_state_dict", namespace[name].state_dict()
+
+    return fallback
+
+
+def kept_sentence(manifest: Manifest) -> str:
+    kept = list(manifest.kept)
+    if not kept and not manifest.skipped:
+        return ""
+    skipped = "; ".join(
+        f"`{s.name}` ({_short(s.reason)})" for s in manifest.skipped[:SHOWN_SKIPPED]
+    )
+    if len(manifest.skipped) > SHOWN_SKIPPED:
+        skipped += f"; and {len(manifest.skipped) - SHOWN_SKIPPED} more"
+    if kept:
+        text = (
+            f"Kept {_count(len(kept))} ({human_size(manifest.size)}) for the new kernel: "
+            "`%load_ext nb_cudaguard` there offers to restore them."
+        )
+    else:
+        text = "Nothing was kept."
+    if not skipped:
+        return text
+    return f"{text} Not kept: {skipped}. Then re-run the cells that made what was not kept."
+
+
+def _short(reason: str) -> str:
+    return reason.split(": ")[0] if reason.startswith("holds GPU memory") else reason
+
+
+def _count(n: int) -> str:
+    return f"{n} variable" if n == 1 else f"{n} variables"
+
+
+# --- restore -------------------------------------------------------------------------------------
+
+
+def offer_restore(
+    shell: InteractiveShell, connection: str | None, profile: tuple[str, str] | None
+) -> None:
+    """At load: show what the previous process kept, with the Restore button."""
+    if connection is None or profile is None:
+        return
+    from IPython.display import display
+
+    from ..keep import store
+
+    try:
+        store.remove_expired(profile[0])  # leftovers of kernels that never came back
+        manifest = store.read_manifest(profile[0], connection)
+    except StoreError as error:
+        display(_Note(f"what the previous process of this kernel kept cannot be used: {error}."))
+        return
+    if manifest is None:
+        return
+    if not manifest.kept:  # only reasons: said at the restart already
+        store.discard(store.keep_dir(profile[0], connection))
+        return
+    display(restore_offer(shell, connection, profile, manifest))
+
+
+def offer_text(manifest: Manifest, now: float | None = None) -> str:
+    age = max(0.0, (time.time() if now is None else now) - manifest.created)
+    lines = [
+        f"nb_cudaguard: the previous process of this kernel kept {_count(len(manifest.kept))} "
+        f"({human_size(manifest.size)}) {_ago(age)}:"
+    ]
+    width = min(24, max(len(k.name) for k in manifest.kept))
+    for item in manifest.kept[:LISTED]:
+        size = "" if item.kind == "module" else f", {human_size(item.size)}"
+        what = "module, imported again" if item.kind == "module" else item.type
+        if item.kind == "snapshot":
+            note = f" ({item.note}: comes back on the CPU)"
+        else:
+            note = f" ({item.note})" if item.note else ""
+        lines.append(f"  {item.name:<{width}}  {what}{size}{note}")
+    if len(manifest.kept) > LISTED:
+        lines.append(f"  ... and {len(manifest.kept) - LISTED} more")
+    if manifest.skipped:
+        lines.append("Not kept:")
+        width = min(24, max(len(s.name) for s in manifest.skipped))
+        shown = manifest.skipped[:LISTED]
+        lines.extend(f"  {s.name:<{width}}  {s.type}: {s.reason}" for s in shown)
+        if len(manifest.skipped) > LISTED:
+            lines.append(f"  ... and {len(manifest.skipped) - LISTED} more")
+    if manifest.ipython_names:
+        lines.append("IPython's own names (In, Out, _, _i1, ...) are not kept: it makes them anew.")
+    lines.append(
+        "Restore: `%cudaguard restore` (all) or `%cudaguard restore NAME ...`; "
+        "`%cudaguard restore --discard` deletes them."
+    )
+    return "\n".join(lines)
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _pre_html(text: str, css: str) -> str:
+    return (
+        f"<div class='{css}' style='font-family:sans-serif'><pre style='margin:0'>"
+        f"{html.escape(text)}</pre></div>"
+    )
+
+
+class _Note:
+    def __init__(self, text: str) -> None:
+        self.text = f"nb_cudaguard: {text}"
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
+        return {"text/plain": self.text, "text/html": _pre_html(self.text, "nb-cudaguard-keep")}
+
+
+class RestoreOffer:
+    """What was kept, the Restore and Discard buttons, and a status line under them."""
+
+    def __init__(
+        self,
+        shell: InteractiveShell,
+        connection: str,
+        profile: tuple[str, str],
+        manifest: Manifest,
+    ) -> None:
+        import ipywidgets as widgets
+
+        self.shell, self.connection, self.profile = shell, connection, profile
+        self.text = offer_text(manifest)
+        self.restore_button = widgets.Button(
+            description=RESTORE_LABEL,
+            button_style="success",
+            tooltip="Put every kept variable back into this kernel",
+            layout=widgets.Layout(width="auto"),
+        )
+        self.discard_button = widgets.Button(
+            description=DISCARD_LABEL,
+            tooltip="Delete what was kept",
+            layout=widgets.Layout(width="auto"),
+        )
+        self.status = widgets.HTML(value="")
+        self.restore_button.on_click(self._restore)
+        self.discard_button.on_click(self._discard)
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.restore_button, self.discard_button]), self.status]
+        )
+
+    def _say(self, text: str, color: str = "#1b5e20") -> None:
+        self.status.value = (
+            f"<div style='font-family:sans-serif;color:{color};line-height:1.4'>"
+            f"{inline_html(text)}</div>"
+        )
+
+    def _restore(self, _button: Any) -> None:
+        self.restore_button.disabled = self.discard_button.disabled = True
+        try:
+            text = restore(self.shell, self.connection, self.profile)
+            self._say(text)
+        except Exception as error:
+            self._say(f"Could not restore: {error}", color="#e65100")
+
+    def _discard(self, _button: Any) -> None:
+        self.restore_button.disabled = self.discard_button.disabled = True
+        self._say(discard(self.connection, self.profile))
+
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+        return {
+            "text/plain": self.text,
+            "text/html": _pre_html(self.text, "nb-cudaguard-keep"),
+            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id},
+        }
+
+
+def restore_offer(
+    shell: InteractiveShell, connection: str, profile: tuple[str, str], manifest: Manifest
+) -> RestoreOffer | _Note:
+    try:
+        return RestoreOffer(shell, connection, profile, manifest)
+    except Exception:  # no ipywidgets, or no comm support: the command still works
+        return _Note(offer_text(manifest).removeprefix("nb_cudaguard: "))
+
+
+def restore(
+    shell: InteractiveShell,
+    connection: str | None,
+    profile: tuple[str, str] | None,
+    names: Iterable[str] | None = None,
+) -> str:
+    """Put what was kept (all, or ``names``) into the namespace; the sentence saying what came
+    back and what to do with GPU snapshots. Raises ``StoreError`` / ``KeyError``."""
+    if connection is None or profile is None:
+        raise StoreError("this is not a Jupyter kernel: nothing is kept here")
+    from ..keep import store
+
+    started = time.perf_counter()
+    done = store.restore(shell.user_ns, profile[0], connection, names)
+    return restored_text(done, time.perf_counter() - started)
+
+
+def restored_text(done: Restored, seconds: float) -> str:
+    parts = []
+    if done.restored:
+        names = ", ".join(f"`{k.name}`" for k in done.restored)
+        size = sum(k.size for k in done.restored)
+        parts.append(f"Restored {names} ({human_size(size)}) in {seconds:.1f} s.")
+    snapshots = [k for k in done.restored if k.kind == "snapshot"]
+    for item in snapshots:
+        if item.name.endswith("_state_dict"):
+            parts.append(
+                f"`{item.name}` is {item.note}, on the CPU: rebuild the object and call "
+                f"`.load_state_dict({item.name})`, then move it with `.to('cuda')`."
+            )
+        elif "torch.optim." in item.type:
+            parts.append(
+                f"`{item.name}` is its {item.note}, on the CPU, and follows its model's "
+                f"parameters: once the model is moved, "
+                f"`{item.name}.load_state_dict({item.name}.state_dict())` moves its state to them."
+            )
+        else:
+            parts.append(
+                f"`{item.name}` is its {item.note}, on the CPU: `{item.name}.to('cuda')` moves it "
+                "back to the GPU."
+            )
+    for name, why in done.failed:
+        parts.append(f"`{name}` could not be restored: {why}.")
+    if done.remaining:
+        rest = ", ".join(f"`{k.name}`" for k in done.remaining)
+        parts.append(f"Still kept: {rest} (`%cudaguard restore NAME`).")
+    return " ".join(parts) or "Nothing was restored."
+
+
+def discard(connection: str | None, profile: tuple[str, str] | None) -> str:
+    if connection is None or profile is None:
+        return "Nothing is kept here."
+    from ..keep import store
+
+    store.discard(store.keep_dir(profile[0], connection))
+    return "Deleted what the previous process kept."
+
+
+# --- snapshots -----------------------------------------------------------------------------------
+
+
+class SnapshotHook:
+    """The ``post_run_cell`` hook that takes the snapshots, owned per shell."""
+
+    def __init__(self, shell: InteractiveShell, is_poisoned: Any) -> None:
+        self.shell = shell
+        self.snapshots = Snapshots()
+        self.is_poisoned = is_poisoned
+        self.registered = False
+
+    def post_run_cell(self, result: ExecutionResult | None = None) -> None:
+        if result is None or getattr(result, "error_in_exec", None) is not None:
+            return
+        if getattr(result, "error_before_exec", None) is not None:
+            return
+        with contextlib.suppress(BaseException):  # never break the notebook
+            if self.is_poisoned():
+                return  # GPU memory can no longer be read: the last good snapshot stays
+            self.snapshots.after_cell(self.shell.user_ns, result.execution_count)
+
+    def keep(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name not in self.shell.user_ns:
+                raise KeyError(name)
+            self.snapshots.add(name, self.shell.user_ns[name])
+        if self.snapshots.names and not self.registered:
+            self.shell.events.register("post_run_cell", self.post_run_cell)
+            self.registered = True
+
+    def stop(self, names: Iterable[str] | None = None) -> None:
+        for name in list(self.snapshots.names) if names is None else names:
+            self.snapshots.remove(name)
+        if not self.snapshots.names:
+            self.close()
+
+    def close(self) -> None:
+        if self.registered:
+            with contextlib.suppress(ValueError):
+                self.shell.events.unregister("post_run_cell", self.post_run_cell)
+            self.registered = False
+
+
+_sessions: dict[int, SnapshotHook] = {}
+
+
+def snapshot_hook(shell: InteractiveShell, is_poisoned: Any) -> SnapshotHook:
+    hook = _sessions.get(id(shell))
+    if hook is None or hook.shell is not shell:
+        hook = _sessions[id(shell)] = SnapshotHook(shell, is_poisoned)
+    return hook
+
+
+def close(shell: InteractiveShell) -> None:
+    """At unload: the snapshot hook goes, and its buffers with it."""
+    hook = _sessions.pop(id(shell), None)
+    if hook is not None:
+        hook.close()
+
+
+def status_lines(shell: InteractiveShell) -> list[str]:
+    hook = _sessions.get(id(shell))
+    return [] if hook is None else hook.snapshots.status()
+
+
+def keep_command(shell: InteractiveShell, is_poisoned: Any, names: list[str], stop: bool) -> str:
+    """``%cudaguard keep [NAME ...] [--stop]``: start or stop snapshots; list them."""
+    hook = snapshot_hook(shell, is_poisoned)
+    if stop:
+        hook.stop(names or None)
+    elif names:
+        try:
+            hook.keep(names)
+        except KeyError as error:
+            raise NotSnapshottable(f"`{error.args[0]}` is not defined") from None
+    lines = hook.snapshots.status()
+    if not lines:
+        return "nb_cudaguard: no snapshots (`%cudaguard keep NAME ...` starts them)."
+    if names and not stop:
+        lines.append(
+            "A CPU copy is taken at the end of each successful cell; after a CUDA error the last "
+            "good one is kept at the restart and restored on the CPU."
+        )
+    return "nb_cudaguard: " + "\n".join(lines)
