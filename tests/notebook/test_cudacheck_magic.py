@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import IPython
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -188,6 +189,10 @@ def test_in_a_real_kernel_the_cell_fails_with_the_guard_errors_traceback(kernel:
     assert kernel.execute("print(emb.weight.shape)").stream.strip() == "torch.Size([10, 4])"
 
 
+@pytest.mark.skipif(
+    int(IPython.version_info[0]) < 8,
+    reason="IPython 7 under ipykernel 6 names a cell's code by a temp file, not by its number",
+)
 def test_in_a_real_kernel_the_traceback_names_the_cell_number_the_user_sees(kernel: Any) -> None:
     kernel.execute("%load_ext nb_cudaguard\n" + SETUP)
     kernel.execute("x = 1")  # the count moves on: In[3] below, not In[1]
