@@ -349,6 +349,13 @@ def plain_index(args: Args) -> bool:
 
 
 def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    if len(args) > 1 and type(args[1]) in _PLAIN:
+        # x[idx] with one tensor: the common case, decided without the general walk below
+        x, idx = args[0], args[1]
+        if _is_plain(x) and x.dim() and _is_index(idx) and idx.dtype != torch.uint8:
+            size = x.shape[0]
+            source = f"self.shape[0] = {size}"
+            return [IntRange("index", idx, -size, size, source, slot=(1, None, None))]
     items = _index_items(args[1]) if len(args) > 1 else None
     if items is None:
         return []

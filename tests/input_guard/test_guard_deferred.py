@@ -2,7 +2,9 @@
 first violation is raised before the next optimizer step, at .item(), or when the block ends.
 
 On CPU, as on a GPU: the CPU op never sees an offending value (it would raise its own error),
-which is what proves that the launch was made safe.
+which is what proves that the launch was made safe. Every test runs both paths: tensors in host
+memory judged at the call (what CPU tensors get), and verdicts left on the device as summaries
+(what CUDA tensors get, forced here on CPU tensors).
 """
 
 from __future__ import annotations
@@ -13,8 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from nb_cudaguard import GuardError, guard
+from nb_cudaguard.input_guard import scope
 from nb_cudaguard.input_guard.errors import GuardIndexError
 from nb_cudaguard.input_guard.scope import MAX_PENDING, STATS, pending
+
+
+@pytest.fixture(autouse=True, params=["host", "device"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(scope, "HOST_VERDICTS_AT_ONCE", request.param == "host")
+    return str(request.param)
 
 
 def deferred(**options: object) -> object:
@@ -124,22 +133,28 @@ def test_the_verdict_is_read_where_the_code_synchronises_anyway() -> None:
         assert pending() == 0
 
 
-def test_no_read_back_per_checked_call() -> None:
+def test_no_read_back_per_checked_call(path: str) -> None:
     STATS.clear()
     emb = nn.Embedding(10, 2)
     with deferred():
         for _ in range(5):
             emb(torch.tensor([1, 2]))
-        assert STATS["transfers"] == 0 and pending() == 5
-    assert STATS["transfers"] == 1  # all five read together as the block ends
+        assert STATS["transfers"] == 0
+        # host memory: the valid calls were judged at once, nothing is left to read
+        assert pending() == (0 if path == "host" else 5)
+    assert STATS["transfers"] == (0 if path == "host" else 1)  # one read for all five
 
 
-def test_a_loop_that_never_synchronises_is_read_every_max_pending_calls() -> None:
+def test_a_loop_that_never_synchronises_is_read_every_max_pending_calls(path: str) -> None:
     emb = nn.Embedding(10, 2)
-    with deferred():
-        for _ in range(MAX_PENDING + 3):
-            emb(torch.tensor([1]))
-        assert pending() == 3
+    calls = 0
+    with pytest.raises(GuardIndexError, match="10 at \\[0\\]"), deferred():
+        for step in range(MAX_PENDING + 3):
+            emb(torch.tensor([10 if step == 0 else 1]))  # only the first call is bad
+            calls += 1
+    # on the device every call leaves a verdict, read when MAX_PENDING wait (inside the last
+    # call); judged on the host, only the bad call left one, read as the block ends
+    assert calls == (MAX_PENDING + 3 if path == "host" else MAX_PENDING - 1)
 
 
 @pytest.mark.parametrize(
@@ -213,12 +228,15 @@ def test_a_strict_block_inside_a_deferred_one_raises_at_once() -> None:
         assert pending() == 0
 
 
-def test_a_tensor_changed_in_place_after_the_call_is_said_so() -> None:
+def test_a_tensor_changed_in_place_after_the_call_is_said_so(path: str) -> None:
     labels = torch.tensor([0, 7])
     with pytest.raises(GuardError) as caught, deferred():
         F.cross_entropy(torch.randn(2, 3), labels)
         labels[1] = 1  # the buffer is reused before the verdict is read
-    assert "modified in place" in str(caught.value)
+    if path == "host":  # judged at the call: the message shows the values the op was given
+        assert "7 at [1]" in str(caught.value)
+    else:
+        assert "modified in place" in str(caught.value)
 
 
 def test_an_unknown_mode_is_refused() -> None:
