@@ -19,11 +19,15 @@ import re
 import unicodedata
 from collections.abc import Iterable, Iterator
 
-from .error_tables import DRIVER, HIP, HIP_LEGACY_CODES, RUNTIME
+from .error_tables import DRIVER, HIP, HIP_LEGACY_CODES, HIP_OWN, RUNTIME
 from .model import CudaError
 
 _BY_CODE: dict[int, tuple[str, int, int | None, str, bool]] = {e[1]: e for e in RUNTIME}
 _BY_NAME: dict[str, tuple[str, int, int | None, str, bool]] = {e[0]: e for e in RUNTIME}
+# HIP's own errors first: their names must win over their codes ("hip error 911:
+# hipErrorInvalidChannelDescriptor" is no external-device error).
+for _name, _code, _sticky in HIP_OWN:
+    _BY_NAME[_name] = (_name, _code, None, "", _sticky)
 for _name, _code in DRIVER:
     if _code in _BY_CODE:
         _BY_NAME.setdefault(_name, _BY_CODE[_code])
@@ -32,7 +36,8 @@ for _name, _code in HIP:
     if _code in _BY_CODE:
         _BY_NAME.setdefault(_name, _BY_CODE[_code])
 # Longest first: "unspecified launch failure in prior launch" is not "unspecified launch failure".
-_BY_TEXT = sorted(((e[3].lower(), e) for e in RUNTIME), key=lambda item: -len(item[0]))
+# Errors whose cudaGetErrorString text is not known to us ("") are read by name or code only.
+_BY_TEXT = sorted(((e[3].lower(), e) for e in RUNTIME if e[3]), key=lambda item: -len(item[0]))
 _LEGACY = {e[2]: e for e in RUNTIME if e[2] is not None}
 
 

@@ -10,6 +10,16 @@ Generated, not hand-picked, so that no spelling is missing:
   runtime's for every error both APIs know, and ``cuGetErrorString`` prints the same texts.
 - ``HIP``: ``hipError_t`` of ROCm/HIP ``include/hip/hip_runtime_api.h`` (commit
   746dcac4d5681d229468434ada9a12a9d94eec90); HIP uses CUDA's codes.
+- ``HIP_OWN``: the ``hipError_t`` members that CUDA has no error for, or numbers differently
+  (ROCm/rocm-systems@01b49548f9aaf4e77b1bfb375961098d8191cd6f
+  ``include/hip/hip_runtime_api.h``): HIP's 911 is an invalid channel descriptor where CUDA's
+  911 is the sticky external-device error, so these names must never be read by their code.
+
+Checked against NVIDIA's own tables generated from the CUDA 13.1 headers (NVIDIA/cuda-python
+``cuda_core/cuda/core/_utils/runtime_cuda_error_explanations.py`` @284abb2c and
+``driver_cu_result_explanations.py`` @f87082b6): every code there is here, sticky exactly where
+NVIDIA's text says so (tests/diagnosis/test_error_tables.py). Errors newer than 13.0's
+``cudaGetErrorString`` carry no text (""): they are read by name or code only.
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ RUNTIME: tuple[tuple[str, int, int | None, str, bool], ...] = (
     ("cudaErrorProfilerAlreadyStarted", 7, None, "profiler already started", False),
     ("cudaErrorProfilerAlreadyStopped", 8, None, "profiler already stopped", False),
     ("cudaErrorInvalidConfiguration", 9, 9, "invalid configuration argument", False),
+    # CUDA 13.3 driver_types.h: a driver newer than the runtime returned graph node parameters
+    # the runtime cannot translate (NVIDIA's description has no "inconsistent state")
+    ("cudaErrorVersionTranslation", 10, None, "", False),
     ("cudaErrorInvalidPitchValue", 12, None, "invalid pitch argument", False),
     ("cudaErrorInvalidSymbol", 13, None, "invalid device symbol", False),
     ("cudaErrorInvalidHostPointer", 16, None, "invalid host pointer", False),
@@ -501,6 +514,10 @@ RUNTIME: tuple[tuple[str, int, int | None, str, bool], ...] = (
         "one or more resources are insufficient or non-applicable for the operation",
         False,
     ),
+    # CUDA 13.1: the stream's green context was destroyed (NVIDIA/cuda-python's 13.1 table)
+    ("cudaErrorStreamDetached", 917, None, "", False),
+    # CUDA 13.3 driver_types.h: "a graph recapture failed and had to be terminated"
+    ("cudaErrorGraphRecaptureFailure", 918, None, "", False),
     ("cudaErrorUnknown", 999, 30, "unknown error", False),
 )
 
@@ -605,6 +622,8 @@ DRIVER: tuple[tuple[str, int], ...] = (
     ("CUDA_ERROR_INVALID_RESOURCE_TYPE", 914),
     ("CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION", 915),
     ("CUDA_ERROR_KEY_ROTATION", 916),
+    ("CUDA_ERROR_STREAM_DETACHED", 917),
+    ("CUDA_ERROR_GRAPH_RECAPTURE_FAILURE", 918),
     ("CUDA_ERROR_UNKNOWN", 999),
 )
 
@@ -684,11 +703,25 @@ HIP: tuple[tuple[str, int], ...] = (
     ("hipErrorCapturedEvent", 907),
     ("hipErrorStreamCaptureWrongThread", 908),
     ("hipErrorGraphExecUpdateFailure", 910),
+    ("hipErrorInvalidChannelDescriptor", 911),  # not CUDA's 911: see HIP_OWN
+    ("hipErrorInvalidTexture", 912),  # not CUDA's 912: see HIP_OWN
     ("hipErrorUnknown", 999),
     ("hipErrorRuntimeMemory", 1052),
     ("hipErrorRuntimeOther", 1053),
+    ("hipErrorTbd", 1054),
     ("hipErrorLaunchFailure", 1004),
     ("hipErrorLaunchTimeOut", 1006),
 )
 # Old HIP codes of the errors above that do not match CUDA's.
 HIP_LEGACY_CODES: dict[int, int] = {1004: 719, 1006: 702}
+
+# (name, hipError_t code, sticky): HIP's errors without a CUDA counterpart of the same code.
+# None is documented as leaving the process unusable.
+HIP_OWN: tuple[tuple[str, int, bool], ...] = (
+    ("hipErrorContextAlreadyCurrent", 202, False),  # the driver API's, not the runtime's
+    ("hipErrorInvalidChannelDescriptor", 911, False),  # CUDA 911: cudaErrorExternalDevice
+    ("hipErrorInvalidTexture", 912, False),  # CUDA 912: cudaErrorInvalidClusterSize
+    ("hipErrorRuntimeMemory", 1052, False),  # HSA runtime memory call failed
+    ("hipErrorRuntimeOther", 1053, False),  # another HSA runtime call failed
+    ("hipErrorTbd", 1054, False),  # "marker that more error codes are needed"
+)

@@ -200,6 +200,54 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         cause="pytorch-internal",
+        files=(
+            "nvshmem_extension.cu",
+            "CUDASymmetricMemory-inl.cuh",
+            "CUDASymmetricMemoryOps.cu",
+            "CUDASymmetricMemory.cu",
+        ),
+        # nvshmem_extension.cu: CUDA_KERNEL_ASSERT_MSG(false, "SM arch unsupported for NVSHMEM")
+        # where __CUDA_ARCH__ < 700 or == 1100; CUDASymmetricMemory-inl.cuh: CUDA_KERNEL_ASSERT(
+        # false) where the multimem / system-scope atomic instructions do not exist
+        condition=r"SM arch unsupported for NVSHMEM|^\s*false\s*$",
+        # "false" alone could be any kernel's: without the file, only these helpers' own lines
+        file_only=True,
+        bare_condition=r"SM arch unsupported for NVSHMEM",
+        source="torch/csrc/distributed/c10d/symm_mem (nvshmem_extension.cu, "
+        "CUDASymmetricMemory-inl.cuh)",
+        title="A symmetric-memory kernel ran on a GPU that lacks the features it needs",
+        explanation=(
+            "A torch.distributed symmetric-memory kernel (the NVSHMEM all-to-all of MoE "
+            "dispatch, the multicast / one-shot all-reduce) was built without the instructions "
+            "this GPU would need, and stopped instead of computing wrong results. NVSHMEM "
+            "kernels need compute capability 7.0 or newer; the multicast and system-scope atomic "
+            "operations need newer GPUs (Hopper-class with NVLink multicast). It is not about "
+            "your data."
+        ),
+        likely_causes=(
+            "a GPU older than the operation supports (mixed GPU types across ranks included)",
+            "a PyTorch build whose CUDA architecture list does not include this GPU",
+        ),
+        fixes=(
+            "Use the ordinary NCCL collectives on this machine (`dist.all_to_all_single`, "
+            "`dist.all_reduce`) instead of the symmetric-memory ops, or run on GPUs that "
+            "support them; `nvidia-smi --query-gpu=name,compute_cap --format=csv` shows "
+            "each GPU's compute capability.",
+        ),
+        op="internal",
+        functions=(
+            # symmetric memory's multicast and atomics on a GPU without them
+            # (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory-inl.cuh)
+            "multimem_*",
+            "ld_acquire_sys_u32",
+            "red_sub_relaxed_sys_u32",
+            "add_bf16x2",
+            "cas",
+            "tile_reduce_kernel*",  # nvshmem_extension.cu: only the GPU check and the team's
+        ),
+    ),
+    Rule(
+        cause="pytorch-internal",
         files=(),
         condition=r"\b(?:blockDim|gridDim|threadIdx|warpSize|C10_WARP_SIZE|sizeof)\b"
         r"|^\s*(?:false|0)\s*(?:&&.*)?$|unreachable|can_use_32bit_indexing|canUse32BitIndexMath"
@@ -211,7 +259,12 @@ RULES: tuple[Rule, ...] = (
         r"|ScalarType::\w+\s*==\s*(?:src|dest)_type"
         r"|\bwriteIndex\s*<\s*outputSliceSize|\boutputSliceSize\s*>=\s*writeIndexStart"
         # nll_loss2d's int64 offset guards (NLLLoss2d.cu)
-        r"|^\s*(?:grad_)?input_index\s*>=\s*0\s*$",
+        r"|^\s*(?:grad_)?input_index\s*>=\s*0\s*$"
+        # symmetric memory (nvshmem_extension.cu, symm_mem/ops/*.cu): the team handle, the
+        # scan's thread limits and 16-byte alignment, each checked on the host before launch
+        r"|\b(?:NV|ROC)SHMEM_TEAM_INVALID\b"
+        r"|\b(?:THREADS_PER_BLOCK|WARP_SIZE|A2AV_TILE_SIZE|NUM_TILES)\b"
+        r"|&\s*15\s*\)\s*==\s*0",
         source="kernel launch invariants across aten/src/ATen/native/cuda (CUDALoops.cuh, "
         "MemoryAccess.cuh, Reduce.cuh, SortUtils.cuh, SortingRadixSelect.cuh, TensorTopK.cu), "
         "c10/core/DynamicCast.h",
@@ -235,13 +288,12 @@ RULES: tuple[Rule, ...] = (
             "writeResult",  # gatherTopK's helper on ROCm (TensorTopK.cu)
             "warpMergeSortTopK",
             "computeBlockwiseWithinKCounts",
-            # symmetric memory's multicast and atomics on a GPU without them
-            # (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory-inl.cuh)
-            "multimem_*",
-            "ld_acquire_sys_u32",
-            "red_sub_relaxed_sys_u32",
-            "add_bf16x2",
-            "cas",
+            # symmetric memory's scan helpers (nvshmem_extension.cu) and NCCL's all-to-all
+            # (symm_mem/ops/nccl_all_to_all_nd.cu): limits and alignment the host checked
+            "prefixSum*",
+            "exchangeSplitAndOffset",  # the 1-D exchange checks only the team and its size
+            "allToAllV_2d*",  # the 2-D copy checks only the tile limits the host checked
+            "all_to_all_lsa_kernel",
             "vectorized_layer_norm_kernel_impl",  # layer_norm_kernel.cu: double never vectorized
             "renormRows",  # multinomial's launch bookkeeping (`props != NULL`)
             "conv_depthwise3d*",
@@ -826,12 +878,58 @@ RULES: tuple[Rule, ...] = (
         file_only=True,
         source="aten/src/ATen/native/cuda/FractionalMaxPool2d.cu / 3d.cu (backward)",
         title="fractional_max_pool backward got an index outside the input",
-        explanation="The indices given to fractional_max_pool's backward point outside the input.",
-        likely_causes=("indices from another pooling call or another tensor",),
-        fixes=("Use the indices returned by the same fractional_max_pool call.",),
+        explanation=(
+            "fractional_max_pool's backward scatters each gradient to the input position its "
+            "forward pass recorded, and a recorded position lies outside the input. The forward "
+            "places its pooling windows from `_random_samples`; PyTorch checks their shape but "
+            "not their values, so a sample outside [0, 1) puts windows past the input's edge."
+        ),
+        likely_causes=(
+            "`_random_samples` passed to `F.fractional_max_pool2d/3d` (or `nn.FractionalMaxPool"
+            "2d/3d`) with values outside [0, 1): made with `torch.randn` instead of "
+            "`torch.rand`, or scaled",
+            "indices from another pooling call or another tensor given to the backward op",
+        ),
+        fixes=(
+            "Check the samples on CPU: `assert ((s >= 0) & (s < 1)).all()`, or leave "
+            "`_random_samples` unset so PyTorch draws them.",
+            "Use the indices returned by the same fractional_max_pool call.",
+        ),
         op="fractional-max-pool",
         functions=("fractional_max_pool*backward*",),
         bare_condition=r"\binput[THW]\s*<\s*gradInput\.size\(",
+    ),
+    Rule(
+        cause="size-mismatch",
+        files=("nvshmem_extension.cu",),
+        condition=r"sum of splits is larger than input dim|split value is negative"
+        r"|\bsum_of_splits\s*<=\s*input_dim0|\bsplit_val\s*>=\s*0"
+        r"|\bblock_size\s*\*\s*blocks_per_peer\s*==\s*peer_size",
+        source="torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu "
+        "(exchangeSplitAndOffset_2d, allToAllV: torch.ops.symm_mem.all_to_all_vdev*)",
+        title="A symmetric-memory all-to-all got split sizes that do not fit its input",
+        explanation=(
+            "`torch.ops.symm_mem.all_to_all_vdev` / `all_to_all_vdev_2d` (the NVSHMEM "
+            "all-to-all that Mixture-of-Experts layers use to send tokens to experts) read the "
+            "split sizes from a GPU tensor, so only the kernel can check them: a split was "
+            "negative, the splits add up to more rows than the input has, or one peer's share "
+            "in bytes does not divide evenly among the blocks that copy it (a case the kernel "
+            "does not handle yet)."
+        ),
+        likely_causes=(
+            "split counts that do not belong to this input: counted from another batch, or "
+            "before tokens were dropped for expert capacity",
+            "negative counts (-1 used as padding, or an integer overflow)",
+            "splits in the wrong unit: bytes or elements instead of rows of dim 0",
+        ),
+        fixes=(
+            "Check the splits before the call: `assert (splits >= 0).all() and splits.sum() <= "
+            "input.shape[0]` (for the 2-D version, over all experts of this rank).",
+            "If both hold, pad each split so its byte size divides evenly among the copy "
+            "blocks, or report the shapes to PyTorch.",
+        ),
+        op="symm-mem-all-to-all",
+        functions=("exchangeSplitAndOffset_2d*", "allToAllV"),
     ),
     Rule(
         cause="size-mismatch",

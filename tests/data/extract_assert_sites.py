@@ -9,8 +9,10 @@ CUDA kernels is scanned; see ``SCANNED``)::
 ``--file OWNER/REPO@COMMIT:PATH=LOCAL`` reads one file from a copy saved as LOCAL (a fork's
 current version of a file when the whole current tree cannot be had): its sites name
 ``OWNER/REPO@COMMIT`` as their commit (the earlier list's entries of that file stay, for the
-texts older releases print). ``--headers <torch>/include <commit>`` scans the
-headers an installed wheel ships (the current release's .cuh/.h without a checkout);
+texts older releases print). A LOCAL named ``*.excerpt`` holds only the functions with device
+asserts, copied verbatim from that file: its sites record ``"excerpt": true`` and no line.
+``--headers <torch>/include <commit>`` scans the headers an installed wheel ships (the current
+release's .cuh/.h without a checkout);
 ``--keep sites.json`` carries over the entries of an earlier list whose file the new sources do
 not hold (transcribed sites, older eras), so that one list can join several sources, each entry
 naming the commit it came from.
@@ -64,6 +66,10 @@ SKIPPED = re.compile(r"/test/|/tests/|Macros\.h$|CUDADeviceAssertion\.h$|hipify"
 KERNEL_SUFFIXES = (".cu", ".cuh", ".h", ".hpp")
 # Host sources and Python that call _assert_async with a message.
 CALLER_SUFFIXES = (".cpp", ".py")
+# A saved copy of only the functions that hold device asserts (a file too long to save whole,
+# read with the code index page by page): the sites' texts and functions are the file's, its
+# line numbers are not.
+EXCERPT_SUFFIX = ".excerpt"
 
 _MACROS = re.compile(
     r"\b(CUDA_KERNEL_ASSERT(?:_MSG|_PRINTF|_VERBOSE)?|TORCH_DSA_KERNEL_ASSERT)\s*\("
@@ -393,7 +399,11 @@ def main(argv: list[str]) -> dict[str, object]:
         source, local = spec.rsplit("=", 1)
         commit, rel = source.split(":", 1)
         text = Path(local).read_text(errors="replace")
-        entries = [{**site, "source": source} for site in scan([(rel, text)], commit)] + entries
+        found = [{**site, "source": source} for site in scan([(rel, text)], commit)]
+        if local.endswith(EXCERPT_SUFFIX):
+            # An excerpt's line numbers are its own, not the file's: none is recorded.
+            found = [{**site, "line": None, "excerpt": True} for site in found]
+        entries = found + entries
     entries += [site for site in earlier["sites"] if site["path"] not in current]
     for git_dir, rev in args.git:
         entries += scan(from_git(git_dir, rev), git_commit(git_dir, rev))

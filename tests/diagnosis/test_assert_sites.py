@@ -134,9 +134,20 @@ def test_each_site_read_from_a_forks_copy_names_that_copy():
         assert site["source"] == f"{site['commit']}:{site['path']}", site
     read = {entry["path"] for entry in DATA["files_read"]}
     # the files issue 9's sweep had to bring up to date, each read from a current copy
-    for name in ("Loss.cu", "NLLLoss2d.cu", "MultinomialKernel.cu", "IndexKernelUtils.cu"):
+    for name in (
+        *("Loss.cu", "NLLLoss2d.cu", "MultinomialKernel.cu", "IndexKernelUtils.cu"),
+        # the second sweep's: distributions, fractional max pool, symmetric memory
+        *("Distributions.cu", "FractionalMaxPool2d.cu", "FractionalMaxPool3d.cu"),
+        *("nvshmem_extension.cu", "nccl_all_to_all_nd.cu"),
+    ):
         assert any(s["file"] == name and "source" in s for s in SITES), name
     assert "aten/src/ATen/native/cuda/Bucketization.cu" in read
+    # read whole without a device assert: grid_sample skips or clips out-of-range points
+    assert "aten/src/ATen/native/cuda/GridSampler.cu" in read
+    # an excerpt's entries carry no line number of their own making
+    for site in SITES:
+        if site.get("excerpt"):
+            assert site["line"] is None, site
 
 
 def _extractor():
@@ -241,3 +252,19 @@ def test_the_extractor_reads_one_forks_file_and_names_it(tmp_path):
     assert (mine["function"], mine["printed"], mine["line"]) == ("k", "i < n", 2)
     assert mine["commit"] == "someone/pytorch@" + "a" * 40 and mine["source"] == source
     assert old == older
+
+
+def test_an_excerpt_records_the_files_texts_but_no_line(tmp_path):
+    """A file too long to save whole is saved as the functions that hold its asserts
+    (``*.excerpt``): the texts and functions are the file's, the line numbers are not."""
+    module = _extractor()
+    local = tmp_path / "Mine.cu.excerpt"
+    local.write_text(
+        "__global__ void k(int i, int n) {\n  // ...\n  CUDA_KERNEL_ASSERT(i < n);\n}\n"
+    )
+    source = "someone/pytorch@" + "b" * 40 + ":aten/src/ATen/native/cuda/Mine.cu"
+    result = module.main(["--file", f"{source}={local}"])
+    (site,) = result["sites"]
+    assert (site["file"], site["function"], site["printed"]) == ("Mine.cu", "k", "i < n")
+    assert site["line"] is None and site["excerpt"] is True
+    assert site["source"] == source

@@ -278,6 +278,13 @@ def test_rocm_file_extension_matches_the_cuda_rule():
         ("THCTensorTopK.cuh", "outputSliceSize >= writeIndexStart"),
         ("DepthwiseConv3d.cu", "__popc(blockDim.x) == 1"),
         ("MultinomialKernel.cu", "props != NULL"),
+        # symmetric memory (laurentdupin/pytorch@fd4a5114 nvshmem_extension.cu,
+        # pytorch/pytorch@fd5eb68a symm_mem/ops/nccl_all_to_all_nd.cu): limits and alignment
+        # the host checked before the launch
+        ("nvshmem_extension.cu", "team != NVSHMEM_TEAM_INVALID"),
+        ("nvshmem_extension.cu", "n <= THREADS_PER_BLOCK"),
+        ("nvshmem_extension.cu", 'minor_size <= A2AV_TILE_SIZE && "minor_size is too large\\n"'),
+        ("nccl_all_to_all_nd.cu", "(reinterpret_cast<uintptr_t>(dst_peer_base) & 15) == 0"),
     ],
 )
 def test_internal_invariants_are_never_blamed_on_user_data(file, condition):
@@ -503,3 +510,70 @@ def test_an_embedding_with_max_norm_is_explained_as_an_embedding_lookup():
     diagnosis = diagnose(ASSERT_2_9, device_output=device)
     assert diagnosis is not None and diagnosis.cause == "index-out-of-range"
     assert diagnosis.source is not None and "Embedding.cu" in diagnosis.source
+
+
+NVSHMEM = "/pytorch/torch/csrc/distributed/c10d/symm_mem/nvshmem_extension.cu"
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [
+        'split_val >= 0 && "split value is negative\\n"',
+        'sum_of_splits <= input_dim0 && "sum of splits is larger than input dim\\n"',
+    ],
+)
+def test_bad_split_sizes_of_the_symmetric_memory_all_to_all_are_the_users_splits(condition):
+    """all_to_all_vdev_2d reads its splits on the GPU (laurentdupin/pytorch@fd4a5114
+    nvshmem_extension.cu, exchangeSplitAndOffset_2d): only the kernel can check them."""
+    device = (
+        f"{NVSHMEM}:318: exchangeSplitAndOffset_2d: block: [0,0,0], thread: [5,0,0] "
+        f"Assertion `{condition}` failed."
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == "size-mismatch"
+    assert "all_to_all_vdev" in diagnosis.explanation
+    assert any("splits.sum() <= input.shape[0]" in fix for fix in diagnosis.fixes)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        f"{NVSHMEM}:240: allToAllV_2d: block: [0,0,0], thread: [0,0,0] "
+        "Assertion `SM arch unsupported for NVSHMEM` failed.",
+        "/pytorch/torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory-inl.cuh:96: "
+        "multimem_st: block: [0,0,0], thread: [0,0,0] Assertion `false` failed.",
+        # without the path: the message says it all
+        "tile_reduce_kernel: block: [1,0,0], thread: [0,0,0] Assertion `SM arch unsupported "
+        "for NVSHMEM` failed.",
+    ],
+)
+def test_a_symmetric_memory_kernel_on_a_gpu_without_its_features_says_so(device):
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.sticky
+    assert diagnosis.cause == "pytorch-internal"
+    assert "GPU that lacks the features" in diagnosis.title
+
+
+def test_a_bare_false_from_another_kernel_is_not_blamed_on_symmetric_memory():
+    """`false` is printed by many kernels' unreachable branches: without the file, only the
+    symmetric-memory helpers' own function names point there."""
+    device = "some_kernel: block: [0,0,0], thread: [0,0,0] Assertion `false` failed."
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.cause == "pytorch-internal"
+    assert "symmetric" not in diagnosis.title
+
+
+def test_fractional_max_pool_backward_points_at_the_random_samples():
+    """The forward places its windows from `_random_samples`, whose values PyTorch does not
+    check (FractionalMaxPooling.h checks dtype and shape): a sample outside [0, 1) makes the
+    backward's index check fire (Lanurence666/pytorch_backport_py38@faec2d6a)."""
+    device = (
+        "/pytorch/aten/src/ATen/native/cuda/FractionalMaxPool2d.cu:125: "
+        "fractional_max_pool2d_backward_out_cuda_frame: block: [0,3,0], thread: [9,0,0] "
+        "Assertion `inputH < gradInput.size(2)` failed."
+    )
+    diagnosis = diagnose(ASSERT_2_9, device_output=device)
+    assert diagnosis is not None and diagnosis.cause == "index-out-of-range"
+    assert "_random_samples" in diagnosis.explanation
+    assert "[0, 1)" in diagnosis.likely_causes[0]
