@@ -10,7 +10,16 @@ Static analysis cannot see everything, so it errs towards running more:
 - a *mutation* (``x.attr = ...``, ``x[i] = ...``, ``del x[i]``, a statement ``x.method(...)`` such
   as ``model.to(dev)``, ``opt.step()``, ``lst.append(v)``) is a use and a redefinition of ``x``,
   except for methods that only read (``df.head()``, ``t.sum()``...);
-- the globals a function or class body reads are needed when it is *called* (``deferred``);
+- a call passes its arguments to code that may change them: a plain function (``train(model)``,
+  not a builtin that only reads such as ``print`` or ``len``, nor a class being built) or an
+  in-place one by PyTorch's naming (``nn.init.zeros_(model.fc.weight)``) changes each argument's
+  object; ``n += v`` may change ``n`` in place (a tensor, a list);
+- a name *links* to the names its value was built from (``opt = AdamW(model.parameters())``,
+  ``x = model.layer1``, ``loader = DataLoader(ds)``): changing ``x`` may change ``model``. Within a
+  cell a change is carried over to what the changed name links to; across cells the planner does
+  it (``links``);
+- the globals a function or class body reads are needed when it is *called* (``deferred``); what a
+  function changes or assigns (``global``) outside itself happens where it is called (``effects``);
 - a cell whose effect on names cannot be known (``exec``, ``globals()``, a star import, ``%run``,
   ``%store -r``, an unknown cell magic, a syntax error) is ``opaque``: it may define anything;
 - a cell that sets process state the rebuilt values depend on (a random seed, ``%cd``, ``%env``,
@@ -20,8 +29,9 @@ Static analysis cannot see everything, so it errs towards running more:
 from __future__ import annotations
 
 import ast
+import builtins
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 # Methods that only read their object: a statement calling one displays, it does not mutate.
@@ -56,6 +66,16 @@ FOREIGN_CELL_MAGICS = frozenset(
 SETUP_LINE_MAGICS = frozenset({"cd", "env", "set_env"})
 OPAQUE_LINE_MAGICS = frozenset({"run", "store", "load", "macro", "recall", "rerun"})
 OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})
+# Builtins that change an argument; every other builtin only reads its arguments.
+MUTATING_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "vars", "iter"})
+_READ_ONLY_FUNCTIONS = frozenset(dir(builtins)) - MUTATING_BUILTINS | {"display", "get_ipython"}
+# Calls whose result shares nothing with their arguments: no link through them.
+# Functions that change an argument in place though their name does not say so.
+IN_PLACE_FUNCTIONS = frozenset({"shuffle", "copyto", "put", "place", "putmask", "fill_diagonal",
+                                "heappush", "heappop", "heapify", "heapreplace"})  # fmt: skip
+FRESH_CALLS = frozenset(
+    {"copy", "clone", "deepcopy", "item", "tolist", "len", "str", "repr", "int", "float", "bool"}
+)
 
 Transform = Callable[[str], str]
 
@@ -72,6 +92,21 @@ class CellFacts:
     imports: frozenset[str] = frozenset()  # bound by an import statement
     opaque: str = ""  # why its effect on names cannot be known, or ""
     setup: str = ""  # which process state it sets (a seed, the directory...), or ""
+    # Each name it binds -> the names (from before the cell) its value was built from.
+    links: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    calls: frozenset[str] = frozenset()  # plain names it calls (a function's effects land here)
+    # Each function it defines -> what calling it does outside the function.
+    effects: Mapping[str, Effects] = field(default_factory=dict)
+    callables: frozenset[str] = frozenset()  # the functions and classes it defines
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What calling a notebook function does to the names outside it."""
+
+    assigns: frozenset[str] = frozenset()  # ``global x; x = ...``
+    mutates: frozenset[str] = frozenset()  # ``opt.step()``, ``cache[k] = v``, ``global n; n += 1``
+    calls: frozenset[str] = frozenset()  # other functions it calls (their effects too)
 
 
 @dataclass
@@ -85,6 +120,10 @@ class _Collect:
     assigned: set[str] = field(default_factory=set)
     opaque: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
+    links: dict[str, set[str]] = field(default_factory=dict)
+    calls: set[str] = field(default_factory=set)
+    effects: dict[str, Effects] = field(default_factory=dict)
+    callables: set[str] = field(default_factory=set)
 
     def facts(self) -> CellFacts:
         return CellFacts(
@@ -96,6 +135,10 @@ class _Collect:
             frozenset(self.imports),
             "; ".join(dict.fromkeys(self.opaque)),
             "; ".join(dict.fromkeys(self.setup)),
+            {n: frozenset(r) for n, r in self.links.items() if r and n in self.defines},
+            frozenset(self.calls),
+            {n: e for n, e in self.effects.items() if n in self.defines},
+            frozenset(self.callables & self.defines),
         )
 
 
@@ -129,9 +172,8 @@ def _names_bound(target: ast.AST) -> Iterable[str]:
             yield node.id
 
 
-def _free_names(body: Iterable[ast.AST], bound: set[str]) -> set[str]:
-    """Names a function body reads that it does not bind itself (its globals)."""
-    nodes = [n for b in body for n in ast.walk(b)]
+def _scope(nodes: list[ast.AST], bound: set[str]) -> tuple[set[str], set[str]]:
+    """(the function's own names, the names it declares ``global``) for its body's nodes."""
     local = set(bound)
     declared_global: set[str] = set()
     for node in nodes:
@@ -147,8 +189,115 @@ def _free_names(body: Iterable[ast.AST], bound: set[str]) -> set[str]:
             declared_global.update(node.names)
         elif isinstance(node, ast.ExceptHandler) and node.name:
             local.add(node.name)
+    return local - declared_global, declared_global
+
+
+def _free_names(body: Iterable[ast.AST], bound: set[str]) -> set[str]:
+    """Names a function body reads that it does not bind itself (its globals)."""
+    nodes = [n for b in body for n in ast.walk(b)]
+    local, _ = _scope(nodes, bound)
     loaded = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return loaded - (local - declared_global)
+    return loaded - local
+
+
+def _call_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _changes_arguments(call: ast.Call) -> bool:
+    """Whether a call may change the objects it is handed: a plain function (a notebook's
+    ``train(model, opt)``, not a builtin that only reads, nor a class being built), or an
+    in-place one (PyTorch's trailing underscore: ``nn.init.zeros_``, ``clip_grad_norm_``)."""
+    name = _call_name(call.func)
+    if name is None:
+        return False
+    if (name.endswith("_") and not name.endswith("__")) or name in IN_PLACE_FUNCTIONS:
+        return True
+    return isinstance(call.func, ast.Name) and not (
+        name in _READ_ONLY_FUNCTIONS or name[:1].isupper()
+    )
+
+
+def _argument_roots(call: ast.Call) -> set[str]:
+    """The names whose objects a call is handed: ``model`` for ``model``, ``model.fc.weight``,
+    ``model.parameters()``; none for ``iter(loader)`` (a new object that a function made)."""
+    roots = set()
+    for arg in [*call.args, *(k.value for k in call.keywords)]:
+        node = arg.value if isinstance(arg, ast.Starred) else arg
+        while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+            if isinstance(node, ast.Call) and not isinstance(node.func, ast.Attribute):
+                break
+            node = node.func if isinstance(node, ast.Call) else node.value
+        if isinstance(node, ast.Name):
+            roots.add(node.id)
+    return roots
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        found = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        found = [node.target]
+    else:
+        return []
+    flat: list[ast.expr] = []
+    while found:
+        target = found.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            found.extend(target.elts)
+        else:
+            flat.append(target.value if isinstance(target, ast.Starred) else target)
+    return flat
+
+
+def _method_call_root(node: ast.AST) -> str | None:
+    """``x`` for a statement ``x.a.method(...)`` (or awaited) whose method may change ``x``."""
+    if not isinstance(node, ast.Expr):
+        return None
+    call = node.value.value if isinstance(node.value, ast.Await) else node.value
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr not in READ_ONLY_METHODS
+    ):
+        return _root_name(call.func.value)
+    return None
+
+
+def _function_effects(node: ast.FunctionDef | ast.AsyncFunctionDef) -> Effects:
+    """What calling ``node`` does outside it: the globals it assigns (``global``), the outside
+    objects it changes (``opt.step()``, ``cache[k] = v``, ``train(model)``), the functions it
+    calls."""
+    nodes = [n for b in node.body for n in ast.walk(b)]
+    local, declared = _scope(nodes, _params(node.args))
+    assigns: set[str] = set()
+    mutates: set[str] = set()
+    calls: set[str] = set()
+    for each in nodes:
+        if (
+            isinstance(each, ast.Name)
+            and each.id in declared
+            and not isinstance(each.ctx, ast.Load)
+        ):
+            assigns.add(each.id)
+        for target in _targets(each):
+            root = _root_name(target)
+            inplace = isinstance(target, (ast.Attribute, ast.Subscript)) or isinstance(
+                each, ast.AugAssign
+            )
+            if inplace and root is not None and root not in local:
+                mutates.add(root)
+        root = _method_call_root(each)
+        if root is not None and root not in local:
+            mutates.add(root)
+        if isinstance(each, ast.Call):
+            if isinstance(each.func, ast.Name):
+                calls.add(each.func.id)
+            if _changes_arguments(each):
+                mutates.update(r for r in _argument_roots(each) if r not in local)
+    return Effects(frozenset(assigns - mutates), frozenset(mutates), frozenset(calls - local))
 
 
 class _CellVisitor(ast.NodeVisitor):
@@ -171,9 +320,36 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.deletes.discard(name)
 
     def _mutate(self, name: str) -> None:
+        # A name this cell built from others: changing it may change them (``x = model.layer1``
+        # then ``x.weight.data.fill_(0)`` changes ``model``).
+        for source in self.c.links.get(name, ()) if name in self.bound else ():
+            if source != name:
+                self._load(source)
+                self.c.mutates.add(source)
+                self.c.defines.add(source)
         self._load(name)
         self.c.mutates.add(name)
         self.c.defines.add(name)
+
+    def _reads(self, node: ast.AST | None) -> set[str]:
+        """The names (from before this cell) an expression's value may share objects with."""
+        names: set[str] = set()
+        stack = [node] if node is not None else []
+        while stack:
+            each = stack.pop()
+            if isinstance(each, ast.Call) and _call_name(each.func) in FRESH_CALLS:
+                continue
+            if isinstance(each, ast.Name) and isinstance(each.ctx, ast.Load):
+                names.add(each.id)
+            stack.extend(ast.iter_child_nodes(each))
+        found: set[str] = set()
+        for name in names:
+            found |= self.c.links.get(name, {name}) if name in self.bound else {name}
+        return found
+
+    def _link(self, target: ast.AST, reads: set[str]) -> None:
+        for name in _names_bound(target):
+            self.c.links[name] = set(reads)
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -203,26 +379,35 @@ class _CellVisitor(ast.NodeVisitor):
 
     # --- statements ----------------------------------------------------------------------------
     def visit_Assign(self, node: ast.Assign) -> None:
+        reads = self._reads(node.value)
         self.visit(node.value)
         for target in node.targets:
             self._target(target)
+            self._link(target, reads)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
+            reads = self._reads(node.value)
             self.visit(node.value)
             self._target(node.target)
+            self._link(node.target, reads)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
         if isinstance(node.target, ast.Name):
-            self._load(node.target.id)
-            self._store(node.target.id)
+            # In place for a tensor, an array, a list: the object may be shared.
+            name = node.target.id
+            self._mutate(name)
+            if name not in self.bound:
+                self.bound.add(name)
         else:
             self._target(node.target)
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        reads = self._reads(node.value)
         self.visit(node.value)
         self._store(node.target.id)
+        self._link(node.target, reads)
 
     def visit_Delete(self, node: ast.Delete) -> None:
         for target in node.targets:
@@ -232,8 +417,10 @@ class _CellVisitor(ast.NodeVisitor):
                 self.visit(target)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
+        reads = self._reads(node.iter)
         self.visit(node.iter)
         self._target(node.target)
+        self._link(node.target, reads)
         for statement in [*node.body, *node.orelse]:
             self.visit(statement)
 
@@ -241,9 +428,11 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
         for item in node.items:
+            reads = self._reads(item.context_expr)
             self.visit(item.context_expr)
             if item.optional_vars is not None:
                 self._target(item.optional_vars)
+                self._link(item.optional_vars, reads)
         for statement in node.body:
             self.visit(statement)
 
@@ -282,8 +471,13 @@ class _CellVisitor(ast.NodeVisitor):
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for decorator in node.decorator_list:
             self.visit(decorator)
+            if isinstance(decorator, ast.Name):  # ``@register`` calls it with the function
+                self.c.calls.add(decorator.id)
         self.c.deferred.update(self._function(node))
         self._store(node.name)
+        self.c.links.pop(node.name, None)
+        self.c.callables.add(node.name)
+        self.c.effects[node.name] = _function_effects(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -302,6 +496,39 @@ class _CellVisitor(ast.NodeVisitor):
         for name in _free_names(rest, {m.name for m in methods}):
             self._load(name)
         self._store(node.name)
+        self.c.links.pop(node.name, None)
+        self.c.effects.pop(node.name, None)
+        self.c.callables.add(node.name)
+
+    def visit_Match(self, node: ast.Match) -> None:
+        reads = self._reads(node.subject)
+        self.visit(node.subject)
+        for case in node.cases:
+            self.visit(case.pattern)  # class names and values are read; captures bound
+            for capture in _captures(case.pattern):
+                self.c.links[capture] = set(reads)
+            if case.guard is not None:
+                self.visit(case.guard)
+            for statement in case.body:
+                self.visit(statement)
+
+    def visit_MatchAs(self, node: ast.MatchAs) -> None:
+        if node.pattern is not None:
+            self.visit(node.pattern)
+        if node.name is not None:
+            self._store(node.name)
+
+    def visit_MatchStar(self, node: ast.MatchStar) -> None:
+        if node.name is not None:
+            self._store(node.name)
+
+    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
+        for key in node.keys:
+            self.visit(key)
+        for pattern in node.patterns:
+            self.visit(pattern)
+        if node.rest is not None:
+            self._store(node.rest)
 
     def _comprehension(
         self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
@@ -316,6 +543,11 @@ class _CellVisitor(ast.NodeVisitor):
         parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         for name in _free_names(parts, inner):
             self._load(name)
+        # An assignment expression in a comprehension binds in the enclosing scope (PEP 572).
+        for part in parts:
+            for walrus in ast.walk(part):
+                if isinstance(walrus, ast.NamedExpr):
+                    self._store(walrus.target.id)
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
@@ -323,13 +555,9 @@ class _CellVisitor(ast.NodeVisitor):
         if self._magic(node.value):
             return
         self.visit(node.value)
-        call = node.value
-        if isinstance(call, ast.Await):
-            call = call.value
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
-            root = _root_name(call.func.value)
-            if root is not None and call.func.attr not in READ_ONLY_METHODS:
-                self._mutate(root)
+        root = _method_call_root(node)
+        if root is not None:
+            self._mutate(root)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -344,6 +572,11 @@ class _CellVisitor(ast.NodeVisitor):
         if ipython is not None and ipython[0] in ("push", "run_cell", "ex"):
             self.c.opaque.append(f"get_ipython().{ipython[0]}()")
         self.generic_visit(node)
+        if isinstance(func, ast.Name):
+            self.c.calls.add(func.id)
+        if _changes_arguments(node):
+            for root in _argument_roots(node):
+                self._mutate(root)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in ("user_ns", "user_global_ns"):  # get_ipython().user_ns[...] = ...
@@ -387,6 +620,16 @@ class _CellVisitor(ast.NodeVisitor):
             return
         for statement in tree.body:
             self.visit(statement)
+
+
+def _captures(pattern: ast.pattern) -> set[str]:
+    found = set()
+    for node in ast.walk(pattern):
+        if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name is not None:
+            found.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest is not None:
+            found.add(node.rest)
+    return found
 
 
 def _params(args: ast.arguments) -> set[str]:

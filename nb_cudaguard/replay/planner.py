@@ -5,9 +5,12 @@ Dependency-aware, as ipyflow and ElasticNotebook are, but from the cells' text a
 (``analysis``): start from the names the failing cell reads; a name the namespace has now is left
 alone (it was kept, or restored); a missing one is rebuilt by the latest cell before its reader
 that binds or changes it, whose own reads are then needed in turn (a mutation is a read and a
-redefinition, so ``model.to(dev)`` pulls in the cell that built ``model``). An object rebuilt
-that later cells changed in place before the failing cell is changed again by them (another name
-may hold it: ``opt`` holds ``model``'s parameters). Opaque cells (``exec``, star
+redefinition, so ``model.to(dev)`` pulls in the cell that built ``model``). A cell that calls a
+notebook function changes what the function changes (``global``s it assigns, objects it steps).
+An object rebuilt that later cells changed in place before the failing cell is changed again by
+them, also through the names built from it (``opt = AdamW(model.parameters())`` then
+``opt.step()``; ``x = model.layer1`` then ``x.weight.data.fill_(0)``: "changes model through
+opt"). Opaque cells (``exec``, star
 imports, ``%run``...) may define anything: they are included where a missing name is looked up past
 them, and the plan says why. Cells that set a seed, the directory or the environment before the
 failing cell are included. A cell that failed is used only where no successful cell binds the name.
@@ -17,9 +20,9 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .analysis import CellFacts
+from .analysis import CellFacts, Effects
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,57 @@ def plan_replay(
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
-    planner = _Planner(facts, failing, set(present), set(failed))
+    planner = _Planner(with_calls(facts), failing, set(present), set(failed))
     return planner.run()
+
+
+def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
+    """Each cell's facts with what the notebook functions it calls do (the latest definition of
+    each before or in the cell): a call assigns the globals the function assigns and changes
+    what it changes, and through this cell's links what those were built from."""
+    table: dict[str, Effects] = {}
+    out = []
+    for cell in facts:
+        for name in cell.defines - cell.mutates:
+            table.pop(name, None)
+        table.update(cell.effects)
+        called = cell.calls & table.keys()
+        if not called:
+            out.append(cell)
+            continue
+        assigns, mutates = _closure(called, table)
+        bound = cell.defines - cell.mutates  # its own new objects: not a change
+        changed = mutates - bound
+        for name in mutates & bound:
+            changed |= cell.links.get(name, frozenset()) - {name}
+        out.append(
+            replace(
+                cell,
+                defines=cell.defines | assigns | changed,
+                mutates=cell.mutates | changed,
+                uses=cell.uses | changed,
+            )
+        )
+    return out
+
+
+def _closure(
+    called: set[str] | frozenset[str], table: dict[str, Effects]
+) -> tuple[set[str], set[str]]:
+    assigns: set[str] = set()
+    mutates: set[str] = set()
+    seen: set[str] = set()
+    stack = list(called)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in table:
+            continue
+        seen.add(name)
+        effects = table[name]
+        assigns |= effects.assigns
+        mutates |= effects.mutates
+        stack.extend(effects.calls)
+    return assigns - mutates, mutates
 
 
 class _Planner:
@@ -74,6 +126,7 @@ class _Planner:
         self.unresolved: set[str] = set()
         self.kept: set[str] = set()
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
+        self.followed: set[tuple[str, int]] = set()
         # Names only ever bound by imports: calling their functions changes no object of ours.
         self.modules = {n for f in facts for n in f.imports} - {
             n for f in facts for n in f.defines - f.imports - f.mutates
@@ -87,17 +140,16 @@ class _Planner:
             before = set(self.reasons)
             self.drain()
             # An object we rebuild that a later cell (before the failing one) changed in place
-            # is changed again (``model.to(dev)``, ``lst.append(v)``): another name may hold it.
-            # A later plain rebinding is not needed: whoever read the old value has it.
+            # is changed again (``model.to(dev)``, ``lst.append(v)``), also through the names
+            # built from it (``opt.step()``). A later plain rebinding is not needed: whoever
+            # read the old value has it.
             for index in sorted(self.reasons):
-                for name in self.facts[index].defines - self.present:
-                    for later in range(index + 1, self.failing):
-                        facts = self.facts[later]
-                        if name in facts.defines - facts.mutates or name in facts.deletes:
-                            break  # a new object from here on
-                        changes = name in facts.mutates and self._counts(name, facts)
-                        if changes and later not in self.failed:
-                            self._include(later, f"changes {name}", self.failing)
+                facts = self.facts[index]
+                # A function, class or module holds no object of ours that others change.
+                for name in facts.defines - self.present - facts.callables - facts.imports:
+                    if (name, index) not in self.followed:
+                        self.followed.add((name, index))
+                        self._follow(name, index)
             self.drain()
             # Process state the rebuilt values may depend on: seeds, the directory, the env.
             for index in range(self.failing):
@@ -114,6 +166,36 @@ class _Planner:
         ]
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
         return Plan(tuple(steps), tuple(sorted(self.unresolved)), tuple(sorted(self.kept)))
+
+    def _follow(self, name: str, index: int) -> None:
+        """Include the cells after ``index`` that change the object ``name`` holds there,
+        directly or through a name built from it."""
+        aliases = {name}
+        self._link(aliases, self.facts[index], name)
+        for later in range(index + 1, self.failing):
+            facts = self.facts[later]
+            if name in facts.deletes:
+                break
+            if name in facts.defines - facts.mutates and name not in facts.links.get(name, ()):
+                break  # a new object from here on (``model = model.to(dev)`` is the same one)
+            changed = sorted(a for a in aliases & facts.mutates if self._counts(a, facts))
+            if changed and later not in self.failed:
+                through = [a for a in changed if a != name]
+                reason = f"changes {name}" + (
+                    f" through {', '.join(through)}" if name not in changed else ""
+                )
+                self._include(later, reason, self.failing)
+            self._link(aliases, facts, name)
+
+    def _link(self, aliases: set[str], facts: CellFacts, name: str) -> None:
+        for other, sources in facts.links.items():
+            if other == name or other in self.modules:
+                continue
+            if sources & aliases:
+                aliases.add(other)
+            elif other in facts.defines - facts.mutates:
+                aliases.discard(other)  # bound anew, to something else
+        aliases.difference_update(facts.deletes - {name})
 
     def need(self, name: str, before: int, deferred_at: int) -> None:
         if (name, before, deferred_at) not in self.seen:
