@@ -571,6 +571,8 @@ class _CellVisitor(ast.NodeVisitor):
         ipython = _ipython_call(node)
         if ipython is not None and ipython[0] in ("push", "run_cell", "ex"):
             self.c.opaque.append(f"get_ipython().{ipython[0]}()")
+        if ipython is not None and ipython[0] in ("system", "getoutput") and ipython[1]:
+            self._expanded(_const_str(ipython[1][0]) or "")  # !cmd $name {expr}
         self.generic_visit(node)
         if isinstance(func, ast.Name):
             self.c.calls.add(func.id)
@@ -606,11 +608,18 @@ class _CellVisitor(ast.NodeVisitor):
             return True
         if name in PYTHON_LINE_MAGICS:
             self._nested(line)
-        elif name in OPAQUE_LINE_MAGICS and not (name == "store" and "-r" not in line.split()):
+            return True
+        self._expanded(line)
+        if name in OPAQUE_LINE_MAGICS and not (name == "store" and "-r" not in line.split()):
             self.c.opaque.append(f"%{name}")
         elif name in SETUP_LINE_MAGICS and (name == "cd" or "=" in line or " " in line.strip()):
             self.c.setup.append(f"%{name} {line}".strip())
         return True
+
+    def _expanded(self, text: str) -> None:
+        """IPython expands ``$name`` and ``{expr}`` in shell commands and magic lines: reads."""
+        for name in _expanded_names(text):
+            self._load(name)
 
     def _nested(self, source: str) -> None:
         try:
@@ -620,6 +629,21 @@ class _CellVisitor(ast.NodeVisitor):
             return
         for statement in tree.body:
             self.visit(statement)
+
+
+_DOLLAR = re.compile(r"(?<!\$)\$([A-Za-z_]\w*)")
+_BRACES = re.compile(r"(?<!\{)\{([^{}]+)\}(?!\})")
+
+
+def _expanded_names(text: str) -> set[str]:
+    names = set(_DOLLAR.findall(text))
+    for expression in _BRACES.findall(text):
+        try:
+            tree = ast.parse(expression.strip(), mode="eval")
+        except (SyntaxError, ValueError):
+            continue
+        names.update(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    return names
 
 
 def _captures(pattern: ast.pattern) -> set[str]:
