@@ -266,12 +266,13 @@ def _method_call_root(node: ast.AST) -> str | None:
     return None
 
 
-def _function_effects(node: ast.FunctionDef | ast.AsyncFunctionDef) -> Effects:
-    """What calling ``node`` does outside it: the globals it assigns (``global``), the outside
-    objects it changes (``opt.step()``, ``cache[k] = v``, ``train(model)``), the functions it
-    calls."""
+def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], Effects]:
+    """(the globals ``node`` reads, what calling it does outside it: the globals it assigns
+    (``global``), the outside objects it changes (``opt.step()``, ``cache[k] = v``,
+    ``train(model)``), the functions it calls)."""
     nodes = [n for b in node.body for n in ast.walk(b)]
     local, declared = _scope(nodes, _params(node.args))
+    loaded = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     assigns: set[str] = set()
     mutates: set[str] = set()
     calls: set[str] = set()
@@ -297,7 +298,8 @@ def _function_effects(node: ast.FunctionDef | ast.AsyncFunctionDef) -> Effects:
                 calls.add(each.func.id)
             if _changes_arguments(each):
                 mutates.update(r for r in _argument_roots(each) if r not in local)
-    return Effects(frozenset(assigns - mutates), frozenset(mutates), frozenset(calls - local))
+    effects = Effects(frozenset(assigns - mutates), frozenset(mutates), frozenset(calls - local))
+    return loaded - local, effects
 
 
 class _CellVisitor(ast.NodeVisitor):
@@ -306,12 +308,17 @@ class _CellVisitor(ast.NodeVisitor):
     def __init__(self, transform: Transform | None) -> None:
         self.c = _Collect()
         self.bound: set[str] = set()  # bound earlier in this cell
+        self.reading: set[str] | None = None  # names read by the value being visited
         self.transform = transform
 
     # --- names ---------------------------------------------------------------------------------
     def _load(self, name: str) -> None:
         if name not in self.bound:
             self.c.uses.add(name)
+            if self.reading is not None:
+                self.reading.add(name)
+        elif self.reading is not None:
+            self.reading |= self.c.links.get(name, {name})
 
     def _store(self, name: str) -> None:
         self.bound.add(name)
@@ -331,21 +338,17 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.mutates.add(name)
         self.c.defines.add(name)
 
-    def _reads(self, node: ast.AST | None) -> set[str]:
-        """The names (from before this cell) an expression's value may share objects with."""
-        names: set[str] = set()
-        stack = [node] if node is not None else []
-        while stack:
-            each = stack.pop()
-            if isinstance(each, ast.Call) and _call_name(each.func) in FRESH_CALLS:
-                continue
-            if isinstance(each, ast.Name) and isinstance(each.ctx, ast.Load):
-                names.add(each.id)
-            stack.extend(ast.iter_child_nodes(each))
-        found: set[str] = set()
-        for name in names:
-            found |= self.c.links.get(name, {name}) if name in self.bound else {name}
-        return found
+    def _visit_reading(self, node: ast.AST) -> set[str]:
+        """Visit an expression; the names (from before this cell) its value may share objects
+        with: what it reads, less what goes through a call that copies (``df.copy()``)."""
+        outer, self.reading = self.reading, set()
+        try:
+            self.visit(node)
+            return self.reading
+        finally:
+            if outer is not None:
+                outer |= self.reading
+            self.reading = outer
 
     def _link(self, target: ast.AST, reads: set[str]) -> None:
         for name in _names_bound(target):
@@ -379,16 +382,14 @@ class _CellVisitor(ast.NodeVisitor):
 
     # --- statements ----------------------------------------------------------------------------
     def visit_Assign(self, node: ast.Assign) -> None:
-        reads = self._reads(node.value)
-        self.visit(node.value)
+        reads = self._visit_reading(node.value)
         for target in node.targets:
             self._target(target)
             self._link(target, reads)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
-            reads = self._reads(node.value)
-            self.visit(node.value)
+            reads = self._visit_reading(node.value)
             self._target(node.target)
             self._link(node.target, reads)
 
@@ -404,8 +405,7 @@ class _CellVisitor(ast.NodeVisitor):
             self._target(node.target)
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
-        reads = self._reads(node.value)
-        self.visit(node.value)
+        reads = self._visit_reading(node.value)
         self._store(node.target.id)
         self._link(node.target, reads)
 
@@ -417,8 +417,7 @@ class _CellVisitor(ast.NodeVisitor):
                 self.visit(target)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
-        reads = self._reads(node.iter)
-        self.visit(node.iter)
+        reads = self._visit_reading(node.iter)
         self._target(node.target)
         self._link(node.target, reads)
         for statement in [*node.body, *node.orelse]:
@@ -428,8 +427,7 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
         for item in node.items:
-            reads = self._reads(item.context_expr)
-            self.visit(item.context_expr)
+            reads = self._visit_reading(item.context_expr)
             if item.optional_vars is not None:
                 self._target(item.optional_vars)
                 self._link(item.optional_vars, reads)
@@ -461,28 +459,28 @@ class _CellVisitor(ast.NodeVisitor):
             self._store(name)
             self.c.imports.add(name)
 
-    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
-        args = node.args
+    def _defaults(self, args: ast.arguments) -> None:
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
             self.visit(default)
-        body = node.body if isinstance(node.body, list) else [node.body]
-        return _free_names(body, _params(args))
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for decorator in node.decorator_list:
             self.visit(decorator)
             if isinstance(decorator, ast.Name):  # ``@register`` calls it with the function
                 self.c.calls.add(decorator.id)
-        self.c.deferred.update(self._function(node))
+        self._defaults(node.args)
+        free, effects = _function_summary(node)
+        self.c.deferred.update(free)
         self._store(node.name)
         self.c.links.pop(node.name, None)
         self.c.callables.add(node.name)
-        self.c.effects[node.name] = _function_effects(node)
+        self.c.effects[node.name] = effects
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
-        self.c.deferred.update(self._function(node))
+        self._defaults(node.args)
+        self.c.deferred.update(_free_names([node.body], _params(node.args)))
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for expr in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
@@ -501,8 +499,7 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.callables.add(node.name)
 
     def visit_Match(self, node: ast.Match) -> None:
-        reads = self._reads(node.subject)
-        self.visit(node.subject)
+        reads = self._visit_reading(node.subject)
         for case in node.cases:
             self.visit(case.pattern)  # class names and values are read; captures bound
             for capture in _captures(case.pattern):
@@ -562,6 +559,13 @@ class _CellVisitor(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name in FRESH_CALLS and self.reading is not None:
+            outer, self.reading = self.reading, None  # a copy shares nothing with its source
+            try:
+                self.visit_Call(node)
+            finally:
+                self.reading = outer
+            return
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
         if name in SETUP_CALLS:
@@ -622,9 +626,8 @@ class _CellVisitor(ast.NodeVisitor):
             self._load(name)
 
     def _nested(self, source: str) -> None:
-        try:
-            tree = ast.parse(self.transform(source) if self.transform else source)
-        except (SyntaxError, ValueError):
+        tree = _parse_cell(source, self.transform)
+        if tree is None:
             self.c.opaque.append("a magic's body that does not parse")
             return
         for statement in tree.body:
@@ -679,15 +682,82 @@ def analyse(source: str, transform: Transform | None = None) -> CellFacts:
 def analyse_cell(raw: str, transform: Transform) -> CellFacts:
     """The facts of a cell as typed: plain Python as it is, anything else (``%magic``, ``!cmd``)
     after ``transform``. Most cells are plain Python, and IPython's transform is the slow part
-    (about 1 ms a cell)."""
-    try:
-        tree = ast.parse(raw)
-    except (SyntaxError, ValueError):
-        try:
-            return analyse(transform(raw), transform)
-        except Exception:  # IPython could not transform it either
-            return CellFacts(opaque="its source does not parse")
+    (about 1 ms a cell): the usual escapes are rewritten here first (``quick_transform``)."""
+    tree = _parse_cell(raw, transform)
+    if tree is None:
+        return CellFacts(opaque="its source does not parse")
     return _facts(tree, transform)
+
+
+# A line that starts with an escape, or assigns one: most likely IPython syntax.
+_LIKELY_ESCAPED = re.compile(r"^[ \t]*(?:[\w., \t]+=[ \t]*)?[%!]", re.MULTILINE)
+
+
+def _parse_cell(raw: str, transform: Transform | None) -> ast.Module | None:
+    """The cell's tree: as it is, else after ``quick_transform``, else after IPython's."""
+    attempts: list[Callable[[], str | None]] = [
+        lambda: raw,
+        lambda: quick_transform(raw),
+        lambda: transform(raw) if transform else None,
+    ]
+    if _LIKELY_ESCAPED.search(raw):  # saves a failed parse (parsing is most of the cost)
+        attempts[:2] = attempts[1::-1]
+    for attempt in attempts:
+        try:
+            source = attempt()
+            if source:
+                return ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        except Exception:  # IPython could not transform it either
+            return None
+    return ast.parse("") if not raw.strip() else None
+
+
+# The escapes most cells use, as IPython's transformer writes them (inputtransformer2): a cell
+# magic on the first line; line magics and shell commands alone on a line or assigned.
+_ESCAPED_LINE = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<lhs>(?:[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*\s*=\s*)?)"
+    r"(?P<escape>!!|!|%)(?P<rest>.*)$"
+)
+_MAGIC_NAME = re.compile(r"^([A-Za-z_][\w.]*)\s*(.*)$", re.DOTALL)
+
+
+def quick_transform(raw: str) -> str | None:
+    """What ``shell.transform_cell`` makes of a cell whose IPython syntax is only the usual
+    escapes (``%%cell``, ``%line``, ``!cmd``, ``x = !cmd``, ``x = %line``), in a fraction of
+    its time (it tokenizes the whole cell); None for anything else (help ``?``, continued
+    lines, ``,``/``;``/``/`` calls): then the real transform runs. The names it yields are
+    checked against the real transform's by the tests."""
+    if raw.startswith("%%"):
+        first, _, body = raw.partition("\n")
+        found = _MAGIC_NAME.match(first[2:])
+        if found is None:
+            return None
+        name, line = found.group(1), found.group(2).strip()
+        body = body if body.endswith("\n") or not body else body + "\n"
+        return f"get_ipython().run_cell_magic({name!r}, {line!r}, {body!r})\n"
+    out = []
+    for line in raw.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(("?", "\\")) or stripped[:1] in ("?", ",", ";", "/"):
+            return None
+        found = _ESCAPED_LINE.match(line) if stripped[:1] in "!%" or "=" in line else None
+        if found is None or (not found.group("lhs") and stripped[:1] not in "!%"):
+            out.append(line)
+            continue
+        indent, lhs, escape, rest = found.group("indent", "lhs", "escape", "rest")
+        if escape == "%":
+            magic = _MAGIC_NAME.match(rest)
+            if magic is None:
+                return None
+            call = f"run_line_magic({magic.group(1)!r}, {magic.group(2).strip()!r})"
+        elif escape == "!!" or lhs:
+            call = f"getoutput({rest!r})"
+        else:
+            call = f"system({rest!r})"
+        out.append(f"{indent}{lhs}get_ipython().{call}")
+    return "\n".join(out) + "\n"
 
 
 def _facts(tree: ast.Module, transform: Transform | None) -> CellFacts:

@@ -19,7 +19,8 @@ failing cell are included. A cell that failed is used only where no successful c
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection, Sequence
+from bisect import bisect_left
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
@@ -46,6 +47,7 @@ class Plan:
 
 
 _BUILTINS = frozenset(dir(builtins))
+MAX_REASONS = 3  # rebuilt names a change is said to go to
 
 
 def plan_replay(
@@ -126,11 +128,22 @@ class _Planner:
         self.unresolved: set[str] = set()
         self.kept: set[str] = set()
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
-        self.followed: set[tuple[str, int]] = set()
         # Names only ever bound by imports: calling their functions changes no object of ours.
         self.modules = {n for f in facts for n in f.imports} - {
             n for f in facts for n in f.defines - f.imports - f.mutates
         }
+        # The cells that bind, change, delete or build from each name, in order: every search
+        # for a name visits these only, so a plan costs what the names it follows touch, not
+        # cells times names (a 2000-cell chain ``x1 = x0 + 1`` ... would be 4 million steps).
+        self.touch: dict[str, list[int]] = {}
+        for index, cell in enumerate(facts):
+            names = cell.defines | cell.deletes
+            for sources in cell.links.values():
+                names = names | sources
+            for name in names:
+                self.touch.setdefault(name, []).append(index)
+        self.opaque_cells = [i for i, f in enumerate(facts) if f.opaque]
+        self.setup_cells = [i for i, f in enumerate(facts[:failing]) if f.setup]
 
     def run(self) -> Plan:
         target = self.facts[self.failing]
@@ -142,19 +155,13 @@ class _Planner:
             # An object we rebuild that a later cell (before the failing one) changed in place
             # is changed again (``model.to(dev)``, ``lst.append(v)``), also through the names
             # built from it (``opt.step()``). A later plain rebinding is not needed: whoever
-            # read the old value has it.
-            for index in sorted(self.reasons):
-                facts = self.facts[index]
-                # A function, class or module holds no object of ours that others change.
-                for name in facts.defines - self.present - facts.callables - facts.imports:
-                    if (name, index) not in self.followed:
-                        self.followed.add((name, index))
-                        self._follow(name, index)
+            # read the old value has it. (A function, class or module holds no object of ours.)
+            self._propagate()
             self.drain()
             # Process state the rebuilt values may depend on: seeds, the directory, the env.
-            for index in range(self.failing):
+            for index in self.setup_cells:
                 facts = self.facts[index]
-                if facts.setup and index not in self.failed and index not in self.reasons:
+                if index not in self.failed and index not in self.reasons:
                     self._include(index, f"sets up: {facts.setup}", index)
             self.drain()
             if set(self.reasons) == before:
@@ -167,35 +174,53 @@ class _Planner:
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
         return Plan(tuple(steps), tuple(sorted(self.unresolved)), tuple(sorted(self.kept)))
 
-    def _follow(self, name: str, index: int) -> None:
-        """Include the cells after ``index`` that change the object ``name`` holds there,
-        directly or through a name built from it."""
-        aliases = {name}
-        self._link(aliases, self.facts[index], name)
-        for later in range(index + 1, self.failing):
-            facts = self.facts[later]
-            if name in facts.deletes:
-                break
-            if name in facts.defines - facts.mutates and name not in facts.links.get(name, ()):
-                break  # a new object from here on (``model = model.to(dev)`` is the same one)
-            changed = sorted(a for a in aliases & facts.mutates if self._counts(a, facts))
-            if changed and later not in self.failed:
-                through = [a for a in changed if a != name]
-                reason = f"changes {name}" + (
-                    f" through {', '.join(through)}" if name not in changed else ""
-                )
-                self._include(later, reason, self.failing)
-            self._link(aliases, facts, name)
+    def _propagate(self) -> None:
+        """One pass over the cells before the failing one: which objects are rebuilt (a name
+        a chosen cell binds, not kept), which names hold them or were built from them (the
+        cells' links), and the cells that change one of those: they are chosen too. Linear in
+        the cells and their links, whatever the number of names followed."""
+        holds: dict[str, set[str]] = {}  # name -> the rebuilt names its object is linked to
+        for index in range(self.failing):
+            facts = self.facts[index]
+            if holds and index not in self.failed:
+                for name in sorted(facts.mutates & holds.keys()):
+                    if self._counts(name, facts):
+                        for rebuilt in sorted(holds[name]):
+                            through = "" if rebuilt == name else f" through {name}"
+                            self._include(index, f"changes {rebuilt}{through}", self.failing)
+            self._carry(holds, facts)
+            if index in self.reasons:
+                for name in facts.defines - self.present - facts.callables - facts.imports:
+                    holds.setdefault(name, set()).add(name)
 
-    def _link(self, aliases: set[str], facts: CellFacts, name: str) -> None:
-        for other, sources in facts.links.items():
-            if other == name or other in self.modules:
-                continue
-            if sources & aliases:
-                aliases.add(other)
-            elif other in facts.defines - facts.mutates:
-                aliases.discard(other)  # bound anew, to something else
-        aliases.difference_update(facts.deletes - {name})
+    def _carry(self, holds: dict[str, set[str]], facts: CellFacts) -> None:
+        """What the names hold after a cell: a name bound anew holds what its sources held
+        (``opt = AdamW(model.parameters())``, ``model = model.to(dev)``), or nothing."""
+        for name in facts.deletes:
+            holds.pop(name, None)
+        if not holds:
+            return
+        for name in facts.defines - facts.mutates:
+            sources = facts.links.get(name, frozenset())
+            linked: set[str] = set()
+            if name not in self.modules:
+                for source in sources & holds.keys():
+                    linked |= holds[source]
+            if linked:
+                # A few are enough to say why; the choice only needs one.
+                holds[name] = set(sorted(linked)[:MAX_REASONS])
+            else:
+                holds.pop(name, None)  # a new object from here on
+
+    def _touching(self, name: str, before: int, opaque: bool = False) -> Iterator[int]:
+        """The cells before ``before`` that touch ``name`` (and, with ``opaque``, the opaque
+        ones), latest first."""
+        cells = self.touch.get(name, [])
+        found = cells[: bisect_left(cells, before)]
+        if opaque:
+            others = self.opaque_cells[: bisect_left(self.opaque_cells, before)]
+            found = sorted(set(found) | set(others)) if others else found
+        return reversed(found)
 
     def need(self, name: str, before: int, deferred_at: int) -> None:
         if (name, before, deferred_at) not in self.seen:
@@ -223,24 +248,24 @@ class _Planner:
         only_mutated = name in facts.mutates and name not in facts.defines - facts.mutates
         return not (only_mutated and name in self.modules)  # torch.manual_seed(0) & co.
 
-    def _binds(self, name: str, start: int, stop: int) -> bool:
-        return any(self._counts(name, self.facts[i]) for i in range(start, stop))
+    def _binds(self, name: str, before: int) -> bool:
+        return any(self._counts(name, self.facts[i]) for i in self._touching(name, before))
 
     def _resolve(self, name: str, before: int, deferred_at: int) -> None:
         if name in self.present:
             self.kept.add(name)
             # A kept function still reads its globals when it is called.
-            for index in range(before - 1, -1, -1):
+            for index in self._touching(name, before):
                 facts = self.facts[index]
                 if name in facts.defines - facts.mutates:
                     for other in facts.deferred:
                         self.need(other, deferred_at, deferred_at)
                     break
             return
-        if name in _BUILTINS and not self._binds(name, 0, before):
+        if name in _BUILTINS and not self._binds(name, before):
             return
         fallback: int | None = None
-        for index in range(before - 1, -1, -1):
+        for index in self._touching(name, before, opaque=True):
             facts = self.facts[index]
             if name in facts.deletes:
                 return  # it did not exist at this point: nothing to rebuild
@@ -255,7 +280,7 @@ class _Planner:
             return
         if fallback is not None:
             self._include(fallback, f"rebuilds {name} (this cell failed before)", deferred_at)
-        elif not any(self.facts[i].opaque for i in range(before)):
+        elif bisect_left(self.opaque_cells, before) == 0:
             self.unresolved.add(name)
 
 

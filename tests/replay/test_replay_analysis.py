@@ -4,11 +4,18 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 import pytest
 
-from nb_cudaguard.replay.analysis import CellFacts, analyse_cell, runnable_source
+from nb_cudaguard.replay.analysis import (
+    CellFacts,
+    analyse,
+    analyse_cell,
+    quick_transform,
+    runnable_source,
+)
 
 
 @dataclass(frozen=True)
@@ -188,3 +195,44 @@ def test_a_function_s_effects_outside_it(shell):
     effects = facts.effects["step"]
     assert effects.mutates == {"steps", "opt", "history"}
     assert effects.calls == {"helper"}
+
+
+ESCAPED = [
+    "%time x = f(a)",
+    "x = %time f(a)",
+    "files = !ls $folder",
+    "a, b = !ls",
+    "!!ls {path}",
+    "import a\n%matplotlib inline\ny = 1",
+    "if ok:\n    !echo {name}\n    %time z = g()",
+    "%%time\nmodel = build(cfg)",
+    "%%capture --no-stderr out\ny = 2",
+    "%%bash\necho $HOME",
+    "%%time\n%time inner = f()\n!ls",
+    "d['k'] = !ls",  # not a plain name: the real transform
+    "x?",  # help: the real transform
+    "x = (1 +\n     2)\n%env A=$val",
+]
+
+
+@pytest.mark.parametrize("cell", ESCAPED)
+def test_the_quick_rewrite_of_escapes_finds_what_ipython_s_transform_finds(shell, cell: str):
+    by_ipython = analyse(shell.transform_cell(runnable_source(cell)), shell.transform_cell)
+    assert _facts(shell, cell) == by_ipython
+
+
+def _quick_parses(cell: str) -> bool:
+    try:
+        ast.parse(quick_transform(cell) or "?")
+    except SyntaxError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("cell", [c for c in ESCAPED if _quick_parses(c)])
+def test_the_quick_rewrite_writes_what_ipython_writes(shell, cell: str):
+    assert quick_transform(cell) == shell.transform_cell(cell)
+
+
+def test_cells_the_quick_rewrite_leaves_to_ipython():
+    assert [c for c in ESCAPED if not _quick_parses(c)] == ["d['k'] = !ls", "x?"]
