@@ -74,7 +74,20 @@ _READ_ONLY_FUNCTIONS = frozenset(dir(builtins)) - MUTATING_BUILTINS | {"display"
 IN_PLACE_FUNCTIONS = frozenset({"shuffle", "copyto", "put", "place", "putmask", "fill_diagonal",
                                 "heappush", "heappop", "heapify", "heapreplace"})  # fmt: skip
 FRESH_CALLS = frozenset(
-    {"copy", "clone", "deepcopy", "item", "tolist", "len", "str", "repr", "int", "float", "bool"}
+    {
+        "copy",
+        "clone",
+        "deepcopy",
+        "astype",
+        "item",
+        "tolist",
+        "len",
+        "str",
+        "repr",
+        "int",
+        "float",
+        "bool",
+    }
 )
 
 Transform = Callable[[str], str]
@@ -317,8 +330,8 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.uses.add(name)
             if self.reading is not None:
                 self.reading.add(name)
-        elif self.reading is not None:
-            self.reading |= self.c.links.get(name, {name})
+        elif self.reading is not None:  # bound in this cell: it, and what it was built from
+            self.reading |= self.c.links.get(name, set()) | {name}
 
     def _store(self, name: str) -> None:
         self.bound.add(name)

@@ -188,21 +188,24 @@ class _Planner:
                         for rebuilt in sorted(holds[name]):
                             through = "" if rebuilt == name else f" through {name}"
                             self._include(index, f"changes {rebuilt}{through}", self.failing)
-            self._carry(holds, facts)
+            rebuilt_here: frozenset[str] = frozenset()
             if index in self.reasons:
-                for name in facts.defines - self.present - facts.callables - facts.imports:
-                    holds.setdefault(name, set()).add(name)
+                rebuilt_here = facts.defines - self.present - facts.callables - facts.imports
+            self._carry(holds, facts, rebuilt_here)
 
-    def _carry(self, holds: dict[str, set[str]], facts: CellFacts) -> None:
-        """What the names hold after a cell: a name bound anew holds what its sources held
-        (``opt = AdamW(model.parameters())``, ``model = model.to(dev)``), or nothing."""
+    def _carry(self, holds: dict[str, set[str]], facts: CellFacts, rebuilt: frozenset[str]) -> None:
+        """What the names hold after a cell: a name the cell rebuilds holds itself; a name bound
+        anew holds what its sources held (``opt = AdamW(model.parameters())``, ``model =
+        model.to(dev)``), or nothing."""
         for name in facts.deletes:
             holds.pop(name, None)
+        for name in rebuilt:
+            holds[name] = {name}
         if not holds:
             return
         for name in facts.defines - facts.mutates:
             sources = facts.links.get(name, frozenset())
-            linked: set[str] = set()
+            linked = {name} if name in rebuilt else set()
             if name not in self.modules:
                 for source in sources & holds.keys():
                     linked |= holds[source]

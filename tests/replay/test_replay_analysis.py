@@ -183,7 +183,8 @@ def test_a_cell_s_facts_through_ipython_s_own_transform(shell, row: Row):
 def test_links_name_what_a_value_was_built_from(shell):
     facts = _facts(shell, "opt = torch.optim.AdamW(model.parameters(), lr=lr)\nx = opt\ny = x")
     assert facts.links["opt"] == {"torch", "model", "lr"}
-    assert facts.links["y"] == facts.links["opt"]  # through names bound in the same cell
+    # Through names bound in the same cell: those too, and what they were built from.
+    assert facts.links["y"] == {"x", "opt", "torch", "model", "lr"}
 
 
 def test_a_function_s_effects_outside_it(shell):

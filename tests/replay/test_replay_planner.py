@@ -469,6 +469,19 @@ def test_a_change_through_another_name_says_which():
     assert list(plan.indices) == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_model_and_its_optimizer_built_in_one_cell_are_linked():
+    cells = [
+        "model = Net()\nopt = SGD(model.parameters())",
+        "def step(x):\n    opt.zero_grad()\n    model(x).backward()\n    opt.step()",
+        "for batch in batches:\n    step(batch)",
+        "model(inp)",
+    ]
+    plan = plan_replay(facts_of(cells), 3, set())
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert "changes model through opt" in reasons[2]
+    assert list(plan.indices) == [0, 1, 2, 3]
+
+
 def test_an_opaque_cell_says_why_it_is_included():
     cells = ["from math import *", "exec('w = 2')", "pi * w"]
     plan = plan_replay(facts_of(cells), 2, set())
