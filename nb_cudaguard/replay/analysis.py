@@ -590,7 +590,16 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.opaque.append(f"get_ipython().{ipython[0]}()")
         if ipython is not None and ipython[0] in ("system", "getoutput") and ipython[1]:
             self._expanded(_const_str(ipython[1][0]) or "")  # !cmd $name {expr}
-        self.generic_visit(node)
+        if isinstance(func, ast.Name) and func.id[:1].isupper() and self.reading is not None:
+            # An object a class builds (``SGD(...)``) is no part of the class; what calling an
+            # object returns may be (``model(x)``: the autograd graph holds ``model``).
+            outer, self.reading = self.reading, None
+            self.visit(func)
+            self.reading = outer
+            for child in [*node.args, *node.keywords]:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
         if isinstance(func, ast.Name):
             self.c.calls.add(func.id)
         if _changes_arguments(node):

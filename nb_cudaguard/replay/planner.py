@@ -83,8 +83,8 @@ def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
         assigns, mutates = _closure(called, table)
         bound = cell.defines - cell.mutates  # its own new objects: not a change
         changed = mutates - bound
-        for name in mutates & bound:
-            changed |= cell.links.get(name, frozenset()) - {name}
+        for name in mutates & bound:  # built here from older objects: those change
+            changed |= cell.links.get(name, frozenset()) - bound
         out.append(
             replace(
                 cell,
@@ -132,9 +132,9 @@ class _Planner:
         self.modules = {n for f in facts for n in f.imports} - {
             n for f in facts for n in f.defines - f.imports - f.mutates
         }
-        # The cells that bind, change, delete or build from each name, in order: every search
-        # for a name visits these only, so a plan costs what the names it follows touch, not
-        # cells times names (a 2000-cell chain ``x1 = x0 + 1`` ... would be 4 million steps).
+        # The cells that bind, change, delete or build from each name, in order: a search for
+        # a name visits these (and the opaque cells) only, not every earlier cell, so a name
+        # that no cell binds costs nothing per reader.
         self.touch: dict[str, list[int]] = {}
         for index, cell in enumerate(facts):
             names = cell.defines | cell.deletes
@@ -283,8 +283,15 @@ class _Planner:
             return
         if fallback is not None:
             self._include(fallback, f"rebuilds {name} (this cell failed before)", deferred_at)
-        elif bisect_left(self.opaque_cells, before) == 0:
+        elif bisect_left(self.opaque_cells, before) == 0 and not _binds_plainly(
+            name, self.facts[before]
+        ):
+            # (A function that cell calls may read what the cell itself bound before the call.)
             self.unresolved.add(name)
+
+
+def _binds_plainly(name: str, facts: CellFacts) -> bool:
+    return name in facts.defines and name not in facts.mutates
 
 
 def _reason(name: str, facts: CellFacts) -> str:

@@ -453,6 +453,18 @@ def test_each_chosen_cell_says_which_names_it_rebuilds():
     assert reasons[3] == ("the failing cell",)
 
 
+def test_a_cell_that_builds_and_trains_a_model_defines_it():
+    cells = [
+        "def train():\n    opt.step()",
+        "model = Net()\nopt = SGD(model.parameters())\ntrain()",
+        "model(inp)",
+    ]
+    plan = plan_replay(facts_of(cells), 2, set())
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert "defines model" in reasons[1]
+    assert plan.unresolved == ("Net", "SGD", "inp")
+
+
 def test_a_change_through_another_name_says_which():
     cells = [
         "model = Net()",
