@@ -127,6 +127,7 @@ class _Planner:
         self.seen: set[tuple[str, int, int]] = set()
         self.unresolved: set[str] = set()
         self.kept: set[str] = set()
+        self.stale: dict[str, str] = {}  # kept names to build again -> the rebuilt name they hold
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
         # Names only ever bound by imports: calling their functions changes no object of ours.
         self.modules = {n for f in facts for n in f.imports} - {
@@ -180,17 +181,27 @@ class _Planner:
         cells' links), and the cells that change one of those: they are chosen too. Linear in
         the cells and their links, whatever the number of names followed."""
         holds: dict[str, set[str]] = {}  # name -> the rebuilt names its object is linked to
-        for index in range(self.failing):
+        for index in range(self.failing + 1):
             facts = self.facts[index]
-            if holds and index not in self.failed:
+            if holds and index not in self.failed and index != self.failing:
                 for name in sorted(facts.mutates & holds.keys()):
                     if self._counts(name, facts):
                         for rebuilt in sorted(holds[name]):
                             through = "" if rebuilt == name else f" through {name}"
                             self._include(index, f"changes {rebuilt}{through}", self.failing)
+            if holds and (index in self.reasons or index == self.failing):
+                # A kept (restored) object built from one we rebuild is the old one's partner:
+                # ``opt.step()`` on it would step the old model's parameters. Built again.
+                for name in sorted(facts.mutates & holds.keys() & self.present):
+                    if name not in self.stale:
+                        self.stale[name] = sorted(holds[name])[0]
+                        self.need(name, index, index)
+            if index == self.failing:
+                break
             rebuilt_here: frozenset[str] = frozenset()
             if index in self.reasons:
-                rebuilt_here = facts.defines - self.present - facts.callables - facts.imports
+                rebuilt_here = facts.defines - facts.callables - facts.imports
+                rebuilt_here -= self.present - self.stale.keys()
             self._carry(holds, facts, rebuilt_here)
 
     def _carry(self, holds: dict[str, set[str]], facts: CellFacts, rebuilt: frozenset[str]) -> None:
@@ -255,7 +266,7 @@ class _Planner:
         return any(self._counts(name, self.facts[i]) for i in self._touching(name, before))
 
     def _resolve(self, name: str, before: int, deferred_at: int) -> None:
-        if name in self.present:
+        if name in self.present and name not in self.stale:
             self.kept.add(name)
             # A kept function still reads its globals when it is called.
             for index in self._touching(name, before):
@@ -279,7 +290,10 @@ class _Planner:
             if index in self.failed:  # it may have raised before binding it
                 fallback = index if fallback is None else fallback
                 continue
-            self._include(index, _reason(name, facts), deferred_at)
+            reason = _reason(name, facts)
+            if name in self.stale:
+                reason += f" again (the one here was built from the {self.stale[name]} replaced)"
+            self._include(index, reason, deferred_at)
             return
         if fallback is not None:
             self._include(fallback, f"rebuilds {name} (this cell failed before)", deferred_at)

@@ -465,6 +465,29 @@ def test_a_cell_that_builds_and_trains_a_model_defines_it():
     assert plan.unresolved == ("Net", "SGD", "inp")
 
 
+def test_a_kept_optimizer_of_a_rebuilt_model_is_built_again_before_it_steps():
+    cells = ["model = Net()", "opt = SGD(model.parameters())", "opt.step()", "model(inp)"]
+    plan = plan_replay(facts_of(cells), 3, {"opt", "Net", "SGD", "inp"})
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert list(plan.indices) == [0, 1, 2, 3]
+    assert "defines opt again (the one here was built from the model replaced)" in reasons[1]
+    assert "changes model through opt" in reasons[2]
+    assert "opt" not in plan.kept
+
+
+def test_a_kept_object_only_read_is_left_alone():
+    cells = [
+        "tok = Tokenizer()",
+        "ds = Dataset(texts, tok)",
+        "tok.add_tokens(['x'])",
+        "print(ds[0], tok.vocab)",
+    ]
+    plan = plan_replay(facts_of(cells), 3, {"ds", "Tokenizer", "Dataset", "texts"})
+    # tok is rebuilt and changed again; ds is here, and only read: not built again.
+    assert list(plan.indices) == [0, 2, 3]
+    assert "ds" in plan.kept
+
+
 def test_a_change_through_another_name_says_which():
     cells = [
         "model = Net()",
