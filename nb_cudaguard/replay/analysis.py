@@ -289,6 +289,38 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
     assigns: set[str] = set()
     mutates: set[str] = set()
     calls: set[str] = set()
+    # A local built from outside objects (``m = model.fc``; ``loss = crit(model(x), y)`` then
+    # ``loss.backward()``): changing it changes them.
+    built_from: dict[str, set[str]] = {}
+    for each in nodes:
+        targets: list[ast.expr | None]
+        if isinstance(each, ast.Assign):
+            value, targets = each.value, list(each.targets)
+        elif isinstance(each, ast.AnnAssign) and each.value is not None:
+            value, targets = each.value, [each.target]
+        elif isinstance(each, (ast.For, ast.AsyncFor)):
+            value, targets = each.iter, [each.target]
+        elif isinstance(each, ast.withitem):
+            value, targets = each.context_expr, [each.optional_vars]
+        else:
+            continue
+        outside = {
+            n.id
+            for n in ast.walk(value)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local
+        }
+        for target in targets if outside else ():
+            for name in _names_bound(target) if target is not None else ():
+                built_from.setdefault(name, set()).update(outside)
+
+    def changed(root: str | None) -> None:
+        if root is None:
+            return
+        if root not in local:
+            mutates.add(root)
+        else:
+            mutates.update(built_from.get(root, ()))
+
     for each in nodes:
         if (
             isinstance(each, ast.Name)
@@ -301,16 +333,15 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             inplace = isinstance(target, (ast.Attribute, ast.Subscript)) or isinstance(
                 each, ast.AugAssign
             )
-            if inplace and root is not None and root not in local:
-                mutates.add(root)
-        root = _method_call_root(each)
-        if root is not None and root not in local:
-            mutates.add(root)
+            if inplace:
+                changed(root)
+        changed(_method_call_root(each))
         if isinstance(each, ast.Call):
             if isinstance(each.func, ast.Name):
                 calls.add(each.func.id)
             if _changes_arguments(each):
-                mutates.update(r for r in _argument_roots(each) if r not in local)
+                for root in _argument_roots(each):
+                    changed(root)
     effects = Effects(frozenset(assigns - mutates), frozenset(mutates), frozenset(calls - local))
     return loaded - local, effects
 

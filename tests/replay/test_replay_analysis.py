@@ -237,3 +237,13 @@ def test_the_quick_rewrite_writes_what_ipython_writes(shell, cell: str):
 
 def test_cells_the_quick_rewrite_leaves_to_ipython():
     assert [c for c in ESCAPED if not _quick_parses(c)] == ["d['k'] = !ls", "x?"]
+
+
+def test_a_function_changes_what_its_locals_were_built_from(shell):
+    facts = _facts(
+        shell,
+        "def epoch():\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
+        "        loss.backward()\n    head = model.fc\n    head.weight.data.zero_()\n"
+        "    fresh = []\n    fresh.append(1)",
+    )
+    assert facts.effects["epoch"].mutates == {"crit", "model", "loader"}
