@@ -108,7 +108,9 @@ def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
     from .display import blocking_in_force
     from .replay_glue import replay_command
 
-    replay_command(state.shell, yes=args.yes, blocking_on=blocking_in_force()[0])
+    replay_command(
+        state.shell, yes=args.yes, blocking_on=blocking_in_force()[0], restart=state.restart
+    )
 
 
 def _restore(state: ExtensionState, args: argparse.Namespace) -> None:

@@ -80,7 +80,7 @@ class Banner:
 _banner_shown: list[bool] = []
 
 
-def on_load() -> None:
+def on_load(restart: Restarter | None = None) -> None:
     """At extension load: the blocking-mode banner (once per process), then the replay offered
     (once per process); and watch torch's CUDA start, so that ``%cudaguard status`` can tell
     whether the variable came in time."""
@@ -96,4 +96,5 @@ def on_load() -> None:
     from .replay_glue import offer_after_restart
 
     # After our restart: the previous kernel's cells that lead to the error, replayed on a click.
-    offer_after_restart(blocking_in_force()[0])
+    # ``restart``: the extension's own, for the offer's blocking-restart button.
+    offer_after_restart(blocking_in_force()[0], restart)

@@ -64,7 +64,7 @@ class CudaGuardExtension:
         try:
             from .display import on_load
 
-            on_load()  # the blocking-mode banner after our own restart
+            on_load(self.restart)  # the blocking-mode banner, the replay, after our restart
         except Exception as internal:  # a banner is never worth a failed %load_ext
             print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
         try:

@@ -26,7 +26,10 @@ from .locate import kernel_connection, profile_dirs
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
+    from .actions import Restarter
+
 REPLAY_LABEL = "Replay to the failing cell"
+BLOCKING_REPLAY_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1, then replay"
 COMMAND = "%cudaguard replay --yes"
 
 
@@ -210,24 +213,77 @@ BLOCKING_OFF = (
 )
 
 
+BLOCKING_THEN_REPLAY = (
+    "The cells stay saved: in the new kernel `%load_ext nb_cudaguard` offers the replay again, "
+    "and its traceback points at the line that failed."
+)
+
+
 class ReplayOffer:
     """The plan, a button that runs it, and where its output goes (an ``Output`` widget: the
-    click runs in a comm handler, whose output would otherwise go nowhere)."""
+    click runs in a comm handler, whose output would otherwise go nowhere). Where blocking mode
+    is off and this kernel can restart itself (``restart``: the extension's own restart, the
+    panel's), a second button restarts in blocking mode first: the cells are saved again for the
+    next process, which offers the replay there."""
 
-    def __init__(self, shell: InteractiveShell, saved: SavedCells, view: PlanView) -> None:
+    def __init__(
+        self,
+        shell: InteractiveShell,
+        saved: SavedCells,
+        view: PlanView,
+        restart: Restarter | None = None,
+    ) -> None:
         import ipywidgets as widgets
 
         self.shell, self.saved, self.view = shell, saved, view
+        self._restart = restart
         self.button = widgets.Button(
             description=REPLAY_LABEL,
             button_style="primary",
             tooltip="Run the cells listed above, then the failing cell; stops at the first error",
             layout=widgets.Layout(width="auto"),
         )
+        self.buttons = [self.button]
+        self.blocking_button: Any = None
+        if restart is not None and not view.blocking_on:
+            self.blocking_button = widgets.Button(
+                description=BLOCKING_REPLAY_LABEL,
+                button_style="danger",
+                tooltip="A new kernel process in blocking mode (CPU variables kept), where the "
+                "replay is offered again: its traceback points at the line that failed",
+                layout=widgets.Layout(width="auto"),
+            )
+            self.blocking_button.on_click(self._restart_clicked)
+            self.buttons.insert(0, self.blocking_button)
         self.status = widgets.HTML(value="")
         self.output = widgets.Output()
         self.button.on_click(self._clicked)
-        self.widget = widgets.VBox([self.button, self.status, self.output])
+        self.widget = widgets.VBox([widgets.HBox(self.buttons), self.status, self.output])
+
+    def _restart_clicked(self, _button: Any) -> None:
+        from .actions import after_restart_text
+
+        assert self._restart is not None
+        for each in self.buttons:
+            each.disabled = True
+        self.status.value = note_html(
+            "nb-cudaguard-replay-restart", "#555", "Keeping the CPU variables, then restarting..."
+        )
+        try:
+            plan = self._restart(blocking=True)
+        except Exception as error:
+            for each in self.buttons:
+                each.disabled = False
+            self.status.value = note_html(
+                "nb-cudaguard-replay-restart",
+                "#e65100",
+                f"Could not restart from here ({error}). `{COMMAND}` replays in this kernel, "
+                "without blocking mode.",
+            )
+            return
+        kept = " ".join(x for x in (plan.kept, BLOCKING_THEN_REPLAY) if x)
+        said = after_restart_text(plan.method.value, True, warning=plan.warning, kept=kept)
+        self.status.value = note_html("nb-cudaguard-replay-restart", "#1b5e20", said)
 
     def _clicked(self, _button: Any) -> None:
         plan = make_plan(self.shell, self.saved)
@@ -244,7 +300,8 @@ class ReplayOffer:
                 "again to run it.",
             )
             return
-        self.button.disabled = True
+        for each in self.buttons:
+            each.disabled = True
         with self.output:
             said = run_plan(self.shell, self.saved, plan, self.view.blocking_on)
         self.status.value = note_html("nb-cudaguard-replay-done", "#1565c0", said)
@@ -258,18 +315,33 @@ class ReplayOffer:
         }
 
 
-def offer(shell: InteractiveShell, saved: SavedCells, blocking_on: bool) -> None:
-    """Show the plan with a button where widgets work, the command everywhere."""
+def _restarter(restart: Restarter | None) -> Restarter | None:
+    """The extension's own restart (keep, cells saved, blocking mode), as the panel's buttons
+    call it; None where there is no kernel to restart."""
+    from ..restart.environment import Environment, detect
+
+    return None if restart is None or detect() is Environment.TERMINAL else restart
+
+
+def offer(
+    shell: InteractiveShell,
+    saved: SavedCells,
+    blocking_on: bool,
+    restart: Restarter | None = None,
+) -> None:
+    """Show the plan with a button where widgets work, the command everywhere; with blocking
+    mode off, also a button that ``restart``s in blocking mode first."""
     from IPython.display import display
 
     view = PlanView(make_plan(shell, saved), saved.cells, blocking_on)
     try:
-        display(ReplayOffer(shell, saved, view))
+        restart = None if blocking_on else _restarter(restart)
+        display(ReplayOffer(shell, saved, view, restart))
     except Exception:  # no ipywidgets, or no comm: the command in the text still works
         display(view)
 
 
-def offer_after_restart(blocking_on: bool) -> None:
+def offer_after_restart(blocking_on: bool, restart: Restarter | None = None) -> None:
     """At ``%load_ext`` in the process our restart started: the plan, if a cell failed."""
     from IPython import get_ipython
 
@@ -280,7 +352,7 @@ def offer_after_restart(blocking_on: bool) -> None:
     if saved is None or saved.failing is None or _PROCESS.offered or _PROCESS.replayed:
         return
     _PROCESS.offered = True
-    offer(shell, saved, blocking_on)
+    offer(shell, saved, blocking_on, restart)
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -327,7 +399,9 @@ def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on
     return said
 
 
-def replay_command(shell: InteractiveShell, yes: bool, blocking_on: bool) -> None:
+def replay_command(
+    shell: InteractiveShell, yes: bool, blocking_on: bool, restart: Restarter | None = None
+) -> None:
     """``%cudaguard replay [--yes]``."""
     from IPython.core.error import UsageError
     from IPython.display import display
@@ -342,7 +416,7 @@ def replay_command(shell: InteractiveShell, yes: bool, blocking_on: bool) -> Non
             nothing_to_replay("no cell of the previous kernel failed before the restart")
         )
     if not yes:
-        offer(shell, saved, blocking_on)
+        offer(shell, saved, blocking_on, restart)
         return
     plan = make_plan(shell, saved)
     display(PlanView(plan, saved.cells, blocking_on, asking=False))

@@ -10,7 +10,16 @@ Static analysis cannot see everything, so it errs towards running more:
 - a *mutation* (``x.attr = ...``, ``x[i] = ...``, ``del x[i]``, a statement ``x.method(...)`` such
   as ``model.to(dev)``, ``opt.step()``, ``lst.append(v)``) is a use and a redefinition of ``x``,
   except for methods that only read (``df.head()``, ``t.sum()``...);
-- the globals a function or class body reads are needed when it is *called* (``deferred``);
+- a call passes its arguments to code that may change them: a plain function (``train(model)``,
+  not a builtin that only reads such as ``print`` or ``len``, nor a class being built) or an
+  in-place one by PyTorch's naming (``nn.init.zeros_(model.fc.weight)``) changes each argument's
+  object; ``n += v`` may change ``n`` in place (a tensor, a list);
+- a name *links* to the names its value was built from (``opt = AdamW(model.parameters())``,
+  ``x = model.layer1``, ``loader = DataLoader(ds)``): changing ``x`` may change ``model``. Within a
+  cell a change is carried over to what the changed name links to; across cells the planner does
+  it (``links``);
+- the globals a function or class body reads are needed when it is *called* (``deferred``); what a
+  function changes or assigns (``global``) outside itself happens where it is called (``effects``);
 - a cell whose effect on names cannot be known (``exec``, ``globals()``, a star import, ``%run``,
   ``%store -r``, an unknown cell magic, a syntax error) is ``opaque``: it may define anything;
 - a cell that sets process state the rebuilt values depend on (a random seed, ``%cd``, ``%env``,
@@ -20,8 +29,9 @@ Static analysis cannot see everything, so it errs towards running more:
 from __future__ import annotations
 
 import ast
+import builtins
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 # Methods that only read their object: a statement calling one displays, it does not mutate.
@@ -56,6 +66,29 @@ FOREIGN_CELL_MAGICS = frozenset(
 SETUP_LINE_MAGICS = frozenset({"cd", "env", "set_env"})
 OPAQUE_LINE_MAGICS = frozenset({"run", "store", "load", "macro", "recall", "rerun"})
 OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})
+# Builtins that change an argument; every other builtin only reads its arguments.
+MUTATING_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "vars", "iter"})
+_READ_ONLY_FUNCTIONS = frozenset(dir(builtins)) - MUTATING_BUILTINS | {"display", "get_ipython"}
+# Calls whose result shares nothing with their arguments: no link through them.
+# Functions that change an argument in place though their name does not say so.
+IN_PLACE_FUNCTIONS = frozenset({"shuffle", "copyto", "put", "place", "putmask", "fill_diagonal",
+                                "heappush", "heappop", "heapify", "heapreplace"})  # fmt: skip
+FRESH_CALLS = frozenset(
+    {
+        "copy",
+        "clone",
+        "deepcopy",
+        "astype",
+        "item",
+        "tolist",
+        "len",
+        "str",
+        "repr",
+        "int",
+        "float",
+        "bool",
+    }
+)
 
 Transform = Callable[[str], str]
 
@@ -72,6 +105,21 @@ class CellFacts:
     imports: frozenset[str] = frozenset()  # bound by an import statement
     opaque: str = ""  # why its effect on names cannot be known, or ""
     setup: str = ""  # which process state it sets (a seed, the directory...), or ""
+    # Each name it binds -> the names (from before the cell) its value was built from.
+    links: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    calls: frozenset[str] = frozenset()  # plain names it calls (a function's effects land here)
+    # Each function it defines -> what calling it does outside the function.
+    effects: Mapping[str, Effects] = field(default_factory=dict)
+    callables: frozenset[str] = frozenset()  # the functions and classes it defines
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What calling a notebook function does to the names outside it."""
+
+    assigns: frozenset[str] = frozenset()  # ``global x; x = ...``
+    mutates: frozenset[str] = frozenset()  # ``opt.step()``, ``cache[k] = v``, ``global n; n += 1``
+    calls: frozenset[str] = frozenset()  # other functions it calls (their effects too)
 
 
 @dataclass
@@ -85,6 +133,10 @@ class _Collect:
     assigned: set[str] = field(default_factory=set)
     opaque: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
+    links: dict[str, set[str]] = field(default_factory=dict)
+    calls: set[str] = field(default_factory=set)
+    effects: dict[str, Effects] = field(default_factory=dict)
+    callables: set[str] = field(default_factory=set)
 
     def facts(self) -> CellFacts:
         return CellFacts(
@@ -96,6 +148,10 @@ class _Collect:
             frozenset(self.imports),
             "; ".join(dict.fromkeys(self.opaque)),
             "; ".join(dict.fromkeys(self.setup)),
+            {n: frozenset(r) for n, r in self.links.items() if r and n in self.defines},
+            frozenset(self.calls),
+            {n: e for n, e in self.effects.items() if n in self.defines},
+            frozenset(self.callables & self.defines),
         )
 
 
@@ -129,9 +185,8 @@ def _names_bound(target: ast.AST) -> Iterable[str]:
             yield node.id
 
 
-def _free_names(body: Iterable[ast.AST], bound: set[str]) -> set[str]:
-    """Names a function body reads that it does not bind itself (its globals)."""
-    nodes = [n for b in body for n in ast.walk(b)]
+def _scope(nodes: list[ast.AST], bound: set[str]) -> tuple[set[str], set[str]]:
+    """(the function's own names, the names it declares ``global``) for its body's nodes."""
     local = set(bound)
     declared_global: set[str] = set()
     for node in nodes:
@@ -147,8 +202,148 @@ def _free_names(body: Iterable[ast.AST], bound: set[str]) -> set[str]:
             declared_global.update(node.names)
         elif isinstance(node, ast.ExceptHandler) and node.name:
             local.add(node.name)
+    return local - declared_global, declared_global
+
+
+def _free_names(body: Iterable[ast.AST], bound: set[str]) -> set[str]:
+    """Names a function body reads that it does not bind itself (its globals)."""
+    nodes = [n for b in body for n in ast.walk(b)]
+    local, _ = _scope(nodes, bound)
     loaded = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return loaded - (local - declared_global)
+    return loaded - local
+
+
+def _call_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _changes_arguments(call: ast.Call) -> bool:
+    """Whether a call may change the objects it is handed: a plain function (a notebook's
+    ``train(model, opt)``, not a builtin that only reads, nor a class being built), or an
+    in-place one (PyTorch's trailing underscore: ``nn.init.zeros_``, ``clip_grad_norm_``)."""
+    name = _call_name(call.func)
+    if name is None:
+        return False
+    if (name.endswith("_") and not name.endswith("__")) or name in IN_PLACE_FUNCTIONS:
+        return True
+    return isinstance(call.func, ast.Name) and not (
+        name in _READ_ONLY_FUNCTIONS or name[:1].isupper()
+    )
+
+
+def _argument_roots(call: ast.Call) -> set[str]:
+    """The names whose objects a call is handed: ``model`` for ``model``, ``model.fc.weight``,
+    ``model.parameters()``; none for ``iter(loader)`` (a new object that a function made)."""
+    roots = set()
+    for arg in [*call.args, *(k.value for k in call.keywords)]:
+        node = arg.value if isinstance(arg, ast.Starred) else arg
+        while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+            if isinstance(node, ast.Call) and not isinstance(node.func, ast.Attribute):
+                break
+            node = node.func if isinstance(node, ast.Call) else node.value
+        if isinstance(node, ast.Name):
+            roots.add(node.id)
+    return roots
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        found = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        found = [node.target]
+    else:
+        return []
+    flat: list[ast.expr] = []
+    while found:
+        target = found.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            found.extend(target.elts)
+        else:
+            flat.append(target.value if isinstance(target, ast.Starred) else target)
+    return flat
+
+
+def _method_call_root(node: ast.AST) -> str | None:
+    """``x`` for a statement ``x.a.method(...)`` (or awaited) whose method may change ``x``."""
+    if not isinstance(node, ast.Expr):
+        return None
+    call = node.value.value if isinstance(node.value, ast.Await) else node.value
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr not in READ_ONLY_METHODS
+    ):
+        return _root_name(call.func.value)
+    return None
+
+
+def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], Effects]:
+    """(the globals ``node`` reads, what calling it does outside it: the globals it assigns
+    (``global``), the outside objects it changes (``opt.step()``, ``cache[k] = v``,
+    ``train(model)``), the functions it calls)."""
+    nodes = [n for b in node.body for n in ast.walk(b)]
+    local, declared = _scope(nodes, _params(node.args))
+    loaded = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    assigns: set[str] = set()
+    mutates: set[str] = set()
+    calls: set[str] = set()
+    # A local built from outside objects (``m = model.fc``; ``loss = crit(model(x), y)`` then
+    # ``loss.backward()``): changing it changes them.
+    built_from: dict[str, set[str]] = {}
+    for each in nodes:
+        targets: list[ast.expr | None]
+        if isinstance(each, ast.Assign):
+            value, targets = each.value, list(each.targets)
+        elif isinstance(each, ast.AnnAssign) and each.value is not None:
+            value, targets = each.value, [each.target]
+        elif isinstance(each, (ast.For, ast.AsyncFor)):
+            value, targets = each.iter, [each.target]
+        elif isinstance(each, ast.withitem):
+            value, targets = each.context_expr, [each.optional_vars]
+        else:
+            continue
+        outside = {
+            n.id
+            for n in ast.walk(value)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in local
+        }
+        for target in targets if outside else ():
+            for name in _names_bound(target) if target is not None else ():
+                built_from.setdefault(name, set()).update(outside)
+
+    def changed(root: str | None) -> None:
+        if root is None:
+            return
+        if root not in local:
+            mutates.add(root)
+        else:
+            mutates.update(built_from.get(root, ()))
+
+    for each in nodes:
+        if (
+            isinstance(each, ast.Name)
+            and each.id in declared
+            and not isinstance(each.ctx, ast.Load)
+        ):
+            assigns.add(each.id)
+        for target in _targets(each):
+            root = _root_name(target)
+            inplace = isinstance(target, (ast.Attribute, ast.Subscript)) or isinstance(
+                each, ast.AugAssign
+            )
+            if inplace:
+                changed(root)
+        changed(_method_call_root(each))
+        if isinstance(each, ast.Call):
+            if isinstance(each.func, ast.Name):
+                calls.add(each.func.id)
+            if _changes_arguments(each):
+                for root in _argument_roots(each):
+                    changed(root)
+    effects = Effects(frozenset(assigns - mutates), frozenset(mutates), frozenset(calls - local))
+    return loaded - local, effects
 
 
 class _CellVisitor(ast.NodeVisitor):
@@ -157,12 +352,17 @@ class _CellVisitor(ast.NodeVisitor):
     def __init__(self, transform: Transform | None) -> None:
         self.c = _Collect()
         self.bound: set[str] = set()  # bound earlier in this cell
+        self.reading: set[str] | None = None  # names read by the value being visited
         self.transform = transform
 
     # --- names ---------------------------------------------------------------------------------
     def _load(self, name: str) -> None:
         if name not in self.bound:
             self.c.uses.add(name)
+            if self.reading is not None:
+                self.reading.add(name)
+        elif self.reading is not None:  # bound in this cell: it, and what it was built from
+            self.reading |= self.c.links.get(name, set()) | {name}
 
     def _store(self, name: str) -> None:
         self.bound.add(name)
@@ -171,9 +371,32 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.deletes.discard(name)
 
     def _mutate(self, name: str) -> None:
+        # A name this cell built from others: changing it may change them (``x = model.layer1``
+        # then ``x.weight.data.fill_(0)`` changes ``model``).
+        for source in self.c.links.get(name, ()) if name in self.bound else ():
+            if source != name:
+                self._load(source)
+                self.c.mutates.add(source)
+                self.c.defines.add(source)
         self._load(name)
         self.c.mutates.add(name)
         self.c.defines.add(name)
+
+    def _visit_reading(self, node: ast.AST) -> set[str]:
+        """Visit an expression; the names (from before this cell) its value may share objects
+        with: what it reads, less what goes through a call that copies (``df.copy()``)."""
+        outer, self.reading = self.reading, set()
+        try:
+            self.visit(node)
+            return self.reading
+        finally:
+            if outer is not None:
+                outer |= self.reading
+            self.reading = outer
+
+    def _link(self, target: ast.AST, reads: set[str]) -> None:
+        for name in _names_bound(target):
+            self.c.links[name] = set(reads)
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -203,26 +426,32 @@ class _CellVisitor(ast.NodeVisitor):
 
     # --- statements ----------------------------------------------------------------------------
     def visit_Assign(self, node: ast.Assign) -> None:
-        self.visit(node.value)
+        reads = self._visit_reading(node.value)
         for target in node.targets:
             self._target(target)
+            self._link(target, reads)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
-            self.visit(node.value)
+            reads = self._visit_reading(node.value)
             self._target(node.target)
+            self._link(node.target, reads)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
         if isinstance(node.target, ast.Name):
-            self._load(node.target.id)
-            self._store(node.target.id)
+            # In place for a tensor, an array, a list: the object may be shared.
+            name = node.target.id
+            self._mutate(name)
+            if name not in self.bound:
+                self.bound.add(name)
         else:
             self._target(node.target)
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
-        self.visit(node.value)
+        reads = self._visit_reading(node.value)
         self._store(node.target.id)
+        self._link(node.target, reads)
 
     def visit_Delete(self, node: ast.Delete) -> None:
         for target in node.targets:
@@ -232,8 +461,9 @@ class _CellVisitor(ast.NodeVisitor):
                 self.visit(target)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
-        self.visit(node.iter)
+        reads = self._visit_reading(node.iter)
         self._target(node.target)
+        self._link(node.target, reads)
         for statement in [*node.body, *node.orelse]:
             self.visit(statement)
 
@@ -241,9 +471,10 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
         for item in node.items:
-            self.visit(item.context_expr)
+            reads = self._visit_reading(item.context_expr)
             if item.optional_vars is not None:
                 self._target(item.optional_vars)
+                self._link(item.optional_vars, reads)
         for statement in node.body:
             self.visit(statement)
 
@@ -272,23 +503,28 @@ class _CellVisitor(ast.NodeVisitor):
             self._store(name)
             self.c.imports.add(name)
 
-    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
-        args = node.args
+    def _defaults(self, args: ast.arguments) -> None:
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
             self.visit(default)
-        body = node.body if isinstance(node.body, list) else [node.body]
-        return _free_names(body, _params(args))
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for decorator in node.decorator_list:
             self.visit(decorator)
-        self.c.deferred.update(self._function(node))
+            if isinstance(decorator, ast.Name):  # ``@register`` calls it with the function
+                self.c.calls.add(decorator.id)
+        self._defaults(node.args)
+        free, effects = _function_summary(node)
+        self.c.deferred.update(free)
         self._store(node.name)
+        self.c.links.pop(node.name, None)
+        self.c.callables.add(node.name)
+        self.c.effects[node.name] = effects
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
-        self.c.deferred.update(self._function(node))
+        self._defaults(node.args)
+        self.c.deferred.update(_free_names([node.body], _params(node.args)))
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for expr in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
@@ -302,6 +538,38 @@ class _CellVisitor(ast.NodeVisitor):
         for name in _free_names(rest, {m.name for m in methods}):
             self._load(name)
         self._store(node.name)
+        self.c.links.pop(node.name, None)
+        self.c.effects.pop(node.name, None)
+        self.c.callables.add(node.name)
+
+    def visit_Match(self, node: ast.Match) -> None:
+        reads = self._visit_reading(node.subject)
+        for case in node.cases:
+            self.visit(case.pattern)  # class names and values are read; captures bound
+            for capture in _captures(case.pattern):
+                self.c.links[capture] = set(reads)
+            if case.guard is not None:
+                self.visit(case.guard)
+            for statement in case.body:
+                self.visit(statement)
+
+    def visit_MatchAs(self, node: ast.MatchAs) -> None:
+        if node.pattern is not None:
+            self.visit(node.pattern)
+        if node.name is not None:
+            self._store(node.name)
+
+    def visit_MatchStar(self, node: ast.MatchStar) -> None:
+        if node.name is not None:
+            self._store(node.name)
+
+    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
+        for key in node.keys:
+            self.visit(key)
+        for pattern in node.patterns:
+            self.visit(pattern)
+        if node.rest is not None:
+            self._store(node.rest)
 
     def _comprehension(
         self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
@@ -316,6 +584,11 @@ class _CellVisitor(ast.NodeVisitor):
         parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         for name in _free_names(parts, inner):
             self._load(name)
+        # An assignment expression in a comprehension binds in the enclosing scope (PEP 572).
+        for part in parts:
+            for walrus in ast.walk(part):
+                if isinstance(walrus, ast.NamedExpr):
+                    self._store(walrus.target.id)
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
@@ -323,17 +596,20 @@ class _CellVisitor(ast.NodeVisitor):
         if self._magic(node.value):
             return
         self.visit(node.value)
-        call = node.value
-        if isinstance(call, ast.Await):
-            call = call.value
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
-            root = _root_name(call.func.value)
-            if root is not None and call.func.attr not in READ_ONLY_METHODS:
-                self._mutate(root)
+        root = _method_call_root(node)
+        if root is not None:
+            self._mutate(root)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name in FRESH_CALLS and self.reading is not None:
+            outer, self.reading = self.reading, None  # a copy shares nothing with its source
+            try:
+                self.visit_Call(node)
+            finally:
+                self.reading = outer
+            return
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
         if name in SETUP_CALLS:
@@ -343,7 +619,23 @@ class _CellVisitor(ast.NodeVisitor):
         ipython = _ipython_call(node)
         if ipython is not None and ipython[0] in ("push", "run_cell", "ex"):
             self.c.opaque.append(f"get_ipython().{ipython[0]}()")
-        self.generic_visit(node)
+        if ipython is not None and ipython[0] in ("system", "getoutput") and ipython[1]:
+            self._expanded(_const_str(ipython[1][0]) or "")  # !cmd $name {expr}
+        if isinstance(func, ast.Name) and func.id[:1].isupper() and self.reading is not None:
+            # An object a class builds (``SGD(...)``) is no part of the class; what calling an
+            # object returns may be (``model(x)``: the autograd graph holds ``model``).
+            outer, self.reading = self.reading, None
+            self.visit(func)
+            self.reading = outer
+            for child in [*node.args, *node.keywords]:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
+        if isinstance(func, ast.Name):
+            self.c.calls.add(func.id)
+        if _changes_arguments(node):
+            for root in _argument_roots(node):
+                self._mutate(root)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in ("user_ns", "user_global_ns"):  # get_ipython().user_ns[...] = ...
@@ -373,20 +665,51 @@ class _CellVisitor(ast.NodeVisitor):
             return True
         if name in PYTHON_LINE_MAGICS:
             self._nested(line)
-        elif name in OPAQUE_LINE_MAGICS and not (name == "store" and "-r" not in line.split()):
+            return True
+        self._expanded(line)
+        if name in OPAQUE_LINE_MAGICS and not (name == "store" and "-r" not in line.split()):
             self.c.opaque.append(f"%{name}")
         elif name in SETUP_LINE_MAGICS and (name == "cd" or "=" in line or " " in line.strip()):
             self.c.setup.append(f"%{name} {line}".strip())
         return True
 
+    def _expanded(self, text: str) -> None:
+        """IPython expands ``$name`` and ``{expr}`` in shell commands and magic lines: reads."""
+        for name in _expanded_names(text):
+            self._load(name)
+
     def _nested(self, source: str) -> None:
-        try:
-            tree = ast.parse(self.transform(source) if self.transform else source)
-        except (SyntaxError, ValueError):
+        tree = _parse_cell(source, self.transform)
+        if tree is None:
             self.c.opaque.append("a magic's body that does not parse")
             return
         for statement in tree.body:
             self.visit(statement)
+
+
+_DOLLAR = re.compile(r"(?<!\$)\$([A-Za-z_]\w*)")
+_BRACES = re.compile(r"(?<!\{)\{([^{}]+)\}(?!\})")
+
+
+def _expanded_names(text: str) -> set[str]:
+    names = set(_DOLLAR.findall(text))
+    for expression in _BRACES.findall(text):
+        try:
+            tree = ast.parse(expression.strip(), mode="eval")
+        except (SyntaxError, ValueError):
+            continue
+        names.update(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
+    return names
+
+
+def _captures(pattern: ast.pattern) -> set[str]:
+    found = set()
+    for node in ast.walk(pattern):
+        if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name is not None:
+            found.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest is not None:
+            found.add(node.rest)
+    return found
 
 
 def _params(args: ast.arguments) -> set[str]:
@@ -412,15 +735,82 @@ def analyse(source: str, transform: Transform | None = None) -> CellFacts:
 def analyse_cell(raw: str, transform: Transform) -> CellFacts:
     """The facts of a cell as typed: plain Python as it is, anything else (``%magic``, ``!cmd``)
     after ``transform``. Most cells are plain Python, and IPython's transform is the slow part
-    (about 1 ms a cell)."""
-    try:
-        tree = ast.parse(raw)
-    except (SyntaxError, ValueError):
-        try:
-            return analyse(transform(raw), transform)
-        except Exception:  # IPython could not transform it either
-            return CellFacts(opaque="its source does not parse")
+    (about 1 ms a cell): the usual escapes are rewritten here first (``quick_transform``)."""
+    tree = _parse_cell(raw, transform)
+    if tree is None:
+        return CellFacts(opaque="its source does not parse")
     return _facts(tree, transform)
+
+
+# A line that starts with an escape, or assigns one: most likely IPython syntax.
+_LIKELY_ESCAPED = re.compile(r"^[ \t]*(?:[\w., \t]+=[ \t]*)?[%!]", re.MULTILINE)
+
+
+def _parse_cell(raw: str, transform: Transform | None) -> ast.Module | None:
+    """The cell's tree: as it is, else after ``quick_transform``, else after IPython's."""
+    attempts: list[Callable[[], str | None]] = [
+        lambda: raw,
+        lambda: quick_transform(raw),
+        lambda: transform(raw) if transform else None,
+    ]
+    if _LIKELY_ESCAPED.search(raw):  # saves a failed parse (parsing is most of the cost)
+        attempts[:2] = attempts[1::-1]
+    for attempt in attempts:
+        try:
+            source = attempt()
+            if source:
+                return ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        except Exception:  # IPython could not transform it either
+            return None
+    return ast.parse("") if not raw.strip() else None
+
+
+# The escapes most cells use, as IPython's transformer writes them (inputtransformer2): a cell
+# magic on the first line; line magics and shell commands alone on a line or assigned.
+_ESCAPED_LINE = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<lhs>(?:[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*\s*=\s*)?)"
+    r"(?P<escape>!!|!|%)(?P<rest>.*)$"
+)
+_MAGIC_NAME = re.compile(r"^([A-Za-z_][\w.]*)\s*(.*)$", re.DOTALL)
+
+
+def quick_transform(raw: str) -> str | None:
+    """What ``shell.transform_cell`` makes of a cell whose IPython syntax is only the usual
+    escapes (``%%cell``, ``%line``, ``!cmd``, ``x = !cmd``, ``x = %line``), in a fraction of
+    its time (it tokenizes the whole cell); None for anything else (help ``?``, continued
+    lines, ``,``/``;``/``/`` calls): then the real transform runs. The names it yields are
+    checked against the real transform's by the tests."""
+    if raw.startswith("%%"):
+        first, _, body = raw.partition("\n")
+        found = _MAGIC_NAME.match(first[2:])
+        if found is None:
+            return None
+        name, line = found.group(1), found.group(2).strip()
+        body = body if body.endswith("\n") or not body else body + "\n"
+        return f"get_ipython().run_cell_magic({name!r}, {line!r}, {body!r})\n"
+    out = []
+    for line in raw.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(("?", "\\")) or stripped[:1] in ("?", ",", ";", "/"):
+            return None
+        found = _ESCAPED_LINE.match(line) if stripped[:1] in "!%" or "=" in line else None
+        if found is None or (not found.group("lhs") and stripped[:1] not in "!%"):
+            out.append(line)
+            continue
+        indent, lhs, escape, rest = found.group("indent", "lhs", "escape", "rest")
+        if escape == "%":
+            magic = _MAGIC_NAME.match(rest)
+            if magic is None:
+                return None
+            call = f"run_line_magic({magic.group(1)!r}, {magic.group(2).strip()!r})"
+        elif escape == "!!" or lhs:
+            call = f"getoutput({rest!r})"
+        else:
+            call = f"system({rest!r})"
+        out.append(f"{indent}{lhs}get_ipython().{call}")
+    return "\n".join(out) + "\n"
 
 
 def _facts(tree: ast.Module, transform: Transform | None) -> CellFacts:

@@ -5,9 +5,12 @@ Dependency-aware, as ipyflow and ElasticNotebook are, but from the cells' text a
 (``analysis``): start from the names the failing cell reads; a name the namespace has now is left
 alone (it was kept, or restored); a missing one is rebuilt by the latest cell before its reader
 that binds or changes it, whose own reads are then needed in turn (a mutation is a read and a
-redefinition, so ``model.to(dev)`` pulls in the cell that built ``model``). An object rebuilt
-that later cells changed in place before the failing cell is changed again by them (another name
-may hold it: ``opt`` holds ``model``'s parameters). Opaque cells (``exec``, star
+redefinition, so ``model.to(dev)`` pulls in the cell that built ``model``). A cell that calls a
+notebook function changes what the function changes (``global``s it assigns, objects it steps).
+An object rebuilt that later cells changed in place before the failing cell is changed again by
+them, also through the names built from it (``opt = AdamW(model.parameters())`` then
+``opt.step()``; ``x = model.layer1`` then ``x.weight.data.fill_(0)``: "changes model through
+opt"). Opaque cells (``exec``, star
 imports, ``%run``...) may define anything: they are included where a missing name is looked up past
 them, and the plan says why. Cells that set a seed, the directory or the environment before the
 failing cell are included. A cell that failed is used only where no successful cell binds the name.
@@ -16,10 +19,11 @@ failing cell are included. A cell that failed is used only where no successful c
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from bisect import bisect_left
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass, replace
 
-from .analysis import CellFacts
+from .analysis import CellFacts, Effects
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class Plan:
 
 
 _BUILTINS = frozenset(dir(builtins))
+MAX_REASONS = 3  # rebuilt names a change is said to go to
 
 
 def plan_replay(
@@ -57,8 +62,57 @@ def plan_replay(
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
-    planner = _Planner(facts, failing, set(present), set(failed))
+    planner = _Planner(with_calls(facts), failing, set(present), set(failed))
     return planner.run()
+
+
+def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
+    """Each cell's facts with what the notebook functions it calls do (the latest definition of
+    each before or in the cell): a call assigns the globals the function assigns and changes
+    what it changes, and through this cell's links what those were built from."""
+    table: dict[str, Effects] = {}
+    out = []
+    for cell in facts:
+        for name in cell.defines - cell.mutates:
+            table.pop(name, None)
+        table.update(cell.effects)
+        called = cell.calls & table.keys()
+        if not called:
+            out.append(cell)
+            continue
+        assigns, mutates = _closure(called, table)
+        bound = cell.defines - cell.mutates  # its own new objects: not a change
+        changed = mutates - bound
+        for name in mutates & bound:  # built here from older objects: those change
+            changed |= cell.links.get(name, frozenset()) - bound
+        out.append(
+            replace(
+                cell,
+                defines=cell.defines | assigns | changed,
+                mutates=cell.mutates | changed,
+                uses=cell.uses | changed,
+            )
+        )
+    return out
+
+
+def _closure(
+    called: set[str] | frozenset[str], table: dict[str, Effects]
+) -> tuple[set[str], set[str]]:
+    assigns: set[str] = set()
+    mutates: set[str] = set()
+    seen: set[str] = set()
+    stack = list(called)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in table:
+            continue
+        seen.add(name)
+        effects = table[name]
+        assigns |= effects.assigns
+        mutates |= effects.mutates
+        stack.extend(effects.calls)
+    return assigns - mutates, mutates
 
 
 class _Planner:
@@ -73,11 +127,24 @@ class _Planner:
         self.seen: set[tuple[str, int, int]] = set()
         self.unresolved: set[str] = set()
         self.kept: set[str] = set()
+        self.stale: dict[str, str] = {}  # kept names to build again -> the rebuilt name they hold
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
         # Names only ever bound by imports: calling their functions changes no object of ours.
         self.modules = {n for f in facts for n in f.imports} - {
             n for f in facts for n in f.defines - f.imports - f.mutates
         }
+        # The cells that bind, change, delete or build from each name, in order: a search for
+        # a name visits these (and the opaque cells) only, not every earlier cell, so a name
+        # that no cell binds costs nothing per reader.
+        self.touch: dict[str, list[int]] = {}
+        for index, cell in enumerate(facts):
+            names = cell.defines | cell.deletes
+            for sources in cell.links.values():
+                names = names | sources
+            for name in names:
+                self.touch.setdefault(name, []).append(index)
+        self.opaque_cells = [i for i, f in enumerate(facts) if f.opaque]
+        self.setup_cells = [i for i, f in enumerate(facts[:failing]) if f.setup]
 
     def run(self) -> Plan:
         target = self.facts[self.failing]
@@ -87,22 +154,15 @@ class _Planner:
             before = set(self.reasons)
             self.drain()
             # An object we rebuild that a later cell (before the failing one) changed in place
-            # is changed again (``model.to(dev)``, ``lst.append(v)``): another name may hold it.
-            # A later plain rebinding is not needed: whoever read the old value has it.
-            for index in sorted(self.reasons):
-                for name in self.facts[index].defines - self.present:
-                    for later in range(index + 1, self.failing):
-                        facts = self.facts[later]
-                        if name in facts.defines - facts.mutates or name in facts.deletes:
-                            break  # a new object from here on
-                        changes = name in facts.mutates and self._counts(name, facts)
-                        if changes and later not in self.failed:
-                            self._include(later, f"changes {name}", self.failing)
+            # is changed again (``model.to(dev)``, ``lst.append(v)``), also through the names
+            # built from it (``opt.step()``). A later plain rebinding is not needed: whoever
+            # read the old value has it. (A function, class or module holds no object of ours.)
+            self._propagate()
             self.drain()
             # Process state the rebuilt values may depend on: seeds, the directory, the env.
-            for index in range(self.failing):
+            for index in self.setup_cells:
                 facts = self.facts[index]
-                if facts.setup and index not in self.failed and index not in self.reasons:
+                if index not in self.failed and index not in self.reasons:
                     self._include(index, f"sets up: {facts.setup}", index)
             self.drain()
             if set(self.reasons) == before:
@@ -114,6 +174,67 @@ class _Planner:
         ]
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
         return Plan(tuple(steps), tuple(sorted(self.unresolved)), tuple(sorted(self.kept)))
+
+    def _propagate(self) -> None:
+        """One pass over the cells before the failing one: which objects are rebuilt (a name
+        a chosen cell binds, not kept), which names hold them or were built from them (the
+        cells' links), and the cells that change one of those: they are chosen too. Linear in
+        the cells and their links, whatever the number of names followed."""
+        holds: dict[str, set[str]] = {}  # name -> the rebuilt names its object is linked to
+        for index in range(self.failing + 1):
+            facts = self.facts[index]
+            if holds and index not in self.failed and index != self.failing:
+                for name in sorted(facts.mutates & holds.keys()):
+                    if self._counts(name, facts):
+                        for rebuilt in sorted(holds[name]):
+                            through = "" if rebuilt == name else f" through {name}"
+                            self._include(index, f"changes {rebuilt}{through}", self.failing)
+            if holds and (index in self.reasons or index == self.failing):
+                # A kept (restored) object built from one we rebuild is the old one's partner:
+                # ``opt.step()`` on it would step the old model's parameters. Built again.
+                for name in sorted(facts.mutates & holds.keys() & self.present):
+                    if name not in self.stale:
+                        self.stale[name] = sorted(holds[name])[0]
+                        self.need(name, index, index)
+            if index == self.failing:
+                break
+            rebuilt_here: frozenset[str] = frozenset()
+            if index in self.reasons:
+                rebuilt_here = facts.defines - facts.callables - facts.imports
+                rebuilt_here -= self.present - self.stale.keys()
+            self._carry(holds, facts, rebuilt_here)
+
+    def _carry(self, holds: dict[str, set[str]], facts: CellFacts, rebuilt: frozenset[str]) -> None:
+        """What the names hold after a cell: a name the cell rebuilds holds itself; a name bound
+        anew holds what its sources held (``opt = AdamW(model.parameters())``, ``model =
+        model.to(dev)``), or nothing."""
+        for name in facts.deletes:
+            holds.pop(name, None)
+        for name in rebuilt:
+            holds[name] = {name}
+        if not holds:
+            return
+        for name in facts.defines - facts.mutates:
+            sources = facts.links.get(name, frozenset())
+            linked = {name} if name in rebuilt else set()
+            if name not in self.modules:
+                for source in sources & holds.keys():
+                    linked |= holds[source]
+            if linked:
+                # A few are enough to say why; the choice only needs one.
+                holds[name] = set(sorted(linked)[:MAX_REASONS])
+            else:
+                holds.pop(name, None)  # a new object from here on
+
+    def _touching(self, name: str, before: int, opaque: bool = False) -> Iterator[int]:
+        """The cells before ``before`` that touch ``name`` (and, with ``opaque``, the opaque
+        ones), latest first."""
+        cells = self.touch.get(name, [])
+        found = cells[: bisect_left(cells, before)]
+        if opaque:
+            others = self.opaque_cells[: bisect_left(self.opaque_cells, before)]
+            found = sorted(set(found) | set(others)) if others else found
+        return reversed(found)
 
     def need(self, name: str, before: int, deferred_at: int) -> None:
         if (name, before, deferred_at) not in self.seen:
@@ -141,24 +262,24 @@ class _Planner:
         only_mutated = name in facts.mutates and name not in facts.defines - facts.mutates
         return not (only_mutated and name in self.modules)  # torch.manual_seed(0) & co.
 
-    def _binds(self, name: str, start: int, stop: int) -> bool:
-        return any(self._counts(name, self.facts[i]) for i in range(start, stop))
+    def _binds(self, name: str, before: int) -> bool:
+        return any(self._counts(name, self.facts[i]) for i in self._touching(name, before))
 
     def _resolve(self, name: str, before: int, deferred_at: int) -> None:
-        if name in self.present:
+        if name in self.present and name not in self.stale:
             self.kept.add(name)
             # A kept function still reads its globals when it is called.
-            for index in range(before - 1, -1, -1):
+            for index in self._touching(name, before):
                 facts = self.facts[index]
                 if name in facts.defines - facts.mutates:
                     for other in facts.deferred:
                         self.need(other, deferred_at, deferred_at)
                     break
             return
-        if name in _BUILTINS and not self._binds(name, 0, before):
+        if name in _BUILTINS and not self._binds(name, before):
             return
         fallback: int | None = None
-        for index in range(before - 1, -1, -1):
+        for index in self._touching(name, before, opaque=True):
             facts = self.facts[index]
             if name in facts.deletes:
                 return  # it did not exist at this point: nothing to rebuild
@@ -169,12 +290,22 @@ class _Planner:
             if index in self.failed:  # it may have raised before binding it
                 fallback = index if fallback is None else fallback
                 continue
-            self._include(index, _reason(name, facts), deferred_at)
+            reason = _reason(name, facts)
+            if name in self.stale:
+                reason += f" again (the one here was built from the {self.stale[name]} replaced)"
+            self._include(index, reason, deferred_at)
             return
         if fallback is not None:
             self._include(fallback, f"rebuilds {name} (this cell failed before)", deferred_at)
-        elif not any(self.facts[i].opaque for i in range(before)):
+        elif bisect_left(self.opaque_cells, before) == 0 and not _binds_plainly(
+            name, self.facts[before]
+        ):
+            # (A function that cell calls may read what the cell itself bound before the call.)
             self.unresolved.add(name)
+
+
+def _binds_plainly(name: str, facts: CellFacts) -> bool:
+    return name in facts.defines and name not in facts.mutates
 
 
 def _reason(name: str, facts: CellFacts) -> str:

@@ -192,6 +192,246 @@ CASES = [
         ["t = 1", "t = 2\nprint(t)\n1 / 0"],
         [1],
     ),
+    # --- objects changed under another name (issue 13, item 4) -----------------------------------
+    Case(
+        "an-optimizer-step-changes-the-model-it-was-built-from",
+        [
+            "import torch",
+            "model = torch.nn.Linear(2, 2)",
+            "opt = torch.optim.AdamW(model.parameters())",
+            "loss = model(torch.ones(2)).sum()\nloss.backward()",
+            "opt.step()",
+            "unrelated = 1",
+            "model(torch.ones(2))",
+        ],
+        [0, 1, 2, 3, 4, 6],
+    ),
+    Case(
+        "a-scheduler-built-from-the-optimizer-links-to-the-model-too",
+        [
+            "model = Net()",
+            "opt = SGD(model.parameters(), lr=0.1)",
+            "sched = StepLR(opt, 1)",
+            "sched.step()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "a-data-set-changed-after-its-loader-was-built",
+        [
+            "ds = make_ds()",
+            "loader = DataLoader(ds)",
+            "ds.transform = aug",
+            "batch = next(iter(loader))",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "a-layer-set-as-an-attribute-changes-the-model",
+        [
+            "import torch.nn as nn",
+            "model = nn.Sequential(nn.Linear(2, 2))",
+            "model.fc = nn.Linear(2, 3)",
+            "model(x)",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "an-attribute-alias-changed-in-a-later-cell",
+        ["model = Net()", "x = model.layer1", "x.weight.data.fill_(0)", "model(inp)"],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "an-attribute-alias-changed-in-the-same-cell",
+        ["model = Net()", "x = model.layer1\nx.weight.data.fill_(0)", "model(inp)"],
+        [0, 1, 2],
+    ),
+    Case(
+        "an-alias-through-a-loop-variable",
+        [
+            "model = Net()",
+            "for p in model.parameters():\n    p.requires_grad_(False)",
+            "model(inp)",
+        ],
+        [0, 1, 2],
+    ),
+    Case(
+        "an-alias-bound-anew-to-another-object-no-longer-links",
+        [
+            "model = Net()",
+            "opt = SGD(model.parameters())",
+            "opt = SGD(other.parameters())",
+            "opt.step()",
+            "model(inp)",
+        ],
+        [0, 4],
+    ),
+    Case(
+        "a-copy-shares-nothing",
+        ["df = load()", "df2 = df.copy()", "df2['a'] = 1", "df['b']"],
+        [0, 3],
+    ),
+    Case(
+        "a-notebook-function-that-steps-the-optimizer-changes-the-model",
+        [
+            "model = Net()",
+            "opt = SGD(model.parameters())",
+            "def train():\n    opt.step()",
+            "train()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "a-function-handed-the-model-may-change-it",
+        ["from lib import fit", "model = Net()", "history = fit(model, data)", "model(inp)"],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "an-in-place-function-changes-its-argument",
+        ["import torch.nn as nn", "model = Net()", "nn.init.zeros_(model.fc.weight)", "model(inp)"],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "builtins-that-only-read-and-classes-being-built-change-nothing",
+        [
+            "model = Net()",
+            "print(model)\nn = len(model)",
+            "opt = SGD(model.parameters())",
+            "model(inp)",
+        ],
+        [0, 3],
+    ),
+    Case(
+        "the-model-rebuilt-by-a-later-cell-is-a-new-object",
+        [
+            "model = Net()",
+            "opt = SGD(model.parameters())",
+            "model = Net()",
+            "opt.step()",
+            "model(inp)",
+        ],
+        [2, 4],
+    ),
+    # --- scopes and syntax ---------------------------------------------------------------------
+    Case(
+        "a-function-that-assigns-a-global-defines-it-where-it-is-called",
+        ["def setup():\n    global cfg\n    cfg = {'lr': 1}", "other = 2", "setup()", "cfg['lr']"],
+        [0, 2, 3],
+    ),
+    Case(
+        "a-function-that-bumps-a-global-needs-its-start",
+        ["count = 0", "def bump():\n    global count\n    count += 1", "bump()", "print(count)"],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "a-function-called-by-another-passes-its-effects-on",
+        [
+            "def inner():\n    global flag\n    flag = 1",
+            "def outer():\n    inner()",
+            "outer()",
+            "flag",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "nonlocal-binds-no-global",
+        [
+            "def outer():\n    n = 0\n    def inner():\n        nonlocal n\n        n += 1\n"
+            "    inner()\n    return n",
+            "n = 5",
+            "outer()",
+            "print(n)",
+        ],
+        [1, 3],
+    ),
+    Case(
+        "match-captures-define-names",
+        [
+            "cmd = {'lr': 1, 'x': 2}",
+            "match cmd:\n    case {'lr': lr, **rest}:\n        pass\n    case [first, *others]:\n"
+            "        pass\n    case Point(x=px) as pt:\n        pass",
+            "print(lr, rest, first, others, px, pt)",
+        ],
+        [0, 1, 2],
+    ),
+    Case(
+        "a-match-class-pattern-reads-the-class",
+        [
+            "class Point:\n    pass",
+            "p = Point()",
+            "match p:\n    case Point():\n        hit = 1",
+            "hit",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "top-level-await-defines",
+        ["import asyncio", "result = await asyncio.sleep(0, 5)", "result + 1"],
+        [0, 1, 2],
+    ),
+    Case(
+        "an-async-comprehension-variable-is-local",
+        ["ys = [a async for a in agen()]", "a = 1", "print(a, ys)"],
+        [0, 1, 2],
+    ),
+    Case(
+        "a-walrus-in-a-comprehension-binds-outside-it",
+        ["vals = [y := v * 2 for v in range(3)]", "print(y)"],
+        [0, 1],
+    ),
+    Case(
+        "for-and-with-targets-define",
+        [
+            "rows = [1, 2]",
+            "for row in rows:\n    pass",
+            "with open('f') as fh:\n    pass",
+            "print(row, fh)",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "augmented-assignment-of-a-name-changes-it-in-place",
+        ["t = make()", "view = t[0]", "view += 1", "t.sum()"],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "a-decorator-that-registers-changes-the-registry",
+        [
+            "registry = {}",
+            "def register(fn):\n    registry[fn.__name__] = fn\n    return fn",
+            "@register\ndef g():\n    return 1",
+            "registry['g']()",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "a-class-body-reads-now-its-methods-when-called",
+        [
+            "base = 2",
+            "other = 3",
+            "unused = 4",
+            "class C:\n    k = base * 2\n    def m(self):\n        return other",
+            "C().m()",
+        ],
+        [0, 1, 3, 4],
+    ),
+    Case(
+        "class-body-names-stay-in-the-class",
+        ["k = 1", "class C:\n    k = 2", "print(k)"],
+        [0, 2],
+    ),
+    Case(
+        "import-a-dot-b-defines-a",
+        ["import os.path", "os.getcwd()"],
+        [0, 1],
+    ),
+    Case(
+        "a-line-magic-assigned-defines",
+        ["import math", "x = %time math.sqrt(4)", "print(x)"],
+        [0, 1, 2],
+    ),
 ]
 
 
@@ -211,6 +451,70 @@ def test_each_chosen_cell_says_which_names_it_rebuilds():
     assert reasons[1] == ("defines data",)
     assert reasons[2] == ("changes data",)
     assert reasons[3] == ("the failing cell",)
+
+
+def test_a_cell_that_builds_and_trains_a_model_defines_it():
+    cells = [
+        "def train():\n    opt.step()",
+        "model = Net()\nopt = SGD(model.parameters())\ntrain()",
+        "model(inp)",
+    ]
+    plan = plan_replay(facts_of(cells), 2, set())
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert "defines model" in reasons[1]
+    assert plan.unresolved == ("Net", "SGD", "inp")
+
+
+def test_a_kept_optimizer_of_a_rebuilt_model_is_built_again_before_it_steps():
+    cells = ["model = Net()", "opt = SGD(model.parameters())", "opt.step()", "model(inp)"]
+    plan = plan_replay(facts_of(cells), 3, {"opt", "Net", "SGD", "inp"})
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert list(plan.indices) == [0, 1, 2, 3]
+    assert "defines opt again (the one here was built from the model replaced)" in reasons[1]
+    assert "changes model through opt" in reasons[2]
+    assert "opt" not in plan.kept
+
+
+def test_a_kept_object_only_read_is_left_alone():
+    cells = [
+        "tok = Tokenizer()",
+        "ds = Dataset(texts, tok)",
+        "tok.add_tokens(['x'])",
+        "print(ds[0], tok.vocab)",
+    ]
+    plan = plan_replay(facts_of(cells), 3, {"ds", "Tokenizer", "Dataset", "texts"})
+    # tok is rebuilt and changed again; ds is here, and only read: not built again.
+    assert list(plan.indices) == [0, 2, 3]
+    assert "ds" in plan.kept
+
+
+def test_a_change_through_another_name_says_which():
+    cells = [
+        "model = Net()",
+        "opt = AdamW(model.parameters())",
+        "opt.step()",
+        "x = model.layer1",
+        "x.weight.data.fill_(0)",
+        "model(inp)",
+    ]
+    plan = plan_replay(facts_of(cells), 5, set())
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert "changes model through opt" in reasons[2]
+    assert "changes model through x" in reasons[4]
+    assert list(plan.indices) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_model_and_its_optimizer_built_in_one_cell_are_linked():
+    cells = [
+        "model = Net()\nopt = SGD(model.parameters())",
+        "def step(x):\n    opt.zero_grad()\n    model(x).backward()\n    opt.step()",
+        "for batch in batches:\n    step(batch)",
+        "model(inp)",
+    ]
+    plan = plan_replay(facts_of(cells), 3, set())
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert "changes model through opt" in reasons[2]
+    assert list(plan.indices) == [0, 1, 2, 3]
 
 
 def test_an_opaque_cell_says_why_it_is_included():

@@ -6,13 +6,15 @@ Each cell prints a marker, so what the replay ran is read from the kernel's own 
 
 from __future__ import annotations
 
+import json
 import re
+import time
 
 import pytest
 from jupyter_harness import JupyterServer, wait_for_new_process
 from pytorch_texts import ASSERT_2_9
 
-from nb_cudaguard.notebook.replay_glue import REPLAY_LABEL
+from nb_cudaguard.notebook.replay_glue import BLOCKING_REPLAY_LABEL, REPLAY_LABEL
 
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
@@ -265,3 +267,89 @@ def test_a_click_after_a_restore_shows_the_new_plan_and_runs_it_on_the_next_clic
     )
     assert "The namespace changed since this plan was made" in said
     assert _markers(second.stream) == ["fail"]
+
+
+# A model, an optimizer built from its parameters, a step through the optimizer's name only: the
+# replay must rebuild the model and step it again, or the failing cell sees other weights.
+TRAINING = (
+    "import torch\ntorch.manual_seed(0)\nprint('RAN:seed')",
+    "model = torch.nn.Linear(2, 1)\nprint('RAN:model')",
+    "opt = torch.optim.SGD(model.parameters(), lr=1.0)\nprint('RAN:opt')",
+    "model(torch.ones(1, 2)).sum().backward()\nprint('RAN:backward')",
+    "unused = 5\nprint('RAN:unused')",
+    "opt.step()\nprint('RAN:step')",
+)
+FAIL_WITH_WEIGHTS = (
+    "print('RAN:fail')\nprint('WEIGHTS', [round(w, 6) for w in model.weight.flatten().tolist()])"
+    f"\nraise torch.AcceleratorError({ASSERT_2_9!r})"
+)
+
+
+def _weights(text: str) -> str:
+    return re.findall(r"WEIGHTS (\[.*\])", text)[-1]
+
+
+def test_replay_rebuilds_the_model_and_steps_it_again_through_the_optimizer(server, kernel):
+    kid, pid = kernel
+    sock = server.connect(kid)
+    try:
+        assert sock.execute("%load_ext nb_cudaguard").status == "ok"
+        for cell in TRAINING:
+            assert sock.execute(cell, timeout=60).status == "ok"
+        failed = sock.execute(FAIL_WITH_WEIGHTS, timeout=60)
+        assert failed.status == "error"
+        sock.execute("%cudaguard restart")
+    finally:
+        sock.close()
+    wait_for_new_process(server, kid, pid)
+    sock = server.connect(kid)
+    try:
+        loaded = sock.execute("%load_ext nb_cudaguard")
+        replay = sock.execute("%cudaguard replay --yes", timeout=90)
+    finally:
+        sock.close()
+    offered = " ".join(d["text/plain"] for d in loaded.displays)
+    assert "changes model through opt" in offered
+    assert _markers(replay.stream) == ["seed", "model", "opt", "backward", "step", "fail"]
+    assert _weights(replay.stream) == _weights(failed.stream)  # the same step, replayed
+    assert [e["ename"] for e in _errors(replay)] == ["AcceleratorError"]
+
+
+def test_without_blocking_mode_a_button_restarts_in_it_and_the_replay_is_offered_there(
+    server, kernel
+):
+    kid, pid = kernel
+    _fail_then_restart(server, kid, pid, FAIL_ASSERT, restart="%cudaguard restart --no-blocking")
+    sock = server.connect(kid)
+    try:
+        pid = int(sock.execute("import os; print(os.getpid())").stream.split()[0])
+        loaded = sock.execute("%load_ext nb_cudaguard")
+        buttons = {c["data"]["state"].get("description"): c["comm_id"] for c in loaded.comm_opens()}
+        assert REPLAY_LABEL in buttons  # replaying here, without blocking mode, stays possible
+        sock.click(buttons[BLOCKING_REPLAY_LABEL])
+        said = ""
+        deadline = time.monotonic() + 20
+        while "the replay again" not in said and time.monotonic() < deadline:
+            message = json.loads(sock.ws.recv())
+            if message["msg_type"] == "comm_msg":
+                said += message["content"]["data"].get("state", {}).get("value", "")
+    finally:
+        sock.close()
+    assert "Restarting" in said and "offers the replay again" in said
+    _, blocking = wait_for_new_process(server, kid, pid)
+    assert blocking == "1"
+    sock = server.connect(kid)
+    try:
+        loaded = sock.execute("%load_ext nb_cudaguard")
+        replay = sock.execute("%cudaguard replay --yes", timeout=90)
+    finally:
+        sock.close()
+    shown = " ".join(d["text/plain"] for d in loaded.displays)
+    assert "blocking mode is on" in shown
+    assert "Replay to cell" in shown
+    assert BLOCKING_REPLAY_LABEL not in [
+        c["data"]["state"].get("description") for c in loaded.comm_opens()
+    ]
+    assert _markers(replay.stream) == ["data", "mutate", "fail"]
+    assert [e["ename"] for e in _errors(replay)] == ["AcceleratorError"]
+    assert "Blocking mode is off" not in replay.stream

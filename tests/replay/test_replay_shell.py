@@ -116,3 +116,42 @@ def test_before_any_replay_the_previous_kernels_failing_cell_stays_the_target(
     assert list(cells[: len(CELLS)]) == list(CELLS)
     assert failing == 4 and cells[failing] == CELLS[4]
     assert cells[-1] == Cell("print(a_name_that_is_gone)", count, True)
+
+
+LINKED = (
+    Cell("import torch\ntorch.manual_seed(0)\nprint('RAN:seed')", 1, False),
+    Cell("model = torch.nn.Linear(2, 1)\nprint('RAN:model')", 2, False),
+    Cell("opt = torch.optim.SGD(model.parameters(), lr=1.0)\nprint('RAN:opt')", 3, False),
+    Cell("loss = model(torch.ones(1, 2)).sum()\nloss.backward()\nprint('RAN:backward')", 4, False),
+    Cell("layer = model\nprint('RAN:alias')", 5, False),
+    Cell("unused = 5\nprint('RAN:unused')", 6, False),
+    Cell("opt.step()\nprint('RAN:step')", 7, False),
+    Cell("with torch.no_grad():\n    layer.bias.fill_(3.0)\nprint('RAN:bias')", 8, False),
+    Cell("print('RAN:fail')\nafter = model.weight.detach().clone(), model.bias.item()", 9, True),
+)
+LINKED_NAMES = ("torch", "model", "opt", "loss", "layer", "unused", "after")
+
+
+def test_a_replay_changes_the_rebuilt_model_through_the_names_built_from_it(shell):
+    torch = pytest.importorskip("torch")
+    for name in LINKED_NAMES:
+        shell.user_ns.pop(name, None)
+    saved = SavedCells(LINKED, len(LINKED) - 1, time.time(), 1)
+    try:
+        plan = make_plan(shell, saved)
+        reasons = {saved.cells[s.index].count: s.reasons for s in plan.steps}
+        assert "changes model through opt" in reasons[7]
+        assert "changes model through layer" in reasons[8]
+        with capture_output() as out:
+            run_plan(shell, saved, plan, blocking_on=True)
+        assert re.findall(r"^RAN:(\w+)$", out.stdout, re.M) == [
+            "seed", "model", "opt", "backward", "alias", "step", "bias", "fail",
+        ]  # fmt: skip
+        torch.manual_seed(0)
+        initial = torch.nn.Linear(2, 1).weight.detach()
+        weight, bias = shell.user_ns["after"]
+        assert torch.equal(weight, initial - 1.0)  # one SGD step, lr 1, gradient 1: replayed
+        assert bias == 3.0
+    finally:
+        for name in LINKED_NAMES:
+            shell.user_ns.pop(name, None)

@@ -1,0 +1,249 @@
+"""What one cell binds, reads and changes, table-driven, through the real shell's own
+``transform_cell`` exactly as the glue analyses a saved cell (``runnable_source`` first, then
+``analyse_cell``). Each row states what must be among a fact set and what must not."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import pytest
+
+from nb_cudaguard.replay.analysis import (
+    CellFacts,
+    analyse,
+    analyse_cell,
+    quick_transform,
+    runnable_source,
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    cell: str
+    defines: tuple[str, ...] = ()
+    not_defines: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
+    not_uses: tuple[str, ...] = ()
+    mutates: tuple[str, ...] = ()
+    not_mutates: tuple[str, ...] = ()
+    deletes: tuple[str, ...] = ()
+    opaque: bool = False
+    setup: bool = False
+
+
+ROWS = [
+    # --- IPython syntax, after the real transform ---------------------------------------------
+    Row("time-line-magic-assigns", "%time x = f(a)", defines=("x",), uses=("f", "a")),
+    Row("time-line-magic-result-assigned", "x = %time f(a)", defines=("x",), uses=("f", "a")),
+    Row(
+        "time-cell-magic-body",
+        "%%time\nmodel = build(cfg)",
+        defines=("model",),
+        uses=("build", "cfg"),
+    ),
+    Row(
+        "time-line-magic-loop-changes",
+        "%time for i in range(3): total += i",
+        mutates=("total",),
+        uses=("total",),
+    ),
+    Row("shell-output-assigned", "files = !ls $folder", defines=("files",), uses=("folder",)),
+    Row(
+        "shell-command-expands-braces",
+        "!echo {prefix + suffix}",
+        uses=("prefix", "suffix"),
+        not_defines=("prefix",),
+    ),
+    Row("capture-binds-its-name-and-runs-its-body", "%%capture out\ny = 2", defines=("out", "y")),
+    Row("capture-with-options", "%%capture --no-stderr out\ny = 2", defines=("out", "y")),
+    Row("prun-body-is-python", "%%prun -s cumtime\nz = g()", defines=("z",), uses=("g",)),
+    Row(
+        "cudacheck-body-is-python", "%%cudacheck\ny = model(x)", defines=("y",), uses=("model", "x")
+    ),
+    Row("timeit-body-binds-nothing-here", "%%timeit\ny = 1", not_defines=("y",)),
+    Row("bash-binds-nothing", "%%bash\necho hi", not_defines=("echo",)),
+    Row("writefile-binds-nothing", "%%writefile f.py\nx = 1", not_defines=("x",)),
+    Row("run-is-opaque", "%run setup.py", opaque=True),
+    Row("store-r-is-opaque", "%store -r data", opaque=True),
+    Row("unknown-cell-magic-is-opaque", "%%sql\nselect 1", opaque=True),
+    Row("cd-is-setup", "%cd /tmp", setup=True),
+    Row("env-set-is-setup", "%env A=1", setup=True),
+    Row("help-syntax-binds-nothing", "x?", not_defines=("x",)),
+    Row("load-ext-line-is-skipped", "%load_ext nb_cudaguard\nk = 1", defines=("k",)),
+    # --- Python scopes ---------------------------------------------------------------------------
+    Row("import-dotted-binds-the-package", "import a.b.c", defines=("a",), not_defines=("b", "c")),
+    Row("import-as-binds-the-alias", "import a.b as ab", defines=("ab",), not_defines=("a",)),
+    Row("walrus", "if (n := f()) > 1:\n    pass", defines=("n",)),
+    Row(
+        "walrus-in-comprehension-binds-outside",
+        "[y := v for v in vs]",
+        defines=("y",),
+        not_defines=("v",),
+    ),
+    Row(
+        "comprehension-target-is-local",
+        "ys = [v * k for v in vs]",
+        defines=("ys",),
+        not_defines=("v",),
+        uses=("vs", "k"),
+    ),
+    Row(
+        "async-comprehension-target-is-local", "ys = [a async for a in agen()]", not_defines=("a",)
+    ),
+    Row("top-level-await", "r = await fetch(url)", defines=("r",), uses=("fetch", "url")),
+    Row("del-removes", "del old", deletes=("old",), not_defines=("old",)),
+    Row("del-item-changes", "del cache[k]", mutates=("cache",)),
+    Row("augmented-name-changes-in-place", "t += 1", mutates=("t",), uses=("t",)),
+    Row("augmented-attribute-changes", "model.steps += 1", mutates=("model",)),
+    Row("for-target", "for row in rows:\n    pass", defines=("row",), uses=("rows",)),
+    Row(
+        "with-as-target",
+        "with open(p) as fh:\n    data = fh.read()",
+        defines=("fh", "data"),
+        uses=("p",),
+        not_uses=("fh",),
+    ),
+    Row("except-as", "try:\n    pass\nexcept E as err:\n    pass", defines=("err",), uses=("E",)),
+    Row(
+        "match-captures",
+        "match cmd:\n    case {'lr': lr, **rest}:\n        pass\n"
+        "    case [first, *others]:\n        pass\n    case Point(x=px) as pt:\n        pass",
+        defines=("lr", "rest", "first", "others", "px", "pt"),
+        uses=("cmd", "Point"),
+    ),
+    Row(
+        "decorator-is-read",
+        "@cache(size)\ndef f():\n    return w",
+        defines=("f",),
+        uses=("cache", "size"),
+        not_uses=("w",),
+    ),
+    Row(
+        "class-body-reads-now-binds-nothing-outside",
+        "class C(Base):\n    k = scale * 2",
+        defines=("C",),
+        uses=("Base", "scale"),
+        not_defines=("k",),
+    ),
+    Row(
+        "function-globals-are-not-read-at-definition",
+        "def f():\n    return w",
+        defines=("f",),
+        not_uses=("w",),
+    ),
+    Row(
+        "global-in-a-function-binds-nothing-at-definition",
+        "def f():\n    global g\n    g = 1",
+        defines=("f",),
+        not_defines=("g",),
+    ),
+    # --- changes through calls -----------------------------------------------------------------
+    Row("method-call-changes", "opt.step()", mutates=("opt",)),
+    Row("read-only-method-changes-nothing", "df.head()", not_mutates=("df",)),
+    Row(
+        "plain-function-changes-its-arguments", "train(model, loader)", mutates=("model", "loader")
+    ),
+    Row("builtin-reads-only", "print(model)\nlen(data)", not_mutates=("model", "data")),
+    Row("next-advances-the-iterator", "batch = next(it)", mutates=("it",)),
+    Row(
+        "class-being-built-changes-nothing", "opt = SGD(model.parameters())", not_mutates=("model",)
+    ),
+    Row("in-place-by-name", "nn.init.zeros_(model.fc.weight)", mutates=("model",)),
+    Row(
+        "alias-changed-in-the-same-cell",
+        "x = model.layer1\nx.weight.data.fill_(0)",
+        mutates=("model",),
+    ),
+    Row("copy-then-change-leaves-the-original", "d = df.copy()\nd['a'] = 1", not_mutates=("df",)),
+    Row("exec-is-opaque", "exec(code)", opaque=True),
+    Row("seed-is-setup", "torch.manual_seed(0)", setup=True),
+]
+
+
+def _facts(shell, cell: str) -> CellFacts:
+    return analyse_cell(runnable_source(cell), shell.transform_cell)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_a_cell_s_facts_through_ipython_s_own_transform(shell, row: Row):
+    facts = _facts(shell, row.cell)
+    assert set(row.defines) <= facts.defines, facts
+    assert not set(row.not_defines) & facts.defines, facts
+    assert set(row.uses) <= facts.uses, facts
+    assert not set(row.not_uses) & facts.uses, facts
+    assert set(row.mutates) <= facts.mutates, facts
+    assert not set(row.not_mutates) & facts.mutates, facts
+    assert set(row.deletes) <= facts.deletes, facts
+    assert bool(facts.opaque) is row.opaque, facts
+    assert bool(facts.setup) is row.setup, facts
+
+
+def test_links_name_what_a_value_was_built_from(shell):
+    facts = _facts(shell, "opt = torch.optim.AdamW(model.parameters(), lr=lr)\nx = opt\ny = x")
+    assert facts.links["opt"] == {"torch", "model", "lr"}
+    # Through names bound in the same cell: those too, and what they were built from.
+    assert facts.links["y"] == {"x", "opt", "torch", "model", "lr"}
+
+
+def test_a_function_s_effects_outside_it(shell):
+    facts = _facts(
+        shell,
+        "def step(batch):\n    global steps\n    steps += 1\n    local = []\n    local.append(1)\n"
+        "    opt.step()\n    history['loss'] = 1\n    helper(batch)\n    return batch",
+    )
+    effects = facts.effects["step"]
+    assert effects.mutates == {"steps", "opt", "history"}
+    assert effects.calls == {"helper"}
+
+
+ESCAPED = [
+    "%time x = f(a)",
+    "x = %time f(a)",
+    "files = !ls $folder",
+    "a, b = !ls",
+    "!!ls {path}",
+    "import a\n%matplotlib inline\ny = 1",
+    "if ok:\n    !echo {name}\n    %time z = g()",
+    "%%time\nmodel = build(cfg)",
+    "%%capture --no-stderr out\ny = 2",
+    "%%bash\necho $HOME",
+    "%%time\n%time inner = f()\n!ls",
+    "d['k'] = !ls",  # not a plain name: the real transform
+    "x?",  # help: the real transform
+    "x = (1 +\n     2)\n%env A=$val",
+]
+
+
+@pytest.mark.parametrize("cell", ESCAPED)
+def test_the_quick_rewrite_of_escapes_finds_what_ipython_s_transform_finds(shell, cell: str):
+    by_ipython = analyse(shell.transform_cell(runnable_source(cell)), shell.transform_cell)
+    assert _facts(shell, cell) == by_ipython
+
+
+def _quick_parses(cell: str) -> bool:
+    try:
+        ast.parse(quick_transform(cell) or "?")
+    except SyntaxError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("cell", [c for c in ESCAPED if _quick_parses(c)])
+def test_the_quick_rewrite_writes_what_ipython_writes(shell, cell: str):
+    assert quick_transform(cell) == shell.transform_cell(cell)
+
+
+def test_cells_the_quick_rewrite_leaves_to_ipython():
+    assert [c for c in ESCAPED if not _quick_parses(c)] == ["d['k'] = !ls", "x?"]
+
+
+def test_a_function_changes_what_its_locals_were_built_from(shell):
+    facts = _facts(
+        shell,
+        "def epoch():\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
+        "        loss.backward()\n    head = model.fc\n    head.weight.data.zero_()\n"
+        "    fresh = []\n    fresh.append(1)",
+    )
+    assert facts.effects["epoch"].mutates == {"crit", "model", "loader"}
