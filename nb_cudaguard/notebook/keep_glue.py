@@ -157,7 +157,7 @@ def offer_restore(
     if manifest is None:
         return
     if not manifest.kept:  # only reasons: said at the restart already
-        store.discard(store.keep_dir(profile[0], connection))
+        store.discard_keep(profile[0], connection)
         return
     display(restore_offer(shell, connection, profile, manifest))
 
@@ -339,7 +339,7 @@ def discard(connection: str | None, profile: tuple[str, str] | None) -> str:
         return "Nothing is kept here."
     from ..keep import store
 
-    store.discard(store.keep_dir(profile[0], connection))
+    store.discard_keep(profile[0], connection)  # in the profile and in RAM
     return "Deleted what the previous process kept."
 
 
