@@ -336,8 +336,8 @@ class _Saver:
         del alive
         with self.lock:
             if not self.budget.cancelled.is_set():
-                self.finished = True
                 write_manifest(self.directory, self.manifest(timed_out=False))
+                self.finished = True  # only once the manifest is there: else an error, below
 
     def _write_one(
         self, index: int, name: str, value: Any
@@ -614,6 +614,7 @@ def save(
         if not saver.finished:
             if saver.error is not None:
                 _drop_aside(earlier)
+                discard_keep(profile_location, connection, ram=ram)  # nothing held in RAM
                 raise saver.error
             budget.cancelled.set()  # the worker writes nothing more, removes what it was writing
         manifest = saver.manifest(timed_out=not saver.finished)
@@ -879,6 +880,24 @@ def discard(directory: Path) -> None:
         directory.unlink()
     elif directory.exists():
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def remove_unlisted(
+    profile_location: str | os.PathLike[str], connection: str, manifest: Manifest
+) -> None:
+    """Remove the files of this kernel's keep that its manifest does not name: a value the old
+    process was still writing when it ended (past the save's deadline). Where that was in RAM,
+    nothing else would free it before the restore."""
+    listed = {(k.file, k.ram) for k in manifest.kept if k.file}
+    places = [(keep_dir(profile_location, connection), False)]
+    with contextlib.suppress(StoreError):
+        ram = ram_of(manifest, profile_location, connection)
+        places += [(ram, True)] if ram is not None else []
+    for place, in_ram in places:
+        for path in place.glob("*.bin"):
+            if (path.name, in_ram) not in listed:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def discard_keep(

@@ -156,6 +156,7 @@ def offer_restore(
         return
     if manifest is None:
         return
+    store.remove_unlisted(profile[0], connection, manifest)
     if not manifest.kept:  # only reasons: said at the restart already
         store.discard_keep(profile[0], connection)
         return

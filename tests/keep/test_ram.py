@@ -245,3 +245,32 @@ def test_the_default_roots_are_the_users_runtime_directory_then_dev_shm(monkeypa
     assert store.ram_roots() == [Path("/run/user/1000"), Path("/dev/shm")]
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert store.ram_roots() == [Path("/dev/shm")]
+
+
+def test_a_file_the_old_process_was_still_writing_is_removed_at_the_offer(profile, ram):
+    # The process ended while a value past the deadline was being written: not in the
+    # manifest, and in RAM nothing else would free it before the restore.
+    location, connection = profile
+    manifest = store.save({"a": np.ones(10)}, location, connection, ram=[ram])
+    where = store.ram_dir(ram, location, connection)
+    (where / "v9.bin").write_bytes(b"cut short")
+    (store.keep_dir(location, connection) / "v8.bin").write_bytes(b"cut short")
+    store.remove_unlisted(location, connection, manifest)
+    assert sorted(p.name for p in where.iterdir()) == ["v0.bin"]
+    assert sorted(p.name for p in store.keep_dir(location, connection).iterdir()) == [
+        store.MANIFEST
+    ]
+    fresh: dict[str, object] = {}
+    assert store.restore(fresh, location, connection).failed == ()
+
+
+def test_a_save_that_fails_leaves_nothing_in_ram(profile, ram, monkeypatch):
+    location, connection = profile
+
+    def broken(*args, **kwargs):
+        raise OSError("the profile's disk is full")
+
+    monkeypatch.setattr(store, "write_manifest", broken)  # the real write, failing as a disk
+    with pytest.raises(OSError, match="disk is full"):
+        store.save({"a": np.ones(10)}, location, connection, ram=[ram])
+    assert not store.ram_dir(ram, location, connection).exists()
