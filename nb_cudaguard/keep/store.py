@@ -203,10 +203,6 @@ def _make_ram_dir(directory: Path) -> bool:
     return True
 
 
-def _ram_dirs(profile_location: str | os.PathLike[str], connection: str) -> list[Path]:
-    return [ram_dir(root, profile_location, connection) for root in ram_roots()]
-
-
 # --- saving --------------------------------------------------------------------------------------
 
 
