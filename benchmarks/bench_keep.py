@@ -6,20 +6,22 @@ Usage::
 
 One real Jupyter server (127.0.0.1, token auth), one kernel holding ``--gb`` of CPU data: half
 numpy float32 arrays, half torch float32 tensors, in 8 variables (plus a small dict and a
-notebook function). Alternating, ``--repeat`` times each:
+notebook function). Each round runs the four cases below, in an order rotated every round; the
+data is made again (untimed) before each. Every time runs from the ``restart_kernel()`` call in
+the old process to the end of the first cell in the new one:
 
-- ``plain``: ``restart_kernel(blocking=False, keep=False)`` until a fresh websocket runs a cell
-  in the new process (the data is then made again, untimed, for the next round);
-- ``plain + import``: the same, and that first cell imports numpy and torch, as the user's first
-  cell would before making the data again (the fair floor for the comparison: restoring tensors
-  imports torch);
-- ``keep + restore``: ``restart_kernel(blocking=False)`` (saves first) until the new process has
-  run ``%load_ext nb_cudaguard`` and ``%cudaguard restore`` and the data is back, checked.
-  Restored arrays and tensors use the file's pages (mapped copy-on-write), read on first
-  touch: the first full read of the data after the restore is timed too, and again after it.
+- ``plain``: ``restart_kernel(False, keep=False)``; the first cell is ``1``;
+- ``plain + import``: the same, and the first cell imports numpy and torch, as the user's first
+  cell would before making the data again (restoring tensors imports torch: the fair floor);
+- ``keep in RAM``: ``restart_kernel(False)`` (saves first; the default place, /dev/shm here);
+  the first cell is ``%load_ext nb_cudaguard`` and ``%cudaguard restore``, the data checked;
+- ``keep in profile``: the same with ``NB_CUDAGUARD_KEEP_RAM=''`` in the old process: the files
+  go to the IPython profile on the disk, as before RAM was used.
 
-Prints the medians, the added time (target: keep + restore adds <= 2 s to a plain restart), and
-the save and restore times the kernel measured itself.
+Restored arrays and tensors use the file's pages (mapped copy-on-write), read on first touch:
+the first full read of the data after the restore is timed too, and again after it. Prints
+medians (min-max), the parts the kernels measured themselves, and the added time (target: keep
++ restore adds <= 2 s to a plain restart).
 """
 
 from __future__ import annotations
@@ -65,18 +67,57 @@ def _run(server: JupyterServer, kid: str, code: str, timeout: float = 300) -> st
     return reply.stream
 
 
-def _restart_then(server: JupyterServer, kid: str, call: str, first_cell: str) -> float:
+RESTART = (
+    "import os, time as _t\n{env}\n_s = _t.perf_counter()\n"
+    "_p = nb_cudaguard.restart_kernel(False, keep={keep})\n"
+    "print('call_s', _t.perf_counter() - _s, _p.kept)"
+)
+# Timed with a function's locals: names the cell would assign are kept names, and the restore
+# would put the previous round's values back over them.
+RESTORE = """
+def _timed_restore():
+    import time
+    ip = get_ipython()
+    start = time.perf_counter()
+    ip.run_line_magic("load_ext", "nb_cudaguard")
+    loaded = time.perf_counter()
+    ip.run_line_magic("cudaguard", "restore")
+    print("load_s", loaded - start, "restore_s", time.perf_counter() - loaded)
+_timed_restore()
+"""
+# Where the kept files go, set in the old process just before its restart (read by the save).
+IN_RAM = "os.environ.pop('NB_CUDAGUARD_KEEP_RAM', None)"  # the default: /dev/shm here
+IN_PROFILE = "os.environ['NB_CUDAGUARD_KEEP_RAM'] = ''"  # no RAM root: the profile's disk
+
+
+def _number(text: str, key: str) -> float:
+    return float(text.split(key)[-1].split()[0])
+
+
+def _restart_then(
+    server: JupyterServer, kid: str, keep: bool, env: str, first_cell: str
+) -> tuple[float, str, str]:
+    """Seconds from the restart call to ``first_cell`` done in the new process; what the old
+    process printed, and the first cell's output."""
     pid, _ = probe(server, kid)
     sock = server.connect(kid)
     sock.execute("import nb_cudaguard")
     t0 = time.perf_counter()
-    reply = sock.execute(call, timeout=120)
+    reply = sock.execute(RESTART.format(env=env, keep=keep), timeout=120)
     sock.close()
     if reply.status != "ok":
         raise RuntimeError(f"restart failed: {reply.messages[-3:]}")
     wait_for_new_process(server, kid, pid, timeout=120)
-    _run(server, kid, first_cell)
-    return time.perf_counter() - t0
+    out = _run(server, kid, first_cell)
+    return time.perf_counter() - t0, reply.stream, out
+
+
+CASES = {
+    "plain": (False, IN_RAM, "1"),
+    "plain + import": (False, IN_RAM, "import numpy, torch"),
+    "keep in RAM": (True, IN_RAM, RESTORE),
+    "keep in profile": (True, IN_PROFILE, RESTORE),
+}
 
 
 def main() -> None:
@@ -85,11 +126,10 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=1.0)
     args = parser.parse_args()
     make = MAKE.format(gb=args.gb)
-    plain: list[float] = []
-    plain_import: list[float] = []
-    kept: list[float] = []
-    saves: list[float] = []
-    restores: list[float] = []
+    total: dict[str, list[float]] = {name: [] for name in CASES}
+    call: dict[str, list[float]] = {name: [] for name in CASES}
+    load: dict[str, list[float]] = {name: [] for name in CASES}
+    restore: dict[str, list[float]] = {name: [] for name in CASES}
     first_touch: list[float] = []
     hot_touch: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,82 +139,54 @@ def main() -> None:
             wait_for_new_process(server, kid, -1)
             _run(server, kid, make)
             expected = _run(server, kid, CHECK)
-            for _ in range(args.repeat):
-                plain.append(
-                    _restart_then(
-                        server, kid, "nb_cudaguard.restart_kernel(False, keep=False)", "1"
-                    )
-                )
-                _run(server, kid, make)
-                plain_import.append(
-                    _restart_then(
-                        server,
-                        kid,
-                        "nb_cudaguard.restart_kernel(False, keep=False)",
-                        "import numpy, torch",
-                    )
-                )
-                _run(server, kid, make)
-                restore = (
-                    "%load_ext nb_cudaguard\nimport time as _t; _s = _t.perf_counter()\n"
-                    "%cudaguard restore\nprint('restore_s', _t.perf_counter() - _s)"
-                )
-                pid, _ = probe(server, kid)
-                sock = server.connect(kid)
-                sock.execute("import nb_cudaguard")
-                t0 = time.perf_counter()
-                reply = sock.execute(
-                    "_p = nb_cudaguard.restart_kernel(False)\nprint(_p.kept)", timeout=120
-                )
-                sock.close()
-                wait_for_new_process(server, kid, pid, timeout=120)
-                out = _run(server, kid, restore)
-                kept.append(time.perf_counter() - t0)
-                touch = _run(server, kid, TIMED_CHECK).split("check_s")[-1].split()
-                first_touch.append(float(touch[0]))
-                if _run(server, kid, CHECK) != expected:
-                    raise RuntimeError("the restored data differs")
-                hot = _run(server, kid, TIMED_CHECK).split("check_s")[-1].split()
-                hot_touch.append(float(hot[0]))
-                said = reply.stream
-                if "Kept" not in said:
-                    raise RuntimeError(f"nothing kept: {said}")
-                restores.append(float(out.split("restore_s")[-1].split()[0]))
-                saves.append(_save_seconds(server, kid))
+            for round_ in range(args.repeat):
+                # Rotated each round: no case always follows the same one.
+                names = list(CASES)
+                names = names[round_ % len(names) :] + names[: round_ % len(names)]
+                for name in names:
+                    keep, env, first = CASES[name]
+                    seconds, said, out = _restart_then(server, kid, keep, env, first)
+                    total[name].append(seconds)
+                    call[name].append(_number(said, "call_s"))
+                    if keep:
+                        if "Kept" not in said:
+                            raise RuntimeError(f"nothing kept: {said}")
+                        load[name].append(_number(out, "load_s"))
+                        restore[name].append(_number(out, "restore_s"))
+                        touch = _run(server, kid, TIMED_CHECK)
+                        first_touch.append(_number(touch, "check_s"))
+                        if _run(server, kid, CHECK) != expected:
+                            raise RuntimeError("the restored data differs")
+                        hot_touch.append(_number(_run(server, kid, TIMED_CHECK), "check_s"))
+                        _run(server, kid, "del a0, a1, a2, a3, t0, t1, t2, t3")
+                    _run(server, kid, make)  # untimed: the data for the next case
         finally:
             server.stop()
     median = statistics.median
+
+    def row(label: str, samples: list[float]) -> None:
+        print(f"| {label} | {median(samples):.2f} s ({min(samples):.2f}-{max(samples):.2f}) |")
+
     print(f"data: {args.gb:.2f} GB in 8 arrays/tensors, {args.repeat} rounds, medians (min-max)")
-    for name, samples in (
-        ("plain restart -> first cell", plain),
-        ("plain restart -> `import numpy, torch`", plain_import),
-        ("keep + restart -> `%load_ext` + `%cudaguard restore` done", kept),
-        ("  of which: restore in the new kernel", restores),
-        ("first full read of the restored data (pages mapped in)", first_touch),
-        ("the same read again (pages in memory)", hot_touch),
-    ):
-        print(f"| {name} | {median(samples):.2f} s ({min(samples):.2f}-{max(samples):.2f}) |")
-    print(f"| save before the restart (kernel's own measure) | {median(saves):.2f} s |")
-    print(
-        f"\nadded by keep + restore: {median(kept) - median(plain):+.2f} s over a plain restart, "
-        f"{median(kept) - median(plain_import):+.2f} s over a plain restart + imports "
-        "(target <= +2 s)"
-    )
-
-
-def _save_seconds(server: JupyterServer, kid: str) -> float:
-    """The save time is not in the manifest any more once restored; re-save to read it (the
-    kernel holds the data again): the same work as before the restart."""
-    code = (
-        "from nb_cudaguard.keep import store\n"
-        "from nb_cudaguard.restart.environment import running_kernel_connection\n"
-        "_ip = get_ipython()\n"
-        "_m = store.save(_ip.user_ns, _ip.profile_dir.location, running_kernel_connection(), "
-        "hidden=_ip.user_ns_hidden)\n"
-        "print('save_s', _m.seconds)\n"
-        "store.discard(store.keep_dir(_ip.profile_dir.location, running_kernel_connection()))"
-    )
-    return float(_run(server, kid, code).split("save_s")[-1].split()[0])
+    print("| measurement | time |\n|---|---|")
+    row("plain restart -> first cell", total["plain"])
+    row("plain restart -> `import numpy, torch`", total["plain + import"])
+    for name in ("keep in RAM", "keep in profile"):
+        row(f"{name}: restart -> `%load_ext` + `%cudaguard restore` done", total[name])
+        row("  of which: `restart_kernel()` call (the save)", call[name])
+        row("  of which: `%load_ext nb_cudaguard`", load[name])
+        row("  of which: `%cudaguard restore` (imports numpy, torch)", restore[name])
+    row("`restart_kernel(keep=False)` call (plain, for comparison)", call["plain"])
+    row("first full read of the restored data (pages mapped in)", first_touch)
+    row("the same read again (pages in memory)", hot_touch)
+    plain, imports = median(total["plain"]), median(total["plain + import"])
+    for name in ("keep in RAM", "keep in profile"):
+        kept = median(total[name])
+        print(
+            f"\n{name}: added {kept - plain:+.2f} s over a plain restart, "
+            f"{kept - imports:+.2f} s over a plain restart + `import numpy, torch` "
+            "(target <= +2 s)"
+        )
 
 
 if __name__ == "__main__":

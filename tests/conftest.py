@@ -31,6 +31,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def keep_ram_in_a_temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every restart keeps the namespace, in RAM where there is room (``keep/store.py``): the
+    tests' kernels put it in a temporary directory instead of the machine's /dev/shm, where
+    what no test restores would stay until it expires. Tests of the real places set it back."""
+    name = "NB_CUDAGUARD_KEEP_RAM"
+    before = os.environ.get(name)
+    os.environ[name] = str(tmp_path_factory.mktemp("keep-ram"))
+    yield
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before
+
+
 @pytest.fixture
 def shell() -> Iterator[Any]:
     """A real InteractiveShell, with nb_cudaguard unloaded again afterwards."""

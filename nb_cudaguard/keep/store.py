@@ -7,6 +7,15 @@ file too, and a mismatch is refused. The directory is 0700 and every file 0600; 
 directory and each file must be owned by this user with no group/other bits, or nothing is read
 (unpickling runs code). Leftovers expire after ``TTL_S``; a full restore removes the directory.
 
+Where RAM allows, the values' files go to a RAM-backed filesystem instead (``$XDG_RUNTIME_DIR``,
+``/dev/shm``): ``<root>/nb_cudaguard-<uid>/keep-<key>/``, with the same rules (0700, 0600, checked
+before reading). Writing a gigabyte there is a copy into memory, where on a disk filesystem it
+can be held up by the writeback of earlier dirty pages (measured in BENCHMARKS.md). Only what fits
+goes there: the filesystem's free space less ``RAM_MARGIN`` (a Docker ``/dev/shm`` has 64 MB) and
+at most ``RAM_SHARE`` of the memory available, since nothing reclaims it until it is restored,
+discarded or expired (the sweep of leftovers covers these directories too); the rest goes to
+the profile. The manifest always stays in the profile, so the new process finds it there.
+
 Each variable is written on its own, so a failure skips only that variable, with the reason.
 Variables that share state (an optimizer and its model's parameters, two names for one array)
 are then written together, so that they come back sharing it.
@@ -18,6 +27,8 @@ listed as not kept, and the caller (the restart) goes on. Nothing here blocks th
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -26,7 +37,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +45,17 @@ from ..restart.injection import _private_dir, kernel_key, state_dir
 from . import pickling
 from .select import describe, importable_module, is_ipython_name, reason_not_to_try
 
-FORMAT = 1
+FORMAT = 2  # 2: files may be in RAM (``Kept.ram``, ``Manifest.ram``)
+READABLE = frozenset({1, 2})
 TTL_S = 24 * 3600.0  # a day: a notebook left overnight still finds its state; older is a leftover
 TIMEOUT_S = 30.0  # the restart waits no longer than this for the save
 VARIABLE_CAP = 4 * 1024**3  # bytes per variable (or group)
 TOTAL_CAP = 16 * 1024**3
 FREE_SPACE_KEPT = 1024**3  # never fill the disk: this much stays free, and at most half of it used
+RAM_MARGIN = 64 * 1024**2  # left free on a RAM filesystem
+RAM_SHARE = 0.5  # of the memory available: the most a keep may hold in RAM
 MANIFEST = "manifest.json"
+_LOOKED_AT = 1000  # items of a list or dict looked at to guess its size
 _FILE_NAME = re.compile(r"^[vgc]\d+\.bin$")
 
 
@@ -53,6 +68,7 @@ class Kept:
     kind: str = "value"  # value | module | snapshot
     module: str | None = None
     note: str = ""
+    ram: bool = False  # the file is in the manifest's RAM directory, not the profile's
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,7 @@ class Manifest:
     timed_out: bool = False
     format: int = FORMAT
     total: int = 0  # bytes on disk (names that share state share a file)
+    ram: str | None = None  # the RAM directory holding the files marked ``ram``
 
     @property
     def size(self) -> int:
@@ -84,7 +101,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         data = json.loads(text)
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") not in READABLE:
             raise ValueError("not a keep manifest of this version")
         for item in data.get("kept", ()):
             if item.get("file") is not None and not _FILE_NAME.match(str(item["file"])):
@@ -98,6 +115,7 @@ class Manifest:
             ipython_names=int(data.get("ipython_names", 0)),
             seconds=float(data.get("seconds", 0.0)),
             timed_out=bool(data.get("timed_out", False)),
+            ram=None if data.get("ram") is None else str(data["ram"]),
         )
 
 
@@ -113,6 +131,78 @@ def _kernel(connection: str) -> str:
     return os.path.realpath(os.path.abspath(connection))
 
 
+# --- the RAM place -------------------------------------------------------------------------------
+
+
+RAM_ENV = "NB_CUDAGUARD_KEEP_RAM"  # the roots to use instead (os.pathsep between); empty: none
+
+
+def ram_roots() -> list[Path]:
+    """RAM-backed filesystems to try, best first: the user's own runtime directory (private by
+    design), then ``/dev/shm``; or those ``$NB_CUDAGUARD_KEEP_RAM`` names. None off Linux-like
+    systems."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return []
+    chosen = os.environ.get(RAM_ENV)
+    if chosen is not None:
+        return [Path(p) for p in chosen.split(os.pathsep) if os.path.isabs(p)]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    roots = [Path(runtime)] if runtime and os.path.isabs(runtime) else []
+    return [*roots, Path("/dev/shm")]
+
+
+def _ram_base(root: Path) -> Path:
+    return root / f"nb_cudaguard-{os.geteuid()}"
+
+
+def ram_dir(root: Path, profile_location: str | os.PathLike[str], connection: str) -> Path:
+    """This kernel's RAM directory under ``root``: keyed by the profile as well as the kernel, as
+    a RAM root is shared by every profile on the machine."""
+    profile = os.path.realpath(os.path.abspath(profile_location))
+    key = hashlib.sha256(f"{profile}\0{_kernel(connection)}".encode()).hexdigest()[:24]
+    return _ram_base(root) / f"keep-{key}"
+
+
+def memory_available() -> int | None:
+    """``MemAvailable`` of /proc/meminfo, in bytes; None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def ram_room(root: Path, available: int | None) -> int:
+    """Bytes a keep may put under ``root``: its free space less ``RAM_MARGIN``, and at most
+    ``RAM_SHARE`` of ``available`` memory (0 where either is unknown)."""
+    if available is None:
+        return 0
+    try:
+        info = os.statvfs(root)
+    except OSError:
+        return 0
+    return max(0, min(info.f_bavail * info.f_frsize - RAM_MARGIN, int(available * RAM_SHARE)))
+
+
+def _make_ram_dir(directory: Path) -> bool:
+    """Create ``directory`` 0700 under a 0700 per-user base in a shared, world-writable root: the
+    base must be a real directory of ours that nobody else can enter, or nothing goes there."""
+    base = directory.parent
+    try:
+        with contextlib.suppress(FileExistsError):
+            base.mkdir(mode=0o700)
+        _check_private(base, directory=True)
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+        _check_private(directory, directory=True)
+    except (OSError, StoreError):
+        return False
+    return True
+
+
 # --- saving --------------------------------------------------------------------------------------
 
 
@@ -122,8 +212,8 @@ class _Budget:
     total_left: int
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def checker(self, cap: int) -> Any:
-        limit = min(cap, self.total_left)
+    def checker(self, cap: int, room: int | None = None) -> Any:
+        limit = min(cap, self.total_left, cap if room is None else room)
 
         def check(written: int) -> None:
             if written > limit:
@@ -153,7 +243,13 @@ class _Saver:
         created: float,
         fallbacks: Mapping[str, Callable[[], tuple[str, Any]]],
         why_not: Mapping[str, str],
+        ram: Path | None = None,
+        ram_left: int = 0,
+        disk_left: int | None = None,
     ) -> None:
+        self.ram = ram  # where values go while they fit in ``ram_left`` bytes
+        self.ram_left = ram_left if ram is not None else 0
+        self.disk_left = budget.total_left if disk_left is None else disk_left
         self.fallbacks = fallbacks
         self.extra_values: dict[str, Any] = {}
         self.why_not = why_not
@@ -183,9 +279,9 @@ class _Saver:
                 if n not in self.done
             ]
         total = 0
-        for file in {k.file for k in self.kept if k.file}:
+        for file, ram in {(k.file, k.ram) for k in self.kept if k.file}:
             with contextlib.suppress(OSError):
-                total += (self.directory / file).stat().st_size
+                total += self._path(file, ram).stat().st_size
         return Manifest(
             self.kernel,
             self.created,
@@ -195,7 +291,11 @@ class _Saver:
             round(time.monotonic() - self.started, 3),
             timed_out,
             total=total,
+            ram=None if self.ram is None else str(self.ram),
         )
+
+    def _path(self, file: str, ram: bool) -> Path:
+        return (self.ram if ram and self.ram is not None else self.directory) / file
 
     def run(self) -> None:
         try:
@@ -213,12 +313,12 @@ class _Saver:
             with self.lock:
                 if self.budget.cancelled.is_set():
                     if isinstance(entry, Kept) and entry.file:
-                        self._remove(entry.file)
+                        self._remove(entry.file, entry.ram)
                     return
                 self.done.add(name)
                 if isinstance(entry, Kept):
                     self.kept.append(entry)
-                    self.budget.total_left -= entry.size
+                    self._spend(entry.size, entry.ram)
                     identities[name] = ids
                     alive.extend(keep_alive)
                 elif entry is not None:
@@ -232,8 +332,8 @@ class _Saver:
         del alive
         with self.lock:
             if not self.budget.cancelled.is_set():
-                self.finished = True
                 write_manifest(self.directory, self.manifest(timed_out=False))
+                self.finished = True  # only once the manifest is there: else an error, below
 
     def _write_one(
         self, index: int, name: str, value: Any
@@ -248,23 +348,54 @@ class _Saver:
         if why is not None:
             return Skipped(name, describe(value), why), set(), []
         file = f"v{index}.bin"
-        path = self.directory / file
         try:
-            with _private_file(path) as out:
-                size, ids, keep_alive = self.pickler.dump(
-                    {name: value}, out, check=self.budget.checker(self.variable_cap)
-                )
+            (size, ids, keep_alive), ram = self._dump(file, {name: value}, self.variable_cap)
         except BaseException as error:
-            self._remove(file)
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise
             return Skipped(name, describe(value), _reason(error)), set(), []
         kind = "snapshot" if name in self.notes else "value"
         return (
-            Kept(name, describe(value), size, file, kind, note=self.notes.get(name, "")),
+            Kept(name, describe(value), size, file, kind, note=self.notes.get(name, ""), ram=ram),
             ids,
             [keep_alive],
         )
+
+    def _dump(
+        self, file: str, values: dict[str, Any], cap: int
+    ) -> tuple[tuple[int, set[tuple[str, int]], list[Any]], bool]:
+        """Write ``values`` to ``file``: in RAM if they look like they fit (arrays and tensors
+        say their size), else, or if RAM runs out while writing, in the profile. Returns the
+        pickler's answer and whether the file is in RAM; raises what the pickler raised."""
+        if self.ram is not None and _estimate(values) <= self.ram_left:
+            limit = min(cap, self.budget.total_left)
+            try:
+                return self._dump_to(self.ram / file, values, cap, self.ram_left), True
+            except pickling.TooLarge:
+                self._remove(file, True)
+                if self.ram_left >= min(limit, self.disk_left):
+                    raise  # over its cap, or over what the profile has room for as well
+            except OSError:  # the RAM filesystem filled up after all (ENOSPC)
+                self._remove(file, True)
+        return self._dump_to(self.directory / file, values, cap, self.disk_left), False
+
+    def _spend(self, size: int, ram: bool) -> None:
+        self.budget.total_left -= size
+        if ram:
+            self.ram_left -= size
+        else:
+            self.disk_left -= size
+
+    def _dump_to(
+        self, path: Path, values: dict[str, Any], cap: int, room: int | None
+    ) -> tuple[int, set[tuple[str, int]], list[Any]]:
+        try:
+            with _private_file(path) as out:
+                return self.pickler.dump(values, out, check=self.budget.checker(cap, room))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
 
     def _fall_back(
         self,
@@ -284,9 +415,17 @@ class _Saver:
         if isinstance(entry, Kept):
             note = f"the state dict of `{name}`, from its {self.notes.get(name, 'snapshot')}"
             self.kept.append(
-                Kept(entry.name, entry.type, entry.size, entry.file, "snapshot", note=note)
+                Kept(
+                    entry.name,
+                    entry.type,
+                    entry.size,
+                    entry.file,
+                    "snapshot",
+                    note=note,
+                    ram=entry.ram,
+                )
             )
-            self.budget.total_left -= entry.size
+            self._spend(entry.size, entry.ram)
             identities[other] = ids
             alive.extend(keep_alive)
             self.extra_values[other] = value
@@ -301,28 +440,49 @@ class _Saver:
             values = {n: v for n, v in [*self.values, *self.extra_values.items()] if n in names}
             file = f"g{index}.bin"
             try:
-                with _private_file(self.directory / file) as out:
-                    self.pickler.dump(
-                        values, out, check=self.budget.checker(self.variable_cap * len(names))
-                    )
-            except Exception:
-                self._remove(file)  # they stay apart: each comes back with its own copies
+                (size, _, _), ram = self._dump(file, values, self.variable_cap * len(names))
+            except Exception:  # they stay apart: each comes back with its own copies
                 continue
             with self.lock:
                 if self.budget.cancelled.is_set():
-                    self._remove(file)
+                    self._remove(file, ram)
                     return
+                self._spend(size, ram)
+                for old_file, old_ram in {(by_name[n].file, by_name[n].ram) for n in names}:
+                    if old_file:
+                        with contextlib.suppress(OSError):
+                            self._spend(-self._path(old_file, old_ram).stat().st_size, old_ram)
+                        self._remove(old_file, old_ram)
                 for name in names:
                     old = by_name[name]
-                    if old.file:
-                        self._remove(old.file)
                     self.kept[self.kept.index(old)] = Kept(
-                        old.name, old.type, old.size, file, old.kind, old.module, old.note
+                        old.name, old.type, old.size, file, old.kind, old.module, old.note, ram
                     )
 
-    def _remove(self, file: str) -> None:
+    def _remove(self, file: str, ram: bool = False) -> None:
         with contextlib.suppress(OSError):
-            (self.directory / file).unlink()
+            self._path(file, ram).unlink()
+
+
+def _estimate(values: dict[str, Any]) -> int:
+    """The bytes of the arrays and tensors in ``values`` (one level into lists, tuples and dicts,
+    their first ``_LOOKED_AT`` items), known without pickling: enough to choose where a value
+    goes."""
+    total = 0
+    for value in values.values():
+        members: Iterable[Any] = [value]
+        if isinstance(value, dict):
+            members = value.values()
+        elif isinstance(value, list | tuple):
+            members = value
+        for member in itertools.islice(members, _LOOKED_AT):
+            try:
+                size = getattr(member, "nbytes", None)
+            except Exception:  # a property that fails: say nothing
+                continue
+            if isinstance(size, int):
+                total += size
+    return total
 
 
 def _groups(identities: dict[str, set[tuple[str, int]]]) -> list[set[str]]:
@@ -363,6 +523,22 @@ def _reason(error: BaseException) -> str:
     return f"cannot be saved ({type(error).__name__}: {text[:160]})"
 
 
+def _ram_place(
+    profile_location: str | os.PathLike[str], connection: str, roots: list[Path], needed: int
+) -> tuple[Path | None, int]:
+    """The RAM directory for this save and the bytes it may take there: the first root with room
+    for ``needed`` (the arrays' and tensors' bytes), else the one with the most room."""
+    available = memory_available()
+    rooms = [(ram_room(root, available), root) for root in roots]
+    rooms = [(room, root) for room, root in rooms if room > 0]
+    if not rooms:
+        return None, 0
+    fits = [(room, root) for room, root in rooms if room >= needed]
+    room, root = fits[0] if fits else max(rooms, key=lambda pair: pair[0])
+    directory = ram_dir(root, profile_location, connection)
+    return (directory, room) if _make_ram_dir(directory) else (None, 0)
+
+
 def save(
     namespace: dict[str, Any],
     profile_location: str | os.PathLike[str],
@@ -378,18 +554,21 @@ def save(
     variable_cap: int = VARIABLE_CAP,
     total_cap: int = TOTAL_CAP,
     now: float | None = None,
+    ram: Iterable[Path] | None = None,
 ) -> Manifest:
     """Save the CPU state of ``namespace`` for the next process of this kernel; returns what was
     kept and what not. ``substitutes`` stand CPU copies in for CUDA tensors (snapshots); ``extra``
     adds (name, value) pairs (a snapshot's state dict where its object could not be written);
     ``notes`` says what a kept name is (``snapshot after cell [3]``); ``fallbacks`` give, for a
     name that cannot be written, another (name, value) to write instead (a snapshot's state
-    dict); ``why_not`` replaces the reason a name was not kept."""
+    dict); ``why_not`` replaces the reason a name was not kept. ``ram``: the RAM filesystems to
+    try (default ``ram_roots()``; empty: the profile only)."""
     now = time.time() if now is None else now
-    remove_expired(profile_location, now=now)
+    ram = ram_roots() if ram is None else list(ram)
+    remove_expired(profile_location, now=now, ram=ram)
     directory = keep_dir(profile_location, connection)
     earlier = _set_aside(profile_location, connection, now)
-    discard(directory)
+    discard_keep(profile_location, connection, ram=ram)
     _private_dir(directory)
     hidden_names = frozenset(hidden)
     values: list[tuple[str, Any]] = []
@@ -401,9 +580,11 @@ def save(
             values.append((name, value))
     values.extend(extra)
     free = shutil.disk_usage(directory).free
+    disk_room = max(0, (free - FREE_SPACE_KEPT) // 2)
+    place, ram_left = _ram_place(profile_location, connection, ram, _estimate(dict(values)))
     budget = _Budget(
         deadline=time.monotonic() + timeout,
-        total_left=max(0, min(total_cap, (free - FREE_SPACE_KEPT) // 2)),
+        total_left=min(total_cap, disk_room + ram_left),
     )
     saver = _Saver(
         directory,
@@ -417,6 +598,9 @@ def save(
         now,
         fallbacks or {},
         why_not or {},
+        place,
+        ram_left,
+        disk_room,
     )
     saver.ipython_names = ipython_names
     worker = threading.Thread(target=saver.run, name="nb_cudaguard-keep", daemon=True)
@@ -426,6 +610,7 @@ def save(
         if not saver.finished:
             if saver.error is not None:
                 _drop_aside(earlier)
+                discard_keep(profile_location, connection, ram=ram)  # nothing held in RAM
                 raise saver.error
             budget.cancelled.set()  # the worker writes nothing more, removes what it was writing
         manifest = saver.manifest(timed_out=not saver.finished)
@@ -436,13 +621,23 @@ def save(
         return manifest
 
 
+@dataclass(frozen=True)
+class _Earlier:
+    """An earlier keep, moved aside: its profile directory and RAM directory (if any)."""
+
+    aside: Path
+    ram_aside: Path | None
+    manifest: Manifest
+
+
 def _set_aside(
     profile_location: str | os.PathLike[str], connection: str, now: float
-) -> tuple[Path, Manifest] | None:
+) -> _Earlier | None:
     """What an earlier restart kept and nobody restored yet (a crash again before the restore):
     moved aside, so that the names not defined now can be carried into the new keep."""
     try:
         manifest = read_manifest(profile_location, connection, now=now)
+        ram = ram_of(manifest, profile_location, connection) if manifest is not None else None
     except (StoreError, OSError):
         return None
     if manifest is None or not manifest.kept:
@@ -454,54 +649,72 @@ def _set_aside(
         directory.rename(aside)
     except OSError:
         return None
-    return aside, manifest
+    ram_aside = None
+    if ram is not None:
+        ram_aside = ram.with_name(f".{ram.name}-earlier-{os.getpid()}")
+        discard(ram_aside)
+        try:
+            ram.rename(ram_aside)
+        except OSError:
+            ram_aside = None
+    return _Earlier(aside, ram_aside, manifest)
 
 
 def _carry_over(
-    earlier: tuple[Path, Manifest], manifest: Manifest, directory: Path, names_now: set[str]
+    earlier: _Earlier, manifest: Manifest, directory: Path, names_now: set[str]
 ) -> Manifest:
-    """Add the earlier keep's names that are not defined now (their files moved, not copied)."""
-    aside, old = earlier
+    """Add the earlier keep's names that are not defined now (their files moved, not copied;
+    a file in RAM stays in RAM where this keep has a RAM directory on the same filesystem)."""
+    ram = None if manifest.ram is None else Path(manifest.ram)
     carried: list[Kept] = []
-    moved: dict[str, str] = {}
-    for item in old.kept:
+    moved: dict[tuple[str, bool], tuple[str, bool]] = {}
+    for item in earlier.manifest.kept:
         if item.name in names_now:
             continue  # the notebook has a newer value, kept (or not) just now
-        file = item.file
+        file, in_ram = item.file, item.ram
         if file is not None:
-            if file not in moved:
+            if (file, in_ram) not in moved:
                 new_name = f"c{len(moved)}.bin"
+                source = (earlier.ram_aside if in_ram else earlier.aside) or earlier.aside
                 try:
-                    _check_private(aside / file, directory=False)
-                    (aside / file).rename(directory / new_name)
+                    _check_private(source / file, directory=False)
+                    moved[(file, in_ram)] = _move(source / file, new_name, directory, ram)
                 except (OSError, StoreError):
                     continue
-                moved[file] = new_name
-            file = moved[file]
+            file, in_ram = moved[(file, in_ram)]
         note = item.note or "kept at an earlier restart"
-        carried.append(Kept(item.name, item.type, item.size, file, item.kind, item.module, note))
+        carried.append(
+            Kept(item.name, item.type, item.size, file, item.kind, item.module, note, in_ram)
+        )
     _drop_aside(earlier)
     if not carried:
         return manifest
     total = manifest.total
-    for file in moved.values():
+    for file, in_ram in moved.values():
         with contextlib.suppress(OSError):
-            total += (directory / file).stat().st_size
-    return Manifest(
-        manifest.kernel,
-        manifest.created,
-        (*manifest.kept, *carried),
-        manifest.skipped,
-        manifest.ipython_names,
-        manifest.seconds,
-        manifest.timed_out,
-        total=total,
-    )
+            total += ((ram if in_ram and ram else directory) / file).stat().st_size
+    return replace(manifest, kept=(*manifest.kept, *carried), total=total)
 
 
-def _drop_aside(earlier: tuple[Path, Manifest] | None) -> None:
+def _move(source: Path, name: str, directory: Path, ram: Path | None) -> tuple[str, bool]:
+    """Move a kept file into this keep: renamed into RAM or the profile, whichever is on its
+    filesystem; else copied into the profile."""
+    for target, in_ram in ((ram, True), (directory, False)):
+        if target is not None:
+            with contextlib.suppress(OSError):
+                source.rename(target / name)
+                return name, in_ram
+    with source.open("rb") as data, _private_file(directory / name) as out:
+        shutil.copyfileobj(data, out, 16 * 1024**2)
+    source.unlink()
+    return name, False
+
+
+def _drop_aside(earlier: _Earlier | None) -> None:
     if earlier is not None:
-        discard(earlier[0])
+        discard(earlier.aside)
+        if earlier.ram_aside is not None:
+            discard(earlier.ram_aside)
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
@@ -550,9 +763,34 @@ def read_manifest(
         raise StoreError("kept by another kernel")
     now = time.time() if now is None else now
     if now - manifest.created > TTL_S:
+        with contextlib.suppress(StoreError, OSError):
+            ram = ram_of(manifest, profile_location, connection)
+            if ram is not None:
+                discard(ram)
         discard(directory)
         raise StoreError(f"expired (kept more than {TTL_S / 3600:.0f} hours ago); removed")
     return manifest
+
+
+def ram_of(
+    manifest: Manifest, profile_location: str | os.PathLike[str], connection: str
+) -> Path | None:
+    """The manifest's RAM directory, checked: this kernel's name for it, in a per-user base, both
+    private to this user (a RAM root such as /dev/shm is writable by everyone). Raises
+    ``StoreError``; None where nothing is in RAM."""
+    if manifest.ram is None:
+        return None
+    ram = Path(manifest.ram)
+    expected = ram_dir(Path("/"), profile_location, connection)
+    if not ram.is_absolute() or (ram.parent.name, ram.name) != (
+        expected.parent.name,
+        expected.name,
+    ):
+        raise StoreError("the manifest names another kernel's RAM directory")
+    with contextlib.suppress(FileNotFoundError):  # gone (a reboot): its values fail one by one
+        _check_private(ram.parent, directory=True)
+        _check_private(ram, directory=True)
+    return ram
 
 
 @dataclass(frozen=True)
@@ -577,6 +815,11 @@ def restore(
     if manifest is None:
         raise StoreError("nothing was kept")
     directory = keep_dir(profile_location, connection)
+    ram = ram_of(manifest, profile_location, connection)
+
+    def path_of(file: str, in_ram: bool) -> Path:
+        return (ram if in_ram and ram is not None else directory) / file
+
     wanted = list(names) if names is not None else [k.name for k in manifest.kept]
     known = {k.name for k in manifest.kept}
     unknown = [n for n in wanted if n not in known]
@@ -585,7 +828,7 @@ def restore(
     chosen = [k for k in manifest.kept if k.name in wanted]
     restored: list[Kept] = []
     failed: list[tuple[str, str]] = []
-    by_file: dict[str, list[Kept]] = {}
+    by_file: dict[tuple[str, bool], list[Kept]] = {}
     for item in chosen:
         if item.file is None:
             try:
@@ -594,41 +837,35 @@ def restore(
             except Exception as error:
                 failed.append((item.name, f"import {item.module} failed: {error}"))
         else:
-            by_file.setdefault(item.file, []).append(item)
-    for file, items in by_file.items():
-        path = directory / file
+            by_file.setdefault((item.file, item.ram), []).append(item)
+    for (file, in_ram), items in by_file.items():
+        path = path_of(file, in_ram)
         try:
             _check_private(path, directory=False)
             values = pickling.load(path, namespace)
             for item in items:
                 namespace[item.name] = values[item.name]
                 restored.append(item)
+        except FileNotFoundError:
+            where = "in RAM (the machine restarted since?)" if in_ram else "in the profile"
+            failed.extend((item.name, f"its file {where} is gone") for item in items)
         except Exception as error:  # a class that no longer imports, a damaged file, ...
             text = str(error).splitlines()[0][:160] if str(error) else ""
             failed.extend((item.name, f"{type(error).__name__}: {text}") for item in items)
     done = {k.name for k in restored}
     remaining = tuple(k for k in manifest.kept if k.name not in done)
     if remaining:
-        still = {k.file for k in remaining}
-        for gone in {k.file for k in restored} - still:
+        still = {(k.file, k.ram) for k in remaining}
+        for gone, in_ram in {(k.file, k.ram) for k in restored} - still:
             if gone:
                 with contextlib.suppress(OSError):
-                    (directory / gone).unlink()
-        write_manifest(
-            directory,
-            Manifest(
-                manifest.kernel,
-                manifest.created,
-                remaining,
-                manifest.skipped,
-                manifest.ipython_names,
-                manifest.seconds,
-                manifest.timed_out,
-                total=sum(k.size for k in remaining),
-            ),
-        )
+                    path_of(gone, in_ram).unlink()
+        total = sum(k.size for k in remaining)
+        write_manifest(directory, replace(manifest, kept=remaining, total=total))
     else:
         discard(directory)
+        if ram is not None:
+            discard(ram)
     return Restored(tuple(restored), tuple(failed), remaining)
 
 
@@ -641,12 +878,67 @@ def discard(directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def remove_expired(profile_location: str | os.PathLike[str], now: float | None = None) -> None:
-    """Remove every kernel's keep directories older than ``TTL_S``: leftovers of kernels that
-    never came back."""
+def remove_unlisted(
+    profile_location: str | os.PathLike[str], connection: str, manifest: Manifest
+) -> None:
+    """Remove the files of this kernel's keep that its manifest does not name: a value the old
+    process was still writing when it ended (past the save's deadline). Where that was in RAM,
+    nothing else would free it before the restore."""
+    listed = {(k.file, k.ram) for k in manifest.kept if k.file}
+    places = [(keep_dir(profile_location, connection), False)]
+    with contextlib.suppress(StoreError):
+        ram = ram_of(manifest, profile_location, connection)
+        places += [(ram, True)] if ram is not None else []
+    for place, in_ram in places:
+        for path in place.glob("*.bin"):
+            if (path.name, in_ram) not in listed:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+
+def discard_keep(
+    profile_location: str | os.PathLike[str],
+    connection: str,
+    ram: Iterable[Path] | None = None,
+) -> None:
+    """Remove this kernel's keep: its profile directory and its RAM directories (under each of
+    ``ram``, default ``ram_roots()``, and the one its manifest names)."""
+    directory = keep_dir(profile_location, connection)
+    places = [ram_dir(root, profile_location, connection) for root in _roots(ram)]
+    with contextlib.suppress(StoreError, OSError, ValueError):
+        path = directory / MANIFEST
+        _check_private(path, directory=False)
+        named = ram_of(
+            Manifest.from_json(path.read_text(encoding="utf-8")), profile_location, connection
+        )
+        places += [named] if named is not None else []
+    for place in places:
+        with contextlib.suppress(StoreError, OSError):
+            _check_private(place.parent, directory=True)  # never follow a base someone else made
+            discard(place)
+    discard(directory)
+
+
+def _roots(ram: Iterable[Path] | None) -> list[Path]:
+    return ram_roots() if ram is None else list(ram)
+
+
+def remove_expired(
+    profile_location: str | os.PathLike[str],
+    now: float | None = None,
+    ram: Iterable[Path] | None = None,
+) -> None:
+    """Remove every kernel's keep directories older than ``TTL_S``, in the profile and in RAM
+    (under each of ``ram``, default ``ram_roots()``): leftovers of kernels that never came back."""
     now = time.time() if now is None else now
     place = state_dir(profile_location)
-    for directory in [*place.glob("keep-*"), *place.glob(".keep-*-earlier-*")]:
+    directories = [*place.glob("keep-*"), *place.glob(".keep-*-earlier-*")]
+    for root in _roots(ram):
+        base = _ram_base(root)
+        with contextlib.suppress(StoreError, OSError):
+            _check_private(base, directory=True)
+            directories += [*base.glob("keep-*"), *base.glob(".keep-*-earlier-*")]
+    for directory in directories:
         with contextlib.suppress(OSError):
             info = directory.lstat()
             mine = not hasattr(os, "geteuid") or info.st_uid == os.geteuid()

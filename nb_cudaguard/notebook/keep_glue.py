@@ -156,8 +156,9 @@ def offer_restore(
         return
     if manifest is None:
         return
+    store.remove_unlisted(profile[0], connection, manifest)
     if not manifest.kept:  # only reasons: said at the restart already
-        store.discard(store.keep_dir(profile[0], connection))
+        store.discard_keep(profile[0], connection)
         return
     display(restore_offer(shell, connection, profile, manifest))
 
@@ -339,7 +340,7 @@ def discard(connection: str | None, profile: tuple[str, str] | None) -> str:
         return "Nothing is kept here."
     from ..keep import store
 
-    store.discard(store.keep_dir(profile[0], connection))
+    store.discard_keep(profile[0], connection)  # in the profile and in RAM
     return "Deleted what the previous process kept."
 
 

@@ -172,15 +172,44 @@ def test_the_kept_files_are_private_and_gone_after_a_full_restore(server, kernel
     _run(server, kid, "%cudaguard restart --no-blocking")
     wait_for_new_process(server, kid, pid)
     check = (
-        "import os, stat\nfrom nb_cudaguard.keep.store import keep_dir\n"
+        "import os, stat\nfrom pathlib import Path\nfrom nb_cudaguard.keep import store\n"
         "from nb_cudaguard.restart.environment import running_kernel_connection\n"
-        "d = keep_dir(get_ipython().profile_dir.location, running_kernel_connection())\n"
-        "print(oct(d.stat().st_mode & 0o777), sorted({oct(f.stat().st_mode & 0o777) "
-        "for f in d.iterdir()}))"
+        "loc, conn = get_ipython().profile_dir.location, running_kernel_connection()\n"
+        "d = store.keep_dir(loc, conn)\n"
+        "r = Path(store.read_manifest(loc, conn).ram)\n"
+        "for x in (d, r.parent, r):\n"
+        "    print(oct(x.stat().st_mode & 0o777), sorted({oct(f.stat().st_mode & 0o777) "
+        "for f in x.iterdir() if f.is_file()}))"
     )
-    assert _run(server, kid, check).stream.strip() == "0o700 ['0o600']"
+    # The values' files are in RAM (here the tests' stand-in for /dev/shm), the manifest in
+    # the profile: all private.
+    assert _run(server, kid, check).stream.split("\n")[:3] == [
+        "0o700 ['0o600']",
+        "0o700 []",
+        "0o700 ['0o600']",
+    ]
     _run(server, kid, "%load_ext nb_cudaguard\n%cudaguard restore")
-    assert _run(server, kid, "print(d.exists(), big.sum())").stream.strip() == "False 1000.0"
+    out = _run(server, kid, "print(d.exists(), r.exists(), big.sum())")
+    assert out.stream.strip() == "False False 1000.0"
+
+
+def test_discard_deletes_the_kept_files_in_ram_and_in_the_profile(server, kernel):
+    kid, pid = kernel
+    _run(server, kid, "import numpy as np\nbig = np.ones(1000)\n%load_ext nb_cudaguard")
+    _run(server, kid, "%cudaguard restart --no-blocking")
+    wait_for_new_process(server, kid, pid)
+    where = (
+        "from pathlib import Path\nfrom nb_cudaguard.keep import store\n"
+        "from nb_cudaguard.restart.environment import running_kernel_connection\n"
+        "loc, conn = get_ipython().profile_dir.location, running_kernel_connection()\n"
+        "d = store.keep_dir(loc, conn)\nr = Path(store.read_manifest(loc, conn).ram)\n"
+        "print(d.exists(), r.exists())"
+    )
+    assert _run(server, kid, where).stream.strip() == "True True"
+    out = _run(server, kid, "%load_ext nb_cudaguard\n%cudaguard restore --discard")
+    assert "Deleted" in out.stream
+    assert _run(server, kid, "print(d.exists(), r.exists())").stream.strip() == "False False"
+    assert _run(server, kid, "%cudaguard restore").status == "error"
 
 
 def test_expired_files_are_not_restored(server, kernel):
