@@ -325,13 +325,16 @@ def _indexing(
         if width == 1 and not isinstance(item, (int, slice)) and dim < x.dim():
             tensor = _as_index_tensor(item)
             if tensor is not None and _is_index(tensor) and tensor.dtype != torch.uint8:
-                size = x.shape[dim]
-                source = f"self.shape[{dim}] = {size}"
                 name = f"index {position}" if len(items) > 1 else "index"
                 slot = (1, keyword, None if whole else position)
-                found.append(IntRange(name, tensor, -size, size, source, slot=slot))
+                found.append(_index_range(name, tensor, x.shape[dim], dim, slot))
         dim += width
     return found
+
+
+def _index_range(name: str, tensor: torch.Tensor, size: int, dim: int, slot: Slot) -> IntRange:
+    """One index tensor into dimension ``dim``: negative Python indices count from the end."""
+    return IntRange(name, tensor, -size, size, f"self.shape[{dim}] = {size}", slot=slot)
 
 
 _PLAIN_ITEMS = (int, slice, type(None), type(Ellipsis))
@@ -353,9 +356,7 @@ def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
         # x[idx] with one tensor: the common case, decided without the general walk below
         x, idx = args[0], args[1]
         if _is_plain(x) and x.dim() and _is_index(idx) and idx.dtype != torch.uint8:
-            size = x.shape[0]
-            source = f"self.shape[0] = {size}"
-            return [IntRange("index", idx, -size, size, source, slot=(1, None, None))]
+            return [_index_range("index", idx, x.shape[0], 0, (1, None, None))]
     items = _index_items(args[1]) if len(args) > 1 else None
     if items is None:
         return []
