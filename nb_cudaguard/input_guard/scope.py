@@ -113,6 +113,12 @@ _is_compiling = torch.compiler.is_compiling
 def _checked_entry(check: OpCheck, func: Any) -> Any:
     """The wrapper installed over one entry point while a guard is active somewhere."""
 
+    name = getattr(func, "__name__", "")
+    # x.scatter_(...), x[i] = v: the CPU op may write part of its output before it raises
+    trusted = check.cpu_rejects and not (
+        name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
+    )
+
     def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
         if _is_compiling():  # torch.compile traces the op itself, never our checks
@@ -120,7 +126,7 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
         state = _STATE
         if state.busy or not state.configs:
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs)
+        return _guarded_call(state, check, func, args, kwargs, trusted)
 
     if check.nothing_to_check is None:
         return _dressed_as(checked, func)
@@ -133,7 +139,7 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
         state = _STATE
         if state.busy or not state.configs:
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs)
+        return _guarded_call(state, check, func, args, kwargs, trusted)
 
     return _dressed_as(indexing, func)
 
@@ -163,7 +169,12 @@ def _dressed_as(wrapper: Any, func: Any) -> Any:
 
 
 def _guarded_call(
-    state: _ThreadState, check: OpCheck, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    state: _ThreadState,
+    check: OpCheck,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    trusted: bool,
 ) -> Any:
     __tracebackhide__ = True
     state.busy = True
@@ -171,6 +182,18 @@ def _guarded_call(
         config = state.configs[-1]
         if not config.selects(check):
             return func(*args, **kwargs)
+        if trusted and TRUST_HOST_OPS and _runs_on_host(check, args, kwargs):
+            try:
+                return func(*args, **kwargs)
+            except TypeError:
+                raise  # torch's parser refused the arguments: there is no value to judge
+            except Exception:
+                finding = _inspect(check, args, kwargs)
+                if finding is None:
+                    raise  # the op's own complaint, about something the guard does not check
+                if not config.deferred:
+                    _raise(check, func, finding, args, kwargs)
+            # deferred: the violation waits like any other, and the call runs on safe values
         if not config.deferred:
             finding = _inspect(check, args, kwargs)
             if finding is not None and _accepts(func, args, kwargs):
@@ -186,6 +209,29 @@ def _guarded_call(
             raise
     finally:
         state.busy = False
+
+
+# A call whose tensors are all in host memory runs first and is checked only when the op raises:
+# PyTorch's CPU op rejects exactly what the guard would (``OpCheck.cpu_rejects``) before it
+# computes anything, so a valid call costs one wrapper, and a bad one still ends in the guard's
+# message. Not for in-place calls (an ``out=``, ``x.scatter_``, ``max_norm``): those may write
+# before they raise. Tests turn this off to run every check itself on CPU, as a GPU's calls do.
+TRUST_HOST_OPS = True
+
+
+def _runs_on_host(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if "out" in kwargs or (check.writes is not None and check.writes(args, kwargs)):
+        return False
+    for group in (args, kwargs.values()):
+        for value in group:
+            if isinstance(value, torch.Tensor):
+                if not value.is_cpu:
+                    return False
+            elif type(value) in (list, tuple):  # x[idx, mask], torch.cat-like lists
+                for item in value:
+                    if isinstance(item, torch.Tensor) and not item.is_cpu:
+                        return False
+    return True
 
 
 def _accepts(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -603,7 +649,8 @@ def _raise(
 ) -> None:
     __tracebackhide__ = True
     where = _capture(args, kwargs, modules=check.family == "loss")
-    raise _dressed(_error(check)(_violation(check, func, finding, where)))
+    # from None: where the CPU op raised first, its own error is what the guard's replaces
+    raise _dressed(_error(check)(_violation(check, func, finding, where))) from None
 
 
 def _error(check: OpCheck) -> type[GuardError]:

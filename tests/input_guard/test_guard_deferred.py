@@ -1,10 +1,11 @@
 """guard(mode="deferred"): no read-back per checked call, the call runs on safe values, and the
 first violation is raised before the next optimizer step, at .item(), or when the block ends.
 
-On CPU, as on a GPU: the CPU op never sees an offending value (it would raise its own error),
-which is what proves that the launch was made safe. Every test runs both paths: tensors in host
-memory judged at the call (what CPU tensors get), and verdicts left on the device as summaries
-(what CUDA tensors get, forced here on CPU tensors).
+On CPU, as on a GPU: the op never completes on an offending value (it would raise its own error),
+which is what proves that the launch was made safe. Every test runs three paths: the CPU op run
+first and checked only when it raises, then run again on safe values (what host memory gets by
+default); tensors in host memory judged before the call; and verdicts left on the device as
+summaries (what CUDA tensors get, forced here on CPU tensors).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from nb_cudaguard.input_guard.errors import GuardIndexError
 from nb_cudaguard.input_guard.scope import MAX_PENDING, STATS, pending
 
 
-@pytest.fixture(autouse=True, params=["host", "device"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(scope, "HOST_VERDICTS_AT_ONCE", request.param == "host")
-    return str(request.param)
+@pytest.fixture(autouse=True, params=["cpu op first", "host", "device"])
+def path(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, guard_checks_first: None
+) -> str:
+    monkeypatch.setattr(scope, "TRUST_HOST_OPS", request.param == "cpu op first")
+    monkeypatch.setattr(scope, "HOST_VERDICTS_AT_ONCE", request.param != "device")
+    return "host" if request.param != "device" else "device"
 
 
 def deferred(**options: object) -> object:

@@ -1,6 +1,7 @@
 """The guard against PyTorch's own OpInfo inputs with the bare CPU op as the oracle (see
-opinfo_oracle.py): in strict and in deferred mode, it raises exactly when the CPU op raises,
-an exception of the CPU op's class; it never rejects what the op accepts."""
+opinfo_oracle.py): in strict and in deferred mode, with every rule judged before the call (as on
+a GPU) and with the CPU op run first (the default for host memory), it raises exactly when the
+CPU op raises, an exception of the CPU op's class; it never rejects what the op accepts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from nb_cudaguard import guard
+from nb_cudaguard.input_guard import scope
 from nb_cudaguard.input_guard.scope import STATS
 
 oracle = pytest.importorskip("opinfo_oracle", reason="needs torch.testing._internal (expecttest)")
@@ -32,10 +34,16 @@ NAMES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["strict", "deferred"])
+@pytest.mark.parametrize("mode", ["strict", "deferred", "strict, cpu op first"])
 @pytest.mark.parametrize("name", NAMES)
-def test_the_guard_raises_exactly_when_the_cpu_op_raises(name: str, mode: str) -> None:
-    factory = functools.partial(guard, mode=mode)
+def test_the_guard_raises_exactly_when_the_cpu_op_raises(
+    name: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # strict and deferred: every rule judged before the call, as on a GPU; the third is the
+    # default for host memory, the op first and the rules only when it raises
+    if mode.endswith("cpu op first"):
+        monkeypatch.setattr(scope, "TRUST_HOST_OPS", True)
+    factory = functools.partial(guard, mode=mode.split(",")[0])
     wrong: list[str] = []
     checked = 0
     STATS.clear()

@@ -394,3 +394,75 @@ def test_a_torch_compiled_module_runs_inside_a_guard_as_outside() -> None:
     with guard():
         got = torch.compile(model, backend="eager")(ids, labels)
     assert torch.allclose(got, expected)
+
+
+# --- host memory: the CPU op first, the check only when it raises --------------------------------
+@pytest.mark.usefixtures("cpu_op_first")
+def test_a_valid_call_on_host_memory_runs_no_check() -> None:
+    STATS.clear()
+    with guard():
+        F.cross_entropy(torch.randn(4, 3), torch.tensor([0, 2, -100, 1]))
+        F.embedding(torch.tensor([[0, 4]]), torch.randn(5, 2), padding_idx=4)
+        torch.randn(6)[torch.tensor([-6, 5])]
+    assert STATS["calls"] == 0 and STATS["transfers"] == 0
+
+
+@pytest.mark.usefixtures("cpu_op_first")
+def test_a_bad_call_on_host_memory_ends_in_the_guards_error_alone() -> None:
+    with pytest.raises(GuardError) as caught, guard():
+        F.cross_entropy(torch.randn(4, 3), torch.tensor([0, 2, 3, 1]))
+    assert isinstance(caught.value, IndexError)  # the CPU op's own class
+    assert "class index out of range" in str(caught.value) and "3" in str(caught.value)
+    assert caught.value.__suppress_context__  # the CPU op's complaint is not shown beside it
+
+
+@pytest.mark.usefixtures("cpu_op_first")
+def test_an_error_the_guard_does_not_check_is_pytorchs_own() -> None:
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 1])  # a batch-size mismatch
+    with pytest.raises(ValueError) as bare:
+        F.cross_entropy(logits, labels)
+    with pytest.raises(ValueError) as caught, guard():
+        F.cross_entropy(logits, labels)
+    assert not isinstance(caught.value, GuardError)
+    assert str(caught.value) == str(bare.value)
+
+
+IN_PLACE = {
+    "index_add_": lambda x, bad: x.index_add_(0, bad, torch.ones(3, 2)),
+    "index_copy_": lambda x, bad: x.index_copy_(0, bad, torch.ones(3, 2)),
+    "scatter_": lambda x, bad: x.scatter_(0, bad[:, None].expand(3, 2), torch.ones(3, 2)),
+    "x[i] = v": lambda x, bad: x.__setitem__(bad, 1.0),
+    "index_put_": lambda x, bad: x.index_put_((bad,), torch.tensor(1.0)),
+    "gather(out=)": lambda x, bad: torch.gather(
+        torch.ones(4, 2), 0, bad[1:, None].expand(2, 2), out=x[:2]
+    ),
+}
+
+
+@pytest.mark.usefixtures("cpu_op_first")
+@pytest.mark.parametrize("call", IN_PLACE.values(), ids=IN_PLACE.keys())
+def test_an_in_place_call_is_checked_before_the_cpu_op_writes(call: Any) -> None:
+    bad = torch.tensor([0, 1, 9])  # the CPU op writes rows 0 and 1 before it meets 9
+    target = torch.zeros(4, 2)
+    with pytest.raises(Exception):  # noqa: B017 - PyTorch's own class varies by op
+        call(target.clone(), bad)
+    with pytest.raises(GuardError), guard():
+        call(target, bad)
+    assert not target.any()
+
+
+@pytest.mark.usefixtures("cpu_op_first")
+def test_max_norm_embedding_is_checked_before_it_rescales_the_weight() -> None:
+    weight = torch.randn(5, 3) * 10
+    before = weight.clone()
+    with pytest.raises(GuardError), guard():
+        F.embedding(torch.tensor([0, 9]), weight, max_norm=1.0)
+    assert torch.equal(weight, before)
+
+
+@pytest.mark.usefixtures("cpu_op_first")
+def test_ctc_targets_the_cpu_op_does_not_check_are_still_checked() -> None:
+    log_probs = torch.randn(6, 1, 4).log_softmax(2)
+    args = (log_probs, torch.tensor([[1, 7]]), torch.tensor([6]), torch.tensor([2]))
+    with pytest.raises(GuardError), guard():
+        F.ctc_loss(*args)
