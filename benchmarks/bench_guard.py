@@ -21,7 +21,9 @@ Workloads (models built from torch.nn only, random weights, no downloads):
 - ``percall``: the overhead of one call in microseconds: checked calls (cross_entropy,
   embedding, ``x[idx]``), a wrapped call with nothing to check (``x[0]``), an unchecked call
   (``torch.add``), a checked op called from a thread outside the guard, and a guard's
-  entry + exit.
+  entry + exit. On CPU tensors a valid call runs the op first (PyTorch's CPU op checks the same
+  values); ``strict-checks-first`` is the cost of the rules themselves, judged before the call
+  as for a GPU tensor (less the GPU's synchronisation).
 
 Bare, strict and deferred blocks alternate within one run (so drift and the shared machine's
 load hit all alike); each ratio is median(mode) / median(bare), and the fastest block's ratio is
@@ -53,9 +55,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import nb_cudaguard
+from nb_cudaguard.input_guard import scope
 from nb_cudaguard.input_guard.scope import STATS
 
 MODES = ("bare", "strict", "deferred")
+CHECKS_FIRST = "strict-checks-first"
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -347,12 +351,19 @@ def percall(scale: float) -> list[tuple[str, dict[str, float]]]:
 
     rows = []
     for name, call in calls.items():
-        times: dict[str, list[float]] = {m: [] for m in MODES}
+        times: dict[str, list[float]] = {m: [] for m in (*MODES, CHECKS_FIRST)}
         for _ in range(reps):
             times["bare"].append(timed(call))
             for mode in MODES[1:]:
                 with nb_cudaguard.guard(mode=mode):
                     times[mode].append(timed(call))
+            # the rules judged before the call, as for a GPU tensor (less its synchronisation)
+            scope.TRUST_HOST_OPS = False
+            try:
+                with nb_cudaguard.guard():
+                    times[CHECKS_FIRST].append(timed(call))
+            finally:
+                scope.TRUST_HOST_OPS = True
         rows.append((name, {m: statistics.median(v) for m, v in times.items()}))
 
     # a thread outside any guard, while this one holds a (strict) guard

@@ -121,10 +121,9 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
-        if _is_compiling():  # torch.compile traces the op itself, never our checks
-            return func(*args, **kwargs)
         state = _STATE
-        if state.busy or not state.configs:
+        # torch.compile traces the op itself, never our checks
+        if state.busy or not state.configs or _is_compiling():
             return func(*args, **kwargs)
         return _guarded_call(state, check, func, args, kwargs, trusted)
 
@@ -134,10 +133,8 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
 
     def indexing(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if plain(args) or _is_compiling():
-            return func(*args, **kwargs)
         state = _STATE
-        if state.busy or not state.configs:
+        if state.busy or not state.configs or plain(args) or _is_compiling():
             return func(*args, **kwargs)
         return _guarded_call(state, check, func, args, kwargs, trusted)
 
@@ -220,17 +217,22 @@ TRUST_HOST_OPS = True
 
 
 def _runs_on_host(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    if "out" in kwargs or (check.writes is not None and check.writes(args, kwargs)):
+    if kwargs and ("out" in kwargs or not _on_host(kwargs.values())):
         return False
-    for group in (args, kwargs.values()):
-        for value in group:
-            if isinstance(value, torch.Tensor):
-                if not value.is_cpu:
+    if check.writes is not None and check.writes(args, kwargs):
+        return False
+    return _on_host(args)
+
+
+def _on_host(values: Iterable[Any]) -> bool:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if not value.is_cpu:
+                return False
+        elif type(value) is tuple or type(value) is list:  # x[idx, mask], index_put's indices
+            for item in value:
+                if isinstance(item, torch.Tensor) and not item.is_cpu:
                     return False
-            elif type(value) in (list, tuple):  # x[idx, mask], torch.cat-like lists
-                for item in value:
-                    if isinstance(item, torch.Tensor) and not item.is_cpu:
-                        return False
     return True
 
 
