@@ -282,6 +282,7 @@ class _Entries:
         self.installed: list[tuple[Any, str, Any, Any]] = []
         self.builtin_ids: list[int] = []  # our entries in TorchScript's table of builtins
         self.made: dict[tuple[Any, str], Any] = {}
+        self.planned: list[tuple[Any, str, OpCheck | None]] | None = None
 
     def acquire(self) -> None:
         with self.lock:
@@ -296,8 +297,12 @@ class _Entries:
                 self._uninstall()
 
     def _install(self) -> None:
+        if self.planned is None:  # what torch has does not change: planned once per process
+            self.planned = self.plan()
+        jit = sys.modules.get("torch.jit._builtins")
+        table = getattr(jit, "_builtin_table", None)
         try:
-            for owner, attr, check in self.plan():
+            for owner, attr, check in self.planned:
                 own = owner.__dict__.get(attr, _ABSENT)
                 func = getattr(owner, attr)
                 # the same wrapper for the same op every time: cheaper per cell, and a reference
@@ -308,16 +313,14 @@ class _Entries:
                     self.made[(owner, attr)] = wrapper
                 setattr(owner, attr, wrapper)
                 self.installed.append((owner, attr, own, wrapper))
-                self._as_builtin(func, wrapper)
+                self._as_builtin(table, func, wrapper)
         except BaseException:
             self._uninstall()
             raise
 
-    def _as_builtin(self, func: Any, wrapper: Any) -> None:
+    def _as_builtin(self, table: Any, func: Any, wrapper: Any) -> None:
         """TorchScript compiles ``torch.gather`` as the aten op it is: it finds it by identity
         in a table (built on first use), which must know the wrapper as that op too."""
-        jit = sys.modules.get("torch.jit._builtins")
-        table = getattr(jit, "_builtin_table", None)
         if isinstance(table, dict) and id(func) in table and id(wrapper) not in table:
             table[id(wrapper)] = table[id(func)]
             self.builtin_ids.append(id(wrapper))
