@@ -31,6 +31,9 @@ so weights are never updated from a bad batch), at a ``.item()``/``.tolist()`` t
 synchronises on anyway, and when the block ends. The first violation is then raised with the
 same message as in strict mode.
 
+On host memory both modes let the call run first (``TRUST_HOST_OPS``): PyTorch's CPU op rejects
+the same values itself, before it computes anything, so the rules only run when it raises.
+
 Module import needs torch: ``nb_cudaguard`` imports this lazily.
 """
 
