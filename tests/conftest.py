@@ -1,4 +1,5 @@
-"""Shared fixtures: a real IPython shell, a real Jupyter kernel, and the `gpu` marker."""
+"""Shared fixtures: a real IPython shell, a real Jupyter kernel, a real Jupyter server with a
+kernel of its own, and the `gpu` marker."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from jupyter_harness import JupyterServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,6 +129,26 @@ def kernel() -> Iterator[Kernel]:
         yield k
     finally:
         k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
+    """A real Jupyter server on 127.0.0.1 (tests/jupyter_harness.py), one per test module: the
+    modules' tests share its IPython profile, not another module's."""
+    from jupyter_harness import JupyterServer
+
+    s = JupyterServer(tmp_path_factory.mktemp("server"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def server_kernel(server: JupyterServer) -> Iterator[tuple[str, int]]:
+    """A kernel started through ``server``, once it answers: its id and its process's pid."""
+    with server.new_kernel() as started:
+        yield started
 
 
 @pytest.fixture(scope="session")
