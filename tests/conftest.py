@@ -122,6 +122,24 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
 
+def managed_kernel(connection_file: Path, env: dict[str, str]) -> tuple[Any, Any]:
+    """A kernel started by a jupyter_client KernelManager at a chosen connection file (what our
+    restart keys its files on, and how it tells VS Code's kernels apart), and a ready client."""
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name="python3", connection_file=str(connection_file))
+    manager.start_kernel(env=env)
+    return manager, ready_client(manager)
+
+
+def ready_client(manager: Any) -> Any:
+    """A client of ``manager``'s kernel once the kernel answers, after a start or a restart."""
+    client = manager.blocking_client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return client
+
+
 @pytest.fixture
 def kernel() -> Iterator[Kernel]:
     k = Kernel(kernel_env())

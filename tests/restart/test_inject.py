@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, kernel_env
+from conftest import ROOT, kernel_env, managed_kernel, ready_client
 
 from nb_cudaguard.restart import injection
 from nb_cudaguard.restart.startup_once import _nb_cudaguard_once
@@ -212,18 +212,11 @@ def _terminal_ipython(ipython_dir: Path, code: str, *pre: str) -> str:
 
 
 def _start(tmp_path, pythonpath: str | None = None):
-    from jupyter_client.manager import KernelManager
-
     env = kernel_env(IPYTHONDIR=str(tmp_path / "ipython"))
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     env.pop("CUDA_LAUNCH_BLOCKING", None)
-    manager = KernelManager(kernel_name="python3", connection_file=str(tmp_path / "kernel-x.json"))
-    manager.start_kernel(env=env)
-    client = manager.blocking_client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    return manager, client
+    return managed_kernel(tmp_path / "kernel-x.json", env)
 
 
 def _expression(client, code: str, expression: str) -> str:
@@ -247,10 +240,7 @@ def _arm(tmp_path, manager) -> None:
 
 def _restart(manager):
     manager.restart_kernel(now=True)
-    client = manager.blocking_client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    return client
+    return ready_client(manager)
 
 
 def test_a_kernel_manager_restart_starts_the_next_process_with_the_variable(tmp_path):
