@@ -4,6 +4,7 @@ kernel of its own, and the `gpu` marker."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,6 +60,31 @@ def shell() -> Iterator[Any]:
     yield ip
     if "nb_cudaguard" in ip.extension_manager.loaded:
         ip.extension_manager.unload_extension("nb_cudaguard")
+
+
+TERMINAL_ARGV = [
+    "--simple-prompt",
+    "--colors=NoColor",
+    "--no-banner",
+    "--HistoryManager.enabled=False",
+]
+
+
+def terminal_ipython(
+    script: str, *pre: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A real terminal IPython, in a process of its own, reading ``script`` from its standard
+    input; the Python lines ``pre`` run before it starts."""
+    start = f"from IPython import start_ipython; start_ipython(argv={TERMINAL_ARGV!r})"
+    return subprocess.run(
+        [sys.executable, "-c", "\n".join([*pre, start])],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(ROOT),
+    )
 
 
 def kernel_env(**extra: str) -> dict[str, str]:

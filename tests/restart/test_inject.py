@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, kernel_env, managed_kernel, ready_client
+from conftest import ROOT, kernel_env, managed_kernel, ready_client, terminal_ipython
 
 from nb_cudaguard.restart import injection
 from nb_cudaguard.restart.startup_once import _nb_cudaguard_once
@@ -196,18 +196,8 @@ def test_cancel_disarms_a_pending_injection(profile):
 
 
 def _terminal_ipython(ipython_dir: Path, code: str, *pre: str) -> str:
-    argv = ["--simple-prompt", "--no-banner", "--HistoryManager.enabled=False", "--colors=NoColor"]
-    start = f"from IPython import start_ipython; start_ipython(argv={argv!r})"
     env = kernel_env(IPYTHONDIR=str(ipython_dir))
-    proc = subprocess.run(
-        [sys.executable, "-c", "\n".join([*pre, start])],
-        input=code + "\nexit\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=str(ROOT),
-    )
+    proc = terminal_ipython(code + "\nexit\n", *pre, env=env)
     return proc.stdout + proc.stderr
 
 
