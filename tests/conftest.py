@@ -1,15 +1,20 @@
-"""Shared fixtures: a real IPython shell, a real Jupyter kernel, and the `gpu` marker."""
+"""Shared fixtures: a real IPython shell, a real Jupyter kernel, a real Jupyter server with a
+kernel of its own, and the `gpu` marker."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from jupyter_harness import JupyterServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,6 +82,31 @@ def shell() -> Iterator[Any]:
         ip.extension_manager.unload_extension("nb_cudaguard")
 
 
+TERMINAL_ARGV = [
+    "--simple-prompt",
+    "--colors=NoColor",
+    "--no-banner",
+    "--HistoryManager.enabled=False",
+]
+
+
+def terminal_ipython(
+    script: str, *pre: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A real terminal IPython, in a process of its own, reading ``script`` from its standard
+    input; the Python lines ``pre`` run before it starts."""
+    start = f"from IPython import start_ipython; start_ipython(argv={TERMINAL_ARGV!r})"
+    return subprocess.run(
+        [sys.executable, "-c", "\n".join([*pre, start])],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(ROOT),
+    )
+
+
 def kernel_env(**extra: str) -> dict[str, str]:
     """The environment for a kernel that imports this checkout's nb_cudaguard."""
     env = dict(os.environ)
@@ -138,6 +168,24 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
 
+def managed_kernel(connection_file: Path, env: dict[str, str]) -> tuple[Any, Any]:
+    """A kernel started by a jupyter_client KernelManager at a chosen connection file (what our
+    restart keys its files on, and how it tells VS Code's kernels apart), and a ready client."""
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name="python3", connection_file=str(connection_file))
+    manager.start_kernel(env=env)
+    return manager, ready_client(manager)
+
+
+def ready_client(manager: Any) -> Any:
+    """A client of ``manager``'s kernel once the kernel answers, after a start or a restart."""
+    client = manager.blocking_client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return client
+
+
 @pytest.fixture
 def kernel() -> Iterator[Kernel]:
     k = Kernel(kernel_env())
@@ -145,6 +193,26 @@ def kernel() -> Iterator[Kernel]:
         yield k
     finally:
         k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
+    """A real Jupyter server on 127.0.0.1 (tests/jupyter_harness.py), one per test module: the
+    modules' tests share its IPython profile, not another module's."""
+    from jupyter_harness import JupyterServer
+
+    s = JupyterServer(tmp_path_factory.mktemp("server"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def server_kernel(server: JupyterServer) -> Iterator[tuple[str, int]]:
+    """A kernel started through ``server``, once it answers: its id and its process's pid."""
+    with server.new_kernel() as started:
+        yield started
 
 
 @pytest.fixture(scope="session")

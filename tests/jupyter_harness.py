@@ -1,11 +1,13 @@
 """A real Jupyter server on 127.0.0.1 and a minimal frontend over its kernel websocket.
 
-Shared by the restart tests, the browser test and the restart benchmark. Everything a server
-writes (runtime files, IPython profile, notebooks) lives under one temporary directory.
+Shared by the server tests (through the ``server`` and ``server_kernel`` fixtures of
+tests/conftest.py), the browser test and the benchmarks. Everything a server writes (runtime
+files, IPython profile, notebooks) lives under one temporary directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -15,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,12 +121,28 @@ class JupyterServer:
         assert status == 201, status
         return str(info["id"])
 
+    @contextlib.contextmanager
+    def new_kernel(self) -> Iterator[tuple[str, int]]:
+        """A kernel started through this server, once it answers: its id and its process's pid.
+        Shut down on exit."""
+        kid = self.start_kernel()
+        try:
+            pid, _ = wait_for_new_process(self, kid, old_pid=-1)
+            yield kid, pid
+        finally:
+            self.request("DELETE", f"/api/kernels/{kid}")
+
     def restart_kernel(self, kid: str) -> None:
         status, _ = self.request("POST", f"/api/kernels/{kid}/restart")
         assert status == 200, status
 
     def connect(self, kid: str) -> KernelSocket:
         return KernelSocket(self, kid)
+
+    def execute(self, kid: str, code: str, timeout: float = 30) -> Reply:
+        """Run one cell over a websocket of its own, as a frontend that opens a notebook does."""
+        with self.connect(kid) as sock:
+            return sock.execute(code, timeout=timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -156,8 +175,34 @@ class Reply:
             if m["msg_type"] in ("display_data", "execute_result")
         ]
 
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return [m["content"] for m in self.messages if m["msg_type"] == "error"]
+
     def comm_opens(self) -> list[dict[str, Any]]:
         return [m["content"] for m in self.messages if m["msg_type"] == "comm_open"]
+
+    def button(self, description: str) -> str:
+        """The comm id of the widget button with this label, which a click is sent to."""
+        return next(
+            c["comm_id"]
+            for c in self.comm_opens()
+            if c["data"]["state"].get("description") == description
+        )
+
+    @property
+    def widget_states(self) -> list[dict[str, Any]]:
+        """The state updates the kernel sent to widgets (a button disabled, a label's text)."""
+        return [
+            m["content"]["data"].get("state", {})
+            for m in self.messages
+            if m["msg_type"] == "comm_msg"
+        ]
+
+    @property
+    def widget_text(self) -> str:
+        """What the widgets' updates said, one after the other."""
+        return " ".join(s["value"] for s in self.widget_states if "value" in s)
 
 
 class KernelSocket:
@@ -170,6 +215,12 @@ class KernelSocket:
         url = f"ws://127.0.0.1:{server.port}/api/kernels/{kid}/channels?session_id={self.session}"
         header = [f"Authorization: token {server.token}"] if server.token else []
         self.ws = websocket.create_connection(url, timeout=timeout, header=header)
+
+    def __enter__(self) -> KernelSocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def send(self, channel: str, msg_type: str, content: dict[str, Any]) -> str:
         msg_id = uuid.uuid4().hex
@@ -241,11 +292,7 @@ PROBE = "import os; print(os.getpid(), os.environ.get('CUDA_LAUNCH_BLOCKING'))"
 
 def probe(server: JupyterServer, kid: str, timeout: float = 5) -> tuple[int, str | None]:
     """(pid, CUDA_LAUNCH_BLOCKING) of the kernel's current process, over a fresh websocket."""
-    sock = server.connect(kid)
-    try:
-        out = sock.execute(PROBE, timeout=timeout).stream.split()
-    finally:
-        sock.close()
+    out = server.execute(kid, PROBE, timeout=timeout).stream.split()
     return int(out[0]), None if out[1] == "None" else out[1]
 
 

@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from pytorch_texts import ASSERT_2_9, HINT_1_10
+from pytorch_texts import ASSERT_2_9, H100_TORCH_2_11, HEADLINE, HINT_1_10
 
-DEVICE_LINE = (
-    "/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: "
-    "block: [0,0,0], thread: [3,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
-)
+DEVICE_LINE = H100_TORCH_2_11["cross-entropy-label"][0] + "\n"
 TRAINING_LOG = (
     "epoch 1 step 120 loss 0.693\n" + DEVICE_LINE * 3 + "Traceback (most recent call last):\n"
     '  File "train.py", line 88, in <module>\n'
@@ -83,7 +80,7 @@ def test_a_text_without_a_cuda_error_gives_status_1(tmp_path: Path):
 
 def test_an_older_pytorch_message_is_recognised_too(tmp_path: Path):
     path = tmp_path / "old.log"
-    path.write_text(f"RuntimeError: CUDA error: device-side assert triggered{HINT_1_10}\n")
+    path.write_text(f"RuntimeError: {HEADLINE}{HINT_1_10}\n")
     result = cli("explain", "--json", str(path))
     assert result.returncode == 0
     assert json.loads(result.stdout)["cause"] == "unknown-assert"

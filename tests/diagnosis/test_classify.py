@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pytorch_texts import HINT_1_10 as ASYNC_1_10
-from pytorch_texts import HINT_2_0 as ASYNC_2_0
-from pytorch_texts import HINT_2_9 as ASYNC_2_9
+from pytorch_texts import ASSERT_2_0, ASSERT_2_9, HEADLINE, HINT_1_10, HINT_2_0, HINT_2_9
 
 from nb_cudaguard import diagnose
 from nb_cudaguard.diagnosis.classify import classify_exception, classify_text
@@ -32,25 +30,24 @@ ASSERT_TEXTS = {
     "thrust failed to synchronize": (
         "merge_sort: failed to synchronize: cudaErrorAssert: device-side assert triggered"
     ),
-    "1.5 CUDA error": "CUDA error: device-side assert triggered",
-    "1.10 with hint": "CUDA error: device-side assert triggered" + ASYNC_1_10,
-    "2.0 with DSA hint": "CUDA error: device-side assert triggered" + ASYNC_2_0,
-    "2.9 AcceleratorError": "CUDA error: device-side assert triggered" + ASYNC_2_9,
+    "1.5 CUDA error": HEADLINE,
+    "1.10 with hint": HEADLINE + HINT_1_10,
+    "2.0 with DSA hint": ASSERT_2_0,
+    "2.9 AcceleratorError": ASSERT_2_9,
     "CUDA 13 driver log": (
-        "CUDA error: device-side assert triggered" + ASYNC_2_9 + "The CUDA driver logged these "
-        "messages, most recent last:\n  kernel assert hit\n"
+        ASSERT_2_9
+        + "The CUDA driver logged these messages, most recent last:\n  kernel assert hit\n"
     ),
     "C++ what()": (
         "terminate called after throwing an instance of 'c10::AcceleratorError'\n"
-        "  what():  CUDA error: device-side assert triggered" + ASYNC_2_0
+        f"  what():  {ASSERT_2_0}"
     ),
     "C++ what() old c10::Error": (
         "terminate called after throwing an instance of 'c10::Error'\n"
-        "  what():  CUDA error: device-side assert triggered" + ASYNC_1_10
+        f"  what():  {HEADLINE}{HINT_1_10}"
     ),
     "NCCL watchdog": (
-        "[PG 3 Rank 0] Process group watchdog thread terminated with exception: CUDA error: "
-        "device-side assert triggered" + ASYNC_2_0
+        "[PG 3 Rank 0] Process group watchdog thread terminated with exception: " + ASSERT_2_0
     ),
     "HIP build": (
         "HIP error: device-side assert triggered\n"
@@ -113,7 +110,7 @@ STICKY = [
 
 @pytest.mark.parametrize(("text", "name", "cause"), STICKY, ids=[s[1] for s in STICKY])
 def test_other_sticky_codes_are_sticky_with_their_cause(text, name, cause):
-    diagnosis = diagnose(torch.AcceleratorError(f"CUDA error: {text}" + ASYNC_2_0))
+    diagnosis = diagnose(torch.AcceleratorError(f"CUDA error: {text}" + HINT_2_0))
     assert diagnosis is not None
     assert (diagnosis.error.name, diagnosis.sticky, diagnosis.cause) == (name, True, cause)
 
@@ -128,20 +125,20 @@ def test_legacy_illegal_address_code_77_is_sticky():
 
 
 NOT_STICKY = {
-    "out of memory, runtime": "CUDA error: out of memory" + ASYNC_1_10,
+    "out of memory, runtime": "CUDA error: out of memory" + HINT_1_10,
     "out of memory, allocator": (
         "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
         "14.63 GiB already allocated; 4.75 MiB free; 14.70 GiB reserved in total by PyTorch)"
     ),
-    "invalid device ordinal": "CUDA error: invalid device ordinal" + ASYNC_2_0,
+    "invalid device ordinal": "CUDA error: invalid device ordinal" + HINT_2_0,
     "no kernel image": "CUDA error: no kernel image is available for execution on the device"
-    + ASYNC_2_0,
-    "invalid argument": "CUDA error: invalid argument" + ASYNC_2_0,
-    "invalid configuration": "CUDA error: invalid configuration argument" + ASYNC_2_0,
+    + HINT_2_0,
+    "invalid argument": "CUDA error: invalid argument" + HINT_2_0,
+    "invalid configuration": "CUDA error: invalid configuration argument" + HINT_2_0,
     "old driver": (
-        "CUDA error: CUDA driver version is insufficient for CUDA runtime version" + ASYNC_2_0
+        "CUDA error: CUDA driver version is insufficient for CUDA runtime version" + HINT_2_0
     ),
-    "stream capture": "CUDA error: operation not permitted when stream is capturing" + ASYNC_2_0,
+    "stream capture": "CUDA error: operation not permitted when stream is capturing" + HINT_2_0,
     "cuBLAS": ("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"),
     "cuDNN": "cuDNN error: CUDNN_STATUS_MAPPING_ERROR",
 }
@@ -164,7 +161,7 @@ def test_out_of_memory_error_type_is_not_sticky():
 
 def test_boilerplate_hint_alone_does_not_make_out_of_memory_an_assert():
     # Until recently every CUDA error got the hint, which mentions device-side assertions.
-    diagnosis = diagnose(RuntimeError("CUDA error: out of memory" + ASYNC_2_9))
+    diagnosis = diagnose(RuntimeError("CUDA error: out of memory" + HINT_2_9))
     assert diagnosis is not None and not diagnosis.sticky
 
 
@@ -196,7 +193,7 @@ def test_non_cuda_errors_give_no_diagnosis(error):
 def test_a_user_error_raised_from_a_sticky_error_is_recognised_through_its_cause():
     try:
         try:
-            raise torch.AcceleratorError("CUDA error: device-side assert triggered" + ASYNC_2_0)
+            raise torch.AcceleratorError(ASSERT_2_0)
         except RuntimeError as inner:
             raise ValueError("training step failed") from inner
     except ValueError as outer:
@@ -216,7 +213,7 @@ def test_text_with_device_lines_and_exception_finds_the_assert_and_its_lines():
         "block: [0,0,0], thread: [1,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
         'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
         "    print(loss.item())\ntorch.AcceleratorError: CUDA error: device-side assert triggered"
-        + ASYNC_2_9
+        + HINT_2_9
     )
     diagnosis = diagnose(text)
     assert diagnosis is not None and diagnosis.sticky
@@ -237,14 +234,14 @@ DATA_PARALLEL = (
     '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/sparse.py", line 162, '
     "in forward\n"
     "    return F.embedding(\n"
-    "RuntimeError: CUDA error: device-side assert triggered" + ASYNC_2_0
+    f"RuntimeError: {ASSERT_2_0}"
 )
 SPAWN = (
     "\n\n-- Process 1 terminated with the following error:\n"
     "Traceback (most recent call last):\n"
     '  File "/usr/lib/python3/dist-packages/torch/multiprocessing/spawn.py", line 90, in _wrap\n'
     "    fn(i, *args)\n"
-    "torch.AcceleratorError: CUDA error: an illegal memory access was encountered" + ASYNC_2_9
+    "torch.AcceleratorError: CUDA error: an illegal memory access was encountered" + HINT_2_9
 )
 
 

@@ -7,16 +7,13 @@ import json
 
 import pytest
 from IPython.utils.capture import capture_output
-from pytorch_texts import ASSERT_2_9, RAISE_ASSERT
+from pytorch_texts import ASSERT_2_9, H100_TORCH_2_11, HEADLINE, RAISE_ASSERT
 
 from nb_cudaguard import AssertLine, ContextState, CudaError, Diagnosis, diagnose
 from nb_cudaguard.diagnosis.render import Panel
 from nb_cudaguard.diagnosis.schema import MIME_TYPE, SCHEMA_VERSION, from_json, to_json
 
-DEVICE_LINE = (
-    "/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: "
-    "block: [0,0,0], thread: [1,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
-)
+DEVICE_LINE = H100_TORCH_2_11["cross-entropy-label"][0] + "\n"
 
 FULL = Diagnosis(
     cause="label-out-of-range",
@@ -25,7 +22,7 @@ FULL = Diagnosis(
     explanation="cross_entropy got a target class that is out of range.",
     fixes=("labels - 1",),
     assert_lines=(AssertLine("Loss.cu", "t >= 0 && t < n_classes", "nll", 20, "Loss.cu:245: ..."),),
-    error=CudaError("cudaErrorAssert", 710, True, "CUDA error: device-side assert triggered"),
+    error=CudaError("cudaErrorAssert", 710, True, HEADLINE),
     likely_causes=("labels 1..C",),
     evidence=("`labels` contains 3 but the classifier has 3 outputs.",),
     where="surfaced at loss.item() in cell [5]; launched in cell [4]",
@@ -48,7 +45,7 @@ def test_to_dict_is_plain_json_and_from_dict_gives_the_same_diagnosis():
         "name": "cudaErrorAssert",
         "code": 710,
         "sticky": True,
-        "message": "CUDA error: device-side assert triggered",
+        "message": HEADLINE,
     }
     back = Diagnosis.from_dict(data)
     assert back == FULL

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from pytorch_texts import HEADLINE
 from torch import nn
 
 from nb_cudaguard import diagnose
-
-HEADLINE = "CUDA error: device-side assert triggered\n"
 
 
 def device_line(file: str, cond: str) -> str:

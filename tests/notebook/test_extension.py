@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, terminal_ipython
 from IPython.utils.capture import capture_output
 from pytorch_texts import ASSERT_2_0 as ASSERT
 from pytorch_texts import RAISE_ASSERT
@@ -221,27 +221,6 @@ def test_follow_on_library_error_in_poisoned_context_is_fallout(shell, monkeypat
     ]
 
 
-TERMINAL_ARGV = [
-    "--simple-prompt",
-    "--colors=NoColor",
-    "--no-banner",
-    "--HistoryManager.enabled=False",
-]
-
-
-def _run_terminal_ipython(script: str, *pre: str) -> subprocess.CompletedProcess[str]:
-    """A real terminal IPython reading `script` from its standard input."""
-    start = f"from IPython import start_ipython; start_ipython(argv={TERMINAL_ARGV!r})"
-    return subprocess.run(
-        [sys.executable, "-c", "\n".join([*pre, start])],
-        input=script,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=str(ROOT),
-    )
-
-
 def test_terminal_ipython_prints_the_text_panel_after_the_traceback():
     script = (
         "%load_ext nb_cudaguard\n"
@@ -249,7 +228,7 @@ def test_terminal_ipython_prints_the_text_panel_after_the_traceback():
         + (f"raise torch.AcceleratorError({ASSERT!r})\n")
         + "exit\n"
     )
-    proc = _run_terminal_ipython(script)
+    proc = terminal_ipython(script)
     out = proc.stdout
     assert "AcceleratorError" in out
     assert "nb_cudaguard: A GPU kernel hit a device-side assert" in out
@@ -266,7 +245,7 @@ def test_loads_without_torch_and_stays_silent_until_a_cuda_error():
         exit
         """
     )
-    proc = _run_terminal_ipython(script, blocker)
+    proc = terminal_ipython(script, blocker)
     out = proc.stdout + proc.stderr
     assert "ZeroDivisionError" in out
     assert out.count("nb_cudaguard:") == 1
@@ -281,7 +260,7 @@ def test_a_process_without_fd_2_runs_its_cells_and_says_so_at_most_once():
     # then there is an fd 2 to capture. The message must come exactly when there is none.
     probe = "import os\ntry:\n    os.fstat(2)\nexcept OSError:\n    print('fd 2 is closed')\n\n"
     script = probe + "%load_ext nb_cudaguard\nx = 1\ny = x + 1\nprint('y =', y)\nexit\n"
-    proc = _run_terminal_ipython(script, pre)
+    proc = terminal_ipython(script, pre)
     assert "y = 2" in proc.stdout
     closed = "fd 2 is closed" in proc.stdout
     assert proc.stdout.count("nb_cudaguard: not capturing device output") == int(closed)
@@ -290,7 +269,7 @@ def test_a_process_without_fd_2_runs_its_cells_and_says_so_at_most_once():
 
 def test_cudacheck_without_torch_is_a_usage_error_not_a_traceback():
     blocker = "import sys; sys.modules['torch'] = None"  # `import torch` now raises ImportError
-    proc = _run_terminal_ipython(
+    proc = terminal_ipython(
         "%load_ext nb_cudaguard\n%cudacheck on\n%cudacheck status\nexit\n", blocker
     )
     out = proc.stdout + proc.stderr
@@ -317,7 +296,7 @@ def test_a_restart_in_terminal_ipython_with_ipykernel_imported_is_refused_and_it
         exit
         """
     )
-    proc = _run_terminal_ipython(script, pre)
+    proc = terminal_ipython(script, pre)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "still alive" in out
@@ -352,7 +331,7 @@ def test_ctrl_c_during_our_analysis_escapes_nothing_and_fd2_is_given_back():
         exit
         """
     )
-    proc = _run_terminal_ipython(script)
+    proc = terminal_ipython(script)
     out = proc.stdout + proc.stderr
     assert "Error in callback" not in out
     assert "nb_cudaguard: could not analyse this error (KeyboardInterrupt" in out
@@ -370,7 +349,7 @@ def test_a_post_run_cell_without_a_result_escapes_nothing_and_fd2_is_given_back(
         exit
         """
     )
-    proc = _run_terminal_ipython(script)
+    proc = terminal_ipython(script)
     out = proc.stdout + proc.stderr
     assert "Error in callback" not in out
     assert "given back: True" in out

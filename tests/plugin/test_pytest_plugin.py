@@ -7,9 +7,11 @@ import importlib.util
 import textwrap
 
 import pytest
-from pytorch_texts import ASSERT_2_9
+from pytorch_texts import ASSERT_2_9, H100_TORCH_2_11
 
 pytest_plugins = ["pytester"]
+
+LOSS_LINE = H100_TORCH_2_11["cross-entropy-label"][0]
 
 SUITE = textwrap.dedent(
     f"""
@@ -17,10 +19,7 @@ SUITE = textwrap.dedent(
     import torch
 
     ASSERT = {ASSERT_2_9!r}
-    DEVICE_LINE = (
-        "/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: "
-        "block: [0,0,0], thread: [3,0,0] Assertion `t >= 0 && t < n_classes` failed."
-    )
+    DEVICE_LINE = {LOSS_LINE!r}
 
     def test_a_poisoner():
         labels = torch.tensor([0, 1, 3])

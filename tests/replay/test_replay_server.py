@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from jupyter_harness import JupyterServer, wait_for_new_process
+from jupyter_harness import Reply, wait_for_new_process
 from pytorch_texts import ASSERT_2_9
 
 from nb_cudaguard.notebook.replay_glue import BLOCKING_REPLAY_LABEL, REPLAY_LABEL
@@ -34,22 +34,9 @@ FAIL_INDEX = (
     "print('RAN:fail')\nimport torch\nemb = torch.nn.Embedding(3, 2)\nids = torch.tensor(data)\n"
     "out = emb(ids)\ntotal = out.sum()"
 )
+# What a restore of the mutated data would put back in the new process.
+RESTORED = "data = [0, 1, 2, 3]"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = JupyterServer(tmp_path_factory.mktemp("server"))
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def kernel(server):
-    kid = server.start_kernel()
-    pid, _ = wait_for_new_process(server, kid, old_pid=-1)
-    yield kid, pid
-    server.request("DELETE", f"/api/kernels/{kid}")
 
 
 def _markers(text: str) -> list[str]:
@@ -57,215 +44,147 @@ def _markers(text: str) -> list[str]:
 
 
 def _fail_then_restart(server, kid, pid, failing: str, restart: str = "%cudaguard restart"):
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         assert sock.execute("%load_ext nb_cudaguard").status == "ok"
         for cell in (DATA, UNUSED, SHOW, MUTATE):
             assert sock.execute(cell).status == "ok"
         failed = sock.execute(failing, timeout=60)
         assert failed.status == "error"
         sock.execute(restart)
-    finally:
-        sock.close()
     wait_for_new_process(server, kid, pid)
     return failed
 
 
-def _errors(reply) -> list[dict]:
-    return [m["content"] for m in reply.messages if m["msg_type"] == "error"]
-
-
-def test_replay_runs_only_the_needed_cells_and_stops_at_the_failing_one(server, kernel):
-    kid, pid = kernel
-    failed = _fail_then_restart(server, kid, pid, FAIL_ASSERT)
-    sock = server.connect(kid)
-    try:
+def _load_then_replay(server, kid, *cells: str) -> tuple[Reply, Reply]:
+    """In the new process: `%load_ext nb_cudaguard` (which shows the offer), ``cells``, then
+    `%cudaguard replay --yes`."""
+    with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
-        replay = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
+        for cell in cells:
+            sock.execute(cell)
+        return loaded, sock.execute("%cudaguard replay --yes", timeout=90)
+
+
+def test_replay_runs_only_the_needed_cells_and_stops_at_the_failing_one(server, server_kernel):
+    kid, pid = server_kernel
+    failed = _fail_then_restart(server, kid, pid, FAIL_ASSERT)
+    loaded, replay = _load_then_replay(server, kid)
     offered = [d["text/plain"] for d in loaded.displays if "Replay to cell" in d["text/plain"]]
     assert len(offered) == 1
     assert f"Replay to cell [{failed.execution_count}] of the previous kernel" in offered[0]
     assert "blocking mode is on" in " ".join(d["text/plain"] for d in loaded.displays)
     assert _markers(replay.stream) == ["data", "mutate", "fail"]
-    (error,) = _errors(replay)
+    (error,) = replay.errors
     assert error["ename"] == "AcceleratorError"
     assert "device-side assert triggered" in error["evalue"]
     assert f"Replay stopped at cell [{failed.execution_count}]" in replay.stream
     assert "Blocking mode is off" not in replay.stream  # our restart switched it on
 
 
-def test_a_cpu_index_error_is_shown_at_its_true_line_after_the_replay(server, kernel):
-    kid, pid = kernel
+def test_a_cpu_index_error_is_shown_at_its_true_line_after_the_replay(server, server_kernel):
+    kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_INDEX)
-    sock = server.connect(kid)
-    try:
-        sock.execute("%load_ext nb_cudaguard")
-        replay = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
+    _, replay = _load_then_replay(server, kid)
     assert _markers(replay.stream) == ["data", "mutate", "fail"]
-    (error,) = _errors(replay)
+    (error,) = replay.errors
     assert error["ename"] == "IndexError"
     assert error["evalue"] == "index out of range in self"
     cell_frame = next(ANSI.sub("", f) for f in error["traceback"] if "emb(ids)" in ANSI.sub("", f))
     assert re.search(r"----> 5 out = emb\(ids\)", cell_frame)
 
 
-def test_the_button_on_the_banner_runs_the_replay(server, kernel):
-    kid, pid = kernel
+def test_the_button_on_the_banner_runs_the_replay(server, server_kernel):
+    kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
-        button = next(
-            c["comm_id"]
-            for c in loaded.comm_opens()
-            if c["data"]["state"].get("description") == REPLAY_LABEL
-        )
+        button = loaded.button(REPLAY_LABEL)
         clicked = sock.collect(sock.click(button), timeout=90, reply=False)
-    finally:
-        sock.close()
     # The click's output goes to the offer's Output widget: these are its messages.
     assert _markers(clicked.stream) == ["data", "mutate", "fail"]
-    assert [e["ename"] for e in _errors(clicked)] == ["AcceleratorError"]
-    states = [
-        m["content"]["data"].get("state", {})
-        for m in clicked.messages
-        if m["msg_type"] == "comm_msg"
-    ]
-    assert any("Replay stopped at cell" in s.get("value", "") for s in states)
+    assert [e["ename"] for e in clicked.errors] == ["AcceleratorError"]
+    assert "Replay stopped at cell" in clicked.widget_text
 
 
-def test_what_the_namespace_has_is_not_rebuilt(server, kernel):
-    kid, pid = kernel
+def test_what_the_namespace_has_is_not_rebuilt(server, server_kernel):
+    kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
-    sock = server.connect(kid)
-    try:
-        sock.execute("%load_ext nb_cudaguard")
-        sock.execute("data = [0, 1, 2, 3]  # as a restore would put it back")
-        replay = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
+    _, replay = _load_then_replay(server, kid, RESTORED)
     assert _markers(replay.stream) == ["fail"]
 
 
-def test_another_kernel_has_nothing_to_replay(server, kernel):
-    kid, pid = kernel
-    other = server.start_kernel()
-    try:
+def test_another_kernel_has_nothing_to_replay(server, server_kernel):
+    kid, pid = server_kernel
+    with server.new_kernel() as (other, _):
         _fail_then_restart(server, kid, pid, FAIL_ASSERT)
-        sock = server.connect(other)
-        try:
+        with server.connect(other) as sock:
             sock.execute("%load_ext nb_cudaguard")
             out = sock.execute("%cudaguard replay")
-        finally:
-            sock.close()
-        assert "nothing to replay" in out.stream + str(_errors(out))
-    finally:
-        server.request("DELETE", f"/api/kernels/{other}")
+        assert "nothing to replay" in out.stream + str(out.errors)
 
 
-def test_after_a_restart_from_the_kernel_menu_there_is_nothing_to_replay(server, kernel):
-    kid, pid = kernel
-    sock = server.connect(kid)
-    try:
+def test_after_a_restart_from_the_kernel_menu_there_is_nothing_to_replay(server, server_kernel):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
         sock.execute("%load_ext nb_cudaguard")
         sock.execute(DATA)
         sock.execute(MUTATE)
         assert sock.execute(FAIL_INDEX).status == "error"
-    finally:
-        sock.close()
     server.restart_kernel(kid)  # the frontend's restart: we saved nothing
     wait_for_new_process(server, kid, pid)
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
         out = sock.execute("%cudaguard replay")
-    finally:
-        sock.close()
     assert not any("Replay to cell" in d.get("text/plain", "") for d in loaded.displays)
     assert "nothing to replay: no cells were saved for this kernel" in out.stream
 
 
 def _restart_and_wait(server, kid, command):
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         pid = int(sock.execute("import os; print(os.getpid())").stream.split()[0])
         sock.execute(command)
-    finally:
-        sock.close()
     wait_for_new_process(server, kid, pid)
 
 
-def test_a_plain_restart_offers_the_blocking_one_which_keeps_the_cells(server, kernel):
-    kid, pid = kernel
+def test_a_plain_restart_offers_the_blocking_one_which_keeps_the_cells(server, server_kernel):
+    kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT, restart="%cudaguard restart --no-blocking")
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
-    finally:
-        sock.close()
     offered = " ".join(d["text/plain"] for d in loaded.displays)
     assert "Replay to cell" in offered
     assert "Blocking mode is off in this kernel" in offered
     assert "`%cudaguard restart`" in offered
     _restart_and_wait(server, kid, "%cudaguard restart")  # blocking, before any replay
-    sock = server.connect(kid)
-    try:
-        sock.execute("%load_ext nb_cudaguard")
-        replay = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
+    _, replay = _load_then_replay(server, kid)
     assert _markers(replay.stream) == ["data", "mutate", "fail"]
     assert "Blocking mode is off" not in replay.stream
 
 
-def test_a_kernel_restarted_after_a_replay_can_replay_again(server, kernel):
-    kid, pid = kernel
+def test_a_kernel_restarted_after_a_replay_can_replay_again(server, server_kernel):
+    kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
-    sock = server.connect(kid)
-    try:
-        sock.execute("%load_ext nb_cudaguard")
-        first = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
+    _, first = _load_then_replay(server, kid)
     assert _markers(first.stream) == ["data", "mutate", "fail"]
     _restart_and_wait(server, kid, "%cudaguard restart")
-    sock = server.connect(kid)
-    try:
-        sock.execute("%load_ext nb_cudaguard")
-        again = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
-    assert _markers(again.stream) == ["data", "mutate", "fail"], again.stream + str(_errors(again))
-    assert [e["ename"] for e in _errors(again)] == ["AcceleratorError"]
+    _, again = _load_then_replay(server, kid)
+    assert _markers(again.stream) == ["data", "mutate", "fail"], again.stream + str(again.errors)
+    assert [e["ename"] for e in again.errors] == ["AcceleratorError"]
 
 
-def test_a_click_after_a_restore_shows_the_new_plan_and_runs_it_on_the_next_click(server, kernel):
-    kid, pid = kernel
+def test_a_click_after_a_restore_shows_the_new_plan_and_runs_it_on_the_next_click(
+    server, server_kernel
+):
+    kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
-        button = next(
-            c["comm_id"]
-            for c in loaded.comm_opens()
-            if c["data"]["state"].get("description") == REPLAY_LABEL
-        )
-        sock.execute("data = [0, 1, 2, 3]  # as a restore would put it back")
+        button = loaded.button(REPLAY_LABEL)
+        sock.execute(RESTORED)
         first = sock.collect(sock.click(button), timeout=30, reply=False)
         second = sock.collect(sock.click(button), timeout=90, reply=False)
-    finally:
-        sock.close()
     assert _markers(first.stream) == []
-    said = " ".join(
-        m["content"]["data"].get("state", {}).get("value", "")
-        for m in first.messages
-        if m["msg_type"] == "comm_msg"
-    )
-    assert "The namespace changed since this plan was made" in said
+    assert "The namespace changed since this plan was made" in first.widget_text
     assert _markers(second.stream) == ["fail"]
 
 
@@ -289,39 +208,30 @@ def _weights(text: str) -> str:
     return re.findall(r"WEIGHTS (\[.*\])", text)[-1]
 
 
-def test_replay_rebuilds_the_model_and_steps_it_again_through_the_optimizer(server, kernel):
-    kid, pid = kernel
-    sock = server.connect(kid)
-    try:
+def test_replay_rebuilds_the_model_and_steps_it_again_through_the_optimizer(server, server_kernel):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
         assert sock.execute("%load_ext nb_cudaguard").status == "ok"
         for cell in TRAINING:
             assert sock.execute(cell, timeout=60).status == "ok"
         failed = sock.execute(FAIL_WITH_WEIGHTS, timeout=60)
         assert failed.status == "error"
         sock.execute("%cudaguard restart")
-    finally:
-        sock.close()
     wait_for_new_process(server, kid, pid)
-    sock = server.connect(kid)
-    try:
-        loaded = sock.execute("%load_ext nb_cudaguard")
-        replay = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
+    loaded, replay = _load_then_replay(server, kid)
     offered = " ".join(d["text/plain"] for d in loaded.displays)
     assert "changes model through opt" in offered
     assert _markers(replay.stream) == ["seed", "model", "opt", "backward", "step", "fail"]
     assert _weights(replay.stream) == _weights(failed.stream)  # the same step, replayed
-    assert [e["ename"] for e in _errors(replay)] == ["AcceleratorError"]
+    assert [e["ename"] for e in replay.errors] == ["AcceleratorError"]
 
 
 def test_without_blocking_mode_a_button_restarts_in_it_and_the_replay_is_offered_there(
-    server, kernel
+    server, server_kernel
 ):
-    kid, pid = kernel
+    kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT, restart="%cudaguard restart --no-blocking")
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         pid = int(sock.execute("import os; print(os.getpid())").stream.split()[0])
         loaded = sock.execute("%load_ext nb_cudaguard")
         buttons = {c["data"]["state"].get("description"): c["comm_id"] for c in loaded.comm_opens()}
@@ -333,17 +243,10 @@ def test_without_blocking_mode_a_button_restarts_in_it_and_the_replay_is_offered
             message = json.loads(sock.ws.recv())
             if message["msg_type"] == "comm_msg":
                 said += message["content"]["data"].get("state", {}).get("value", "")
-    finally:
-        sock.close()
     assert "Restarting" in said and "offers the replay again" in said
     _, blocking = wait_for_new_process(server, kid, pid)
     assert blocking == "1"
-    sock = server.connect(kid)
-    try:
-        loaded = sock.execute("%load_ext nb_cudaguard")
-        replay = sock.execute("%cudaguard replay --yes", timeout=90)
-    finally:
-        sock.close()
+    loaded, replay = _load_then_replay(server, kid)
     shown = " ".join(d["text/plain"] for d in loaded.displays)
     assert "blocking mode is on" in shown
     assert "Replay to cell" in shown
@@ -351,5 +254,5 @@ def test_without_blocking_mode_a_button_restarts_in_it_and_the_replay_is_offered
         c["data"]["state"].get("description") for c in loaded.comm_opens()
     ]
     assert _markers(replay.stream) == ["data", "mutate", "fail"]
-    assert [e["ename"] for e in _errors(replay)] == ["AcceleratorError"]
+    assert [e["ename"] for e in replay.errors] == ["AcceleratorError"]
     assert "Blocking mode is off" not in replay.stream

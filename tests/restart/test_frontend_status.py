@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from jupyter_harness import JupyterServer, wait_for_new_process
+from jupyter_harness import wait_for_new_process
 
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
@@ -48,20 +48,12 @@ def what_a_lab_frontend_shows(seen: list[tuple[str, str | None]]) -> str | None:
 
 
 @pytest.mark.parametrize("blocking", [False, True], ids=["plain", "blocking"])
-def test_after_our_restart_the_frontend_status_returns_to_idle(tmp_path, blocking):
-    server = JupyterServer(tmp_path)
-    try:
-        kid = server.start_kernel()
-        pid, _ = wait_for_new_process(server, kid, -1)
-        sock = server.connect(kid)
-        try:
-            sock.execute(f"import nb_cudaguard; nb_cudaguard.restart_kernel(blocking={blocking})")
-            seen = statuses_after(sock, 20)
-        finally:
-            sock.close()
-        wait_for_new_process(server, kid, pid)
-    finally:
-        server.stop()
+def test_after_our_restart_the_frontend_status_returns_to_idle(server, server_kernel, blocking):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
+        sock.execute(f"import nb_cudaguard; nb_cudaguard.restart_kernel(blocking={blocking})")
+        seen = statuses_after(sock, 20)
+    wait_for_new_process(server, kid, pid)
     # The server's own "starting" may reach this socket or not (it is sent as the new process
     # comes up); whichever statuses came, the last one a Lab frontend applies must be idle.
     assert ("idle", HELPER_REQUEST) in seen, seen
@@ -70,20 +62,12 @@ def test_after_our_restart_the_frontend_status_returns_to_idle(tmp_path, blockin
     assert what_a_lab_frontend_shows(after_start) == "idle", seen
 
 
-def test_a_server_restart_by_itself_leaves_the_frontend_starting(tmp_path):
+def test_a_server_restart_by_itself_leaves_the_frontend_starting(server, server_kernel):
     """The fact the helper works around: without it, "starting" is the last tracked status."""
-    server = JupyterServer(tmp_path)
-    try:
-        kid = server.start_kernel()
-        wait_for_new_process(server, kid, -1)
-        sock = server.connect(kid)
-        try:
-            server.restart_kernel(kid)
-            seen = statuses_after(sock, 4)
-        finally:
-            sock.close()
-    finally:
-        server.stop()
+    kid, _ = server_kernel
+    with server.connect(kid) as sock:
+        server.restart_kernel(kid)
+        seen = statuses_after(sock, 4)
     if ("starting", None) not in seen:  # it races the socket (see the test above): no fact to see
         pytest.skip(f"the server's 'starting' did not reach this socket: {seen}")
     assert what_a_lab_frontend_shows(seen[seen.index(("starting", None)) :]) == "starting", seen

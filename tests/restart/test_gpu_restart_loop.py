@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from jupyter_harness import JupyterServer, wait_for_new_process
+from jupyter_harness import wait_for_new_process
 
 from nb_cudaguard.notebook.actions import BLOCKING_LABEL
 
@@ -69,41 +69,20 @@ def _loop_us(stream: str) -> float:
     return float(re.search(r"LOOP_US ([0-9.]+)", stream).group(1))
 
 
-def _error(reply) -> dict:
-    return next(m["content"] for m in reply.messages if m["msg_type"] == "error")
-
-
-@pytest.fixture
-def server(tmp_path):
-    s = JupyterServer(tmp_path)
-    yield s
-    s.stop()
-
-
-def test_the_blocking_button_gives_a_kernel_where_blocking_is_real(server):
-    kid = server.start_kernel()
-    pid, _ = wait_for_new_process(server, kid, -1)
-    sock = server.connect(kid)
-    try:
+def test_the_blocking_button_gives_a_kernel_where_blocking_is_real(server, server_kernel):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
         sock.execute("%load_ext nb_cudaguard")
         before = sock.execute(STEP, timeout=120)
         assert "BLOCKS (False" in before.stream, before.stream
         failed = sock.execute("step()", timeout=60)
         assert failed.status == "error"
-        assert _marked_line_in("step", _error(failed)) == "return loss.item()"
-        button = next(
-            c["comm_id"]
-            for c in failed.comm_opens()
-            if c["data"]["state"].get("description") == BLOCKING_LABEL
-        )
-        sock.click(button)
-    finally:
-        sock.close()
+        assert _marked_line_in("step", failed.errors[0]) == "return loss.item()"
+        sock.click(failed.button(BLOCKING_LABEL))
 
     new_pid, value = wait_for_new_process(server, kid, pid, timeout=60)
     assert new_pid != pid and value == "1"
-    sock = server.connect(kid)
-    try:
+    with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
         assert any("blocking mode is on" in d.get("text/plain", "") for d in loaded.displays)
         after = sock.execute(STEP, timeout=120)
@@ -117,6 +96,4 @@ def test_the_blocking_button_gives_a_kernel_where_blocking_is_real(server):
         failed = sock.execute("step()", timeout=60)
         assert failed.status == "error"
         # With blocking launches the assert is raised by the launch itself.
-        assert _marked_line_in("step", _error(failed)) == "loss = F.cross_entropy(logits, labels)"
-    finally:
-        sock.close()
+        assert _marked_line_in("step", failed.errors[0]) == "loss = F.cross_entropy(logits, labels)"

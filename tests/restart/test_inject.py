@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, kernel_env
+from conftest import ROOT, kernel_env, managed_kernel, ready_client, terminal_ipython
 
 from nb_cudaguard.restart import injection
 from nb_cudaguard.restart.startup_once import _nb_cudaguard_once
@@ -196,34 +196,17 @@ def test_cancel_disarms_a_pending_injection(profile):
 
 
 def _terminal_ipython(ipython_dir: Path, code: str, *pre: str) -> str:
-    argv = ["--simple-prompt", "--no-banner", "--HistoryManager.enabled=False", "--colors=NoColor"]
-    start = f"from IPython import start_ipython; start_ipython(argv={argv!r})"
     env = kernel_env(IPYTHONDIR=str(ipython_dir))
-    proc = subprocess.run(
-        [sys.executable, "-c", "\n".join([*pre, start])],
-        input=code + "\nexit\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=str(ROOT),
-    )
+    proc = terminal_ipython(code + "\nexit\n", *pre, env=env)
     return proc.stdout + proc.stderr
 
 
 def _start(tmp_path, pythonpath: str | None = None):
-    from jupyter_client.manager import KernelManager
-
     env = kernel_env(IPYTHONDIR=str(tmp_path / "ipython"))
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     env.pop("CUDA_LAUNCH_BLOCKING", None)
-    manager = KernelManager(kernel_name="python3", connection_file=str(tmp_path / "kernel-x.json"))
-    manager.start_kernel(env=env)
-    client = manager.blocking_client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    return manager, client
+    return managed_kernel(tmp_path / "kernel-x.json", env)
 
 
 def _expression(client, code: str, expression: str) -> str:
@@ -247,10 +230,7 @@ def _arm(tmp_path, manager) -> None:
 
 def _restart(manager):
     manager.restart_kernel(now=True)
-    client = manager.blocking_client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    return client
+    return ready_client(manager)
 
 
 def test_a_kernel_manager_restart_starts_the_next_process_with_the_variable(tmp_path):

@@ -10,24 +10,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import kernel_env
+from conftest import kernel_env, managed_kernel
 
 PROBE = "import os; _probe = (os.getpid(), os.environ.get('CUDA_LAUNCH_BLOCKING'))"
 
 
 @pytest.fixture
 def vscode_kernel(tmp_path):
-    from jupyter_client.manager import KernelManager
-
     env = kernel_env(IPYTHONDIR=str(tmp_path / "ipython"))
     env.pop("CUDA_LAUNCH_BLOCKING", None)
-    manager = KernelManager(
-        kernel_name="python3", connection_file=str(tmp_path / "kernel-v2-4242abc.json")
-    )
-    manager.start_kernel(env=env)
-    client = manager.blocking_client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
+    manager, client = managed_kernel(tmp_path / "kernel-v2-4242abc.json", env)
     yield manager, client
     client.stop_channels()
     manager.shutdown_kernel(now=True)

@@ -22,133 +22,91 @@ pytest.importorskip("jupyter_server")
 PLAN = "from nb_cudaguard.restart.methods import plan_restart; print(plan_restart().method.value)"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = JupyterServer(tmp_path_factory.mktemp("server"))
-    yield s
-    s.stop()
+def test_the_kernel_finds_its_own_server_and_plans_a_rest_restart(server, server_kernel):
+    kid, _ = server_kernel
+    assert server.execute(kid, PLAN).stream.strip() == "rest"
 
 
-@pytest.fixture
-def kernel(server):
-    kid = server.start_kernel()
-    pid, _ = wait_for_new_process(server, kid, old_pid=-1)
-    yield kid, pid
-    server.request("DELETE", f"/api/kernels/{kid}")
-
-
-def _run(server, kid, code, timeout=30):
-    sock = server.connect(kid)
-    try:
-        return sock.execute(code, timeout=timeout)
-    finally:
-        sock.close()
-
-
-def test_the_kernel_finds_its_own_server_and_plans_a_rest_restart(server, kernel):
-    kid, _ = kernel
-    assert _run(server, kid, PLAN).stream.strip() == "rest"
-
-
-def test_restart_kernel_blocking_gives_a_new_process_with_the_variable(server, kernel):
-    kid, pid = kernel
-    out = _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+def test_restart_kernel_blocking_gives_a_new_process_with_the_variable(server, server_kernel):
+    kid, pid = server_kernel
+    out = server.execute(kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
     assert out.status == "ok"
     new_pid, value = wait_for_new_process(server, kid, pid)
     assert new_pid != pid and value == "1"
 
 
-def test_the_next_ordinary_restart_does_not_have_it(server, kernel):
-    kid, pid = kernel
-    _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+def test_the_next_ordinary_restart_does_not_have_it(server, server_kernel):
+    kid, pid = server_kernel
+    server.execute(kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
     blocking_pid, _ = wait_for_new_process(server, kid, pid)
     server.restart_kernel(kid)  # the user's own restart, from the frontend
     _, value = wait_for_new_process(server, kid, blocking_pid)
     assert value is None
 
 
-def test_a_plain_restart_kernel_has_no_variable(server, kernel):
-    kid, pid = kernel
-    _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=False)")
+def test_a_plain_restart_kernel_has_no_variable(server, server_kernel):
+    kid, pid = server_kernel
+    server.execute(kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=False)")
     _, value = wait_for_new_process(server, kid, pid)
     assert value is None
 
 
-def test_the_magic_restarts_with_the_variable(server, kernel):
-    kid, pid = kernel
-    out = _run(server, kid, "%load_ext nb_cudaguard\n%cudaguard restart")
+def test_the_magic_restarts_with_the_variable(server, server_kernel):
+    kid, pid = server_kernel
+    out = server.execute(kid, "%load_ext nb_cudaguard\n%cudaguard restart")
     assert "CUDA_LAUNCH_BLOCKING=1" in out.stream
     _, value = wait_for_new_process(server, kid, pid)
     assert value == "1"
 
 
-def _blocking_button(failed) -> str:
-    """The comm id of the "Restart with CUDA_LAUNCH_BLOCKING=1" button shown under a failed cell."""
-    return next(
-        c["comm_id"]
-        for c in failed.comm_opens()
-        if c["data"]["state"].get("description") == BLOCKING_LABEL
-    )
-
-
-def test_the_buttons_click_handler_restarts_with_the_variable(server, kernel):
-    kid, pid = kernel
-    sock = server.connect(kid)
-    try:
+def test_the_buttons_click_handler_restarts_with_the_variable(server, server_kernel):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
         sock.execute("%load_ext nb_cudaguard")
         failed = sock.execute(RAISE_ASSERT)
         assert failed.status == "error"
-        button = _blocking_button(failed)
-        sock.click(button)  # exactly what JupyterLab sends for a click
-    finally:
-        sock.close()
+        sock.click(failed.button(BLOCKING_LABEL))  # exactly what JupyterLab sends for a click
     _, value = wait_for_new_process(server, kid, pid)
     assert value == "1"
 
 
-def test_a_click_disables_the_buttons_and_says_what_to_do_before_the_kernel_goes(server, kernel):
-    kid, pid = kernel
-    sock = server.connect(kid)
-    try:
+def test_a_click_disables_the_buttons_and_says_what_to_do_before_the_kernel_goes(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
         sock.execute("%load_ext nb_cudaguard")
         failed = sock.execute(RAISE_ASSERT)
-        button = _blocking_button(failed)
-        updates = sock.collect(sock.click(button), timeout=10, reply=False).messages
-    finally:
-        sock.close()
-    states = [m["content"]["data"].get("state", {}) for m in updates if m["msg_type"] == "comm_msg"]
-    assert sum(1 for s in states if s.get("disabled") is True) == 2
-    said = " ".join(s["value"] for s in states if "value" in s)
+        clicked = sock.collect(sock.click(failed.button(BLOCKING_LABEL)), timeout=10, reply=False)
+    assert sum(1 for s in clicked.widget_states if s.get("disabled") is True) == 2
+    said = clicked.widget_text
     # What to do next: restore what was kept (keep_glue) and re-run the rest, or re-run it all.
     assert "there offers to restore them" in said or ("re-run the notebook from the top" in said)
     assert "CUDA_LAUNCH_BLOCKING=1" in said
     wait_for_new_process(server, kid, pid)
 
 
-def test_the_new_kernel_shows_the_banner_naming_the_crashing_cell(server, kernel):
-    kid, pid = kernel
-    sock = server.connect(kid)
-    try:
+def test_the_new_kernel_shows_the_banner_naming_the_crashing_cell(server, server_kernel):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
         sock.execute("%load_ext nb_cudaguard")
         failed = sock.execute(RAISE_ASSERT)
         sock.execute("%cudaguard restart")
-    finally:
-        sock.close()
     wait_for_new_process(server, kid, pid)
-    shown = _run(server, kid, "%load_ext nb_cudaguard").displays
+    shown = server.execute(kid, "%load_ext nb_cudaguard").displays
     banners = [d["text/plain"] for d in shown if "blocking mode is on" in d.get("text/plain", "")]
     assert len(banners) == 1
     assert f"cell [{failed.execution_count}]" in banners[0]
 
 
-def test_a_hanging_atexit_handler_does_not_delay_the_restart(server, kernel):
+def test_a_hanging_atexit_handler_does_not_delay_the_restart(server, server_kernel):
     # Stands in for CUDA's teardown hanging after a sticky error: the server would wait for the
     # polite shutdown before killing the kernel.
-    kid, pid = kernel
-    _run(server, kid, "import atexit, time; atexit.register(time.sleep, 30)")
+    kid, pid = server_kernel
+    server.execute(kid, "import atexit, time; atexit.register(time.sleep, 30)")
     old = psutil.Process(pid)
     started = time.monotonic()
-    _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+    server.execute(kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
     # Timed to the old process's end, not to the new kernel's start (which load can slow).
     with contextlib.suppress(psutil.TimeoutExpired):
         old.wait(timeout=10)
@@ -158,22 +116,18 @@ def test_a_hanging_atexit_handler_does_not_delay_the_restart(server, kernel):
     assert gone_after < 2.5  # ~0.5 s; over 3 s when the server must kill it
 
 
-def test_a_second_kernel_of_the_same_server_never_gets_it(server, kernel):
-    kid, pid = kernel
-    other = server.start_kernel()
-    try:
-        other_pid, _ = wait_for_new_process(server, other, -1)
-        _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+def test_a_second_kernel_of_the_same_server_never_gets_it(server, server_kernel):
+    kid, pid = server_kernel
+    with server.new_kernel() as (other, other_pid):
+        server.execute(kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
         wait_for_new_process(server, kid, pid)
         server.restart_kernel(other)
         _, value = wait_for_new_process(server, other, other_pid)
         assert value is None
-    finally:
-        server.request("DELETE", f"/api/kernels/{other}")
 
 
-def test_a_stale_injection_is_ignored(server, kernel):
-    kid, pid = kernel
+def test_a_stale_injection_is_ignored(server, server_kernel):
+    kid, pid = server_kernel
     stale = (
         "from nb_cudaguard.restart import injection\n"
         "from nb_cudaguard.restart.environment import running_kernel_connection\n"
@@ -181,16 +135,15 @@ def test_a_stale_injection_is_ignored(server, kernel):
         "injection.write_pending(p.location, p.startup_dir, running_kernel_connection(), "
         "now=time.time() - injection.TTL_S - 60)"
     )
-    assert _run(server, kid, stale).status == "ok"
+    assert server.execute(kid, stale).status == "ok"
     server.restart_kernel(kid)
     _, value = wait_for_new_process(server, kid, pid)
     assert value is None
 
 
-def test_the_server_token_never_appears_in_what_the_kernel_shows(server, kernel):
-    kid, _ = kernel
-    out = _run(
-        server,
+def test_the_server_token_never_appears_in_what_the_kernel_shows(server, server_kernel):
+    kid, _ = server_kernel
+    out = server.execute(
         kid,
         "from nb_cudaguard.restart.methods import plan_restart; p = plan_restart(); print(p); "
         "print(p.server); print(p.note, p.warning)",
@@ -204,8 +157,8 @@ def test_a_tokenless_server_falls_back_to_the_auto_restarter(tmp_path):
     try:
         kid = server.start_kernel()
         pid, _ = wait_for_new_process(server, kid, -1)
-        assert _run(server, kid, PLAN).stream.strip() == "exit"
-        _run(server, kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
+        assert server.execute(kid, PLAN).stream.strip() == "exit"
+        server.execute(kid, "import nb_cudaguard; nb_cudaguard.restart_kernel(blocking=True)")
         _, value = wait_for_new_process(server, kid, pid, timeout=30)
         assert value == "1"
     finally:
@@ -240,10 +193,10 @@ def test_vscode_restarts_in_place(tmp_path):
 
 
 def test_a_blocking_restart_after_dataparallel_or_a_process_group_says_so_first(
-    server, kernel, tmp_path
+    server, server_kernel, tmp_path
 ):
     # CUDA_LAUNCH_BLOCKING=1 with DataParallel or NCCL can deadlock (pytorch#9163, nccl#750).
-    kid, pid = kernel
+    kid, pid = server_kernel
     setup = (
         "import torch, torch.distributed as dist\n"
         "model = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
@@ -251,8 +204,8 @@ def test_a_blocking_restart_after_dataparallel_or_a_process_group_says_so_first(
         "world_size=1)\n"
         "%load_ext nb_cudaguard"
     )
-    assert _run(server, kid, setup).status == "ok"
-    out = _run(server, kid, "%cudaguard restart")
+    assert server.execute(kid, setup).status == "ok"
+    out = server.execute(kid, "%cudaguard restart")
     text = out.stream
     assert "WARNING: this notebook may hang in blocking mode" in text
     assert "a torch.distributed process group is initialised" in text
@@ -263,9 +216,9 @@ def test_a_blocking_restart_after_dataparallel_or_a_process_group_says_so_first(
     assert value == "1"
 
 
-def test_a_blocking_restart_of_a_single_gpu_notebook_has_no_such_warning(server, kernel):
-    kid, pid = kernel
-    out = _run(server, kid, "import torch\n%load_ext nb_cudaguard\n%cudaguard restart")
+def test_a_blocking_restart_of_a_single_gpu_notebook_has_no_such_warning(server, server_kernel):
+    kid, pid = server_kernel
+    out = server.execute(kid, "import torch\n%load_ext nb_cudaguard\n%cudaguard restart")
     assert "nb_cudaguard: Restarting." in out.stream
     assert "WARNING" not in out.stream
     wait_for_new_process(server, kid, pid)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import ROOT
+from conftest import terminal_ipython
 from pytorch_texts import ASSERT_2_9 as ASSERT_TEXT
 
 from nb_cudaguard.runtime.capture import FdTee
@@ -246,15 +246,9 @@ HOLDS_THE_GIL = (
 
 
 def test_a_large_c_write_to_fd2_holding_the_gil_does_not_hang_terminal_ipython():
-    argv = ["--simple-prompt", "--no-banner", "--HistoryManager.enabled=False", "--colors=NoColor"]
-    start = f"from IPython import start_ipython; start_ipython(argv={argv!r})"
-    proc = subprocess.run(
-        [sys.executable, "-c", start],
-        input=f"%load_ext nb_cudaguard\nexec({HOLDS_THE_GIL!r})\nexit\n",
-        capture_output=True,
-        text=True,
+    proc = terminal_ipython(
+        f"%load_ext nb_cudaguard\nexec({HOLDS_THE_GIL!r})\nexit\n",
         timeout=60,  # the hang this guards against
-        cwd=str(ROOT),
     )
     assert "wrote 300001" in proc.stdout
     assert proc.stderr.count("x") == 300_000  # and every byte still reached the terminal
@@ -340,8 +334,6 @@ def test_evidence_from_the_notebook_variables_reaches_the_panel(kernel):
 
 def test_wurlitzer_inside_a_cell_gets_its_output_and_fd2_comes_back_after():
     pytest.importorskip("wurlitzer")
-    argv = ["--simple-prompt", "--no-banner", "--HistoryManager.enabled=False", "--colors=NoColor"]
-    start = f"from IPython import start_ipython; start_ipython(argv={argv!r})"
     cells = textwrap.dedent(
         """\
         import os
@@ -359,14 +351,7 @@ def test_wurlitzer_inside_a_cell_gets_its_output_and_fd2_comes_back_after():
         exit
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", start],
-        input=cells,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=str(ROOT),
-    )
+    proc = terminal_ipython(cells, timeout=60)
     assert "wurlitzer got: inside wurlitzer" in proc.stdout
     assert "given back: True" in proc.stdout
     assert "after wurlitzer" in proc.stderr  # through our tee, to the terminal

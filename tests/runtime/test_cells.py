@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pytorch_texts import HEADLINE as ASSERT_TEXT
 
 from nb_cudaguard.diagnosis.where import where_sentence
 from nb_cudaguard.runtime.cells import CellTracker, SyncAfterCell
-
-ASSERT_TEXT = "CUDA error: device-side assert triggered"
 
 
 @pytest.fixture
