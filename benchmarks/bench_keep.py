@@ -57,11 +57,7 @@ TIMED_CHECK = (
 
 
 def _run(server: JupyterServer, kid: str, code: str, timeout: float = 300) -> str:
-    sock = server.connect(kid)
-    try:
-        reply = sock.execute(code, timeout=timeout)
-    finally:
-        sock.close()
+    reply = server.execute(kid, code, timeout=timeout)
     if reply.status != "ok":
         raise RuntimeError(f"cell failed: {code[:60]!r}: {reply.messages[-3:]}")
     return reply.stream
