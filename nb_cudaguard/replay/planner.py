@@ -85,12 +85,15 @@ def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
         changed = mutates - bound
         for name in mutates & bound:  # built here from older objects: those change
             changed |= cell.links.get(name, frozenset()) - bound
+        for name in mutates & cell.stores.keys():  # and what the cell stored in them
+            changed |= cell.stores[name] - bound
         out.append(
             replace(
                 cell,
                 defines=cell.defines | assigns | changed,
                 mutates=cell.mutates | changed,
                 uses=cell.uses | changed,
+                filled=cell.filled - mutates - changed,
             )
         )
     return out
@@ -178,23 +181,27 @@ class _Planner:
     def _propagate(self) -> None:
         """One pass over the cells before the failing one: which objects are rebuilt (a name
         a chosen cell binds, not kept), which names hold them or were built from them (the
-        cells' links), and the cells that change one of those: they are chosen too. Linear in
-        the cells and their links, whatever the number of names followed."""
+        cells' links), which containers hold them (the cells' stores), and the cells that
+        change one of those: they are chosen too. Linear in the cells and their links, whatever
+        the number of names followed."""
         holds: dict[str, set[str]] = {}  # name -> the rebuilt names its object is linked to
+        inside: dict[str, set[str]] = {}  # container -> the rebuilt names stored in it
         for index in range(self.failing + 1):
             facts = self.facts[index]
-            if holds and index not in self.failed and index != self.failing:
-                for name in sorted(facts.mutates & holds.keys()):
+            if (holds or inside) and index not in self.failed and index != self.failing:
+                for name in sorted(n for n in facts.mutates if n in holds or n in inside):
                     if self._counts(name, facts):
-                        for rebuilt in sorted(holds[name]):
+                        for rebuilt in sorted(_reached(name, facts, holds, inside)):
                             through = "" if rebuilt == name else f" through {name}"
                             self._include(index, f"changes {rebuilt}{through}", self.failing)
-            if holds and (index in self.reasons or index == self.failing):
+            if (holds or inside) and (index in self.reasons or index == self.failing):
                 # A kept (restored) object built from one we rebuild is the old one's partner:
-                # ``opt.step()`` on it would step the old model's parameters. Built again.
-                for name in sorted(facts.mutates & holds.keys() & self.present):
-                    if name not in self.stale:
-                        self.stale[name] = sorted(holds[name])[0]
+                # ``opt.step()`` on it would step the old model's parameters; a kept list that
+                # held the old model would train that one. Built again.
+                for name in sorted(facts.mutates & self.present):
+                    reached = _reached(name, facts, holds, inside)
+                    if reached and name not in self.stale:
+                        self.stale[name] = sorted(reached)[0]
                         self.need(name, index, index)
             if index == self.failing:
                 break
@@ -202,29 +209,54 @@ class _Planner:
             if index in self.reasons:
                 rebuilt_here = facts.defines - facts.callables - facts.imports
                 rebuilt_here -= self.present - self.stale.keys()
-            self._carry(holds, facts, rebuilt_here)
+            self._carry(holds, inside, facts, rebuilt_here)
 
-    def _carry(self, holds: dict[str, set[str]], facts: CellFacts, rebuilt: frozenset[str]) -> None:
+    def _carry(
+        self,
+        holds: dict[str, set[str]],
+        inside: dict[str, set[str]],
+        facts: CellFacts,
+        rebuilt: frozenset[str],
+    ) -> None:
         """What the names hold after a cell: a name the cell rebuilds holds itself; a name bound
         anew holds what its sources held (``opt = AdamW(model.parameters())``, ``model =
-        model.to(dev)``), or nothing."""
+        model.to(dev)``), and what was stored in them (``first = models[0]``), or nothing; a
+        container the cell stores into holds the stored objects too (``models.append(model)``)."""
         for name in facts.deletes:
             holds.pop(name, None)
+            inside.pop(name, None)
         for name in rebuilt:
             holds[name] = {name}
-        if not holds:
+        if not holds and not inside:
             return
+        # What the stored names held before the cell rebinds any (``models.append(model)``
+        # then ``model = Net()`` stores the old one); after is added below.
+        stored = {c: self._held(v, holds, inside) for c, v in facts.stores.items()}
         for name in facts.defines - facts.mutates:
-            sources = facts.links.get(name, frozenset())
             linked = {name} if name in rebuilt else set()
             if name not in self.modules:
-                for source in sources & holds.keys():
-                    linked |= holds[source]
+                linked |= self._held(facts.links.get(name, frozenset()), holds, inside)
             if linked:
                 # A few are enough to say why; the choice only needs one.
                 holds[name] = set(sorted(linked)[:MAX_REASONS])
             else:
                 holds.pop(name, None)  # a new object from here on
+            inside.pop(name, None)
+        for container, values in facts.stores.items():
+            held = stored[container] | self._held(values, holds, inside)
+            if held and container not in self.modules:
+                held |= inside.get(container, set())
+                inside[container] = set(sorted(held)[:MAX_REASONS])
+
+    @staticmethod
+    def _held(
+        names: Collection[str], holds: dict[str, set[str]], inside: dict[str, set[str]]
+    ) -> set[str]:
+        """The rebuilt names the objects of ``names`` are linked to or hold."""
+        found: set[str] = set()
+        for name in names:
+            found |= holds.get(name, set()) | inside.get(name, set())
+        return found
 
     def _touching(self, name: str, before: int, opaque: bool = False) -> Iterator[int]:
         """The cells before ``before`` that touch ``name`` (and, with ``opaque``, the opaque
@@ -302,6 +334,17 @@ class _Planner:
         ):
             # (A function that cell calls may read what the cell itself bound before the call.)
             self.unresolved.add(name)
+
+
+def _reached(
+    name: str, facts: CellFacts, holds: dict[str, set[str]], inside: dict[str, set[str]]
+) -> set[str]:
+    """The rebuilt names that ``facts``' change of ``name`` changes: what ``name``'s object is
+    linked to, and what it holds unless the cell only stored into it."""
+    reached = holds.get(name, set())
+    if name in inside and name not in facts.filled:
+        reached = reached | inside[name]
+    return reached
 
 
 def _binds_plainly(name: str, facts: CellFacts) -> bool:
