@@ -108,7 +108,15 @@ STORING_METHODS = frozenset(
         "register_parameter", "add_param_group", "__setitem__", "__setattr__",
     }
 )  # fmt: skip
-# Functions that put their other arguments into their first one.
+# Of those, the ones whose first argument is where, not what (``insert(i, v)``,
+# ``setdefault(k, v)``, ``add_module(name, m)``).
+KEYED_METHODS = frozenset(
+    {
+        "insert", "setdefault", "__setitem__", "__setattr__", "add_module", "register_module",
+        "register_buffer", "register_parameter",
+    }
+)  # fmt: skip
+# Functions that put their other arguments into their first one (``setattr``'s second is a name).
 STORING_FUNCTIONS = frozenset({"setattr", "heappush", "heappushpop", "heapreplace"})
 # A value built like this is a new container holding what it reads.
 _DISPLAYS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
@@ -302,16 +310,19 @@ def _targets(node: ast.AST) -> list[ast.expr]:
     return flat
 
 
-def _storing(call: ast.Call) -> tuple[ast.expr, list[ast.expr]] | None:
-    """(the container, the values put into it) for ``c.append(v)``, ``d.update(m=v)``,
-    ``setattr(c, "a", v)``, ``heappush(c, v)``...; None for any other call."""
+def _storing(call: ast.Call) -> tuple[ast.expr, list[ast.expr], list[ast.expr]] | None:
+    """(the container, the keys or indices, the values put into it) for ``c.append(v)``,
+    ``d.update(m=v)``, ``c.insert(i, v)``, ``setattr(c, "a", v)``, ``heappush(c, v)``...;
+    None for any other call."""
     func = call.func
     values = [a.value if isinstance(a, ast.Starred) else a for a in call.args]
     values += [k.value for k in call.keywords]
     if isinstance(func, ast.Attribute) and func.attr in STORING_METHODS:
-        return func.value, values
+        keys = 1 if func.attr in KEYED_METHODS and call.args else 0
+        return func.value, values[:keys], values[keys:]
     if isinstance(func, ast.Name) and func.id in STORING_FUNCTIONS and call.args:
-        return values[0], values[1:]
+        keys = 2 if func.id == "setattr" else 1  # the object (and the name) are read
+        return values[0], values[:keys], values[keys:]
     return None
 
 
@@ -455,10 +466,10 @@ class _CellVisitor(ast.NodeVisitor):
         found = _storing(call)
         if found is None or _ipython_call(call) is not None:
             return False
-        container, values = found
+        container, keys, values = found
         self.visit(call.func)
-        if not isinstance(call.func, ast.Attribute):
-            self.visit(container)
+        for key in keys:  # read, not stored (and setattr's object)
+            self.visit(key)
         held: set[str] = set()
         for value in values:
             held |= self._visit_reading(value)

@@ -10,7 +10,9 @@ notebook function changes what the function changes (``global``s it assigns, obj
 An object rebuilt that later cells changed in place before the failing cell is changed again by
 them, also through the names built from it (``opt = AdamW(model.parameters())`` then
 ``opt.step()``; ``x = model.layer1`` then ``x.weight.data.fill_(0)``: "changes model through
-opt"). Opaque cells (``exec``, star
+opt"), and through the containers it was stored in (``models.append(model)`` then
+``models[0].train()`` or ``for m in models: m.half()``; not a second ``models.append(m2)``, which
+only fills the container). Opaque cells (``exec``, star
 imports, ``%run``...) may define anything: they are included where a missing name is looked up past
 them, and the plan says why. Cells that set a seed, the directory or the environment before the
 failing cell are included. A cell that failed is used only where no successful cell binds the name.

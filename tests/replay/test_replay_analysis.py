@@ -327,6 +327,8 @@ STORES = [
     ("net.add_module('fc', layer)", "net", {"layer"}),
     ("models = [model, opt]", "models", {"model", "opt"}),
     ("d['k'].append(model)", "d", {"model"}),  # into what d holds: d holds it
+    ("d.setdefault(key, model)", "d", {"model"}),  # the key is read, not held
+    ("models.insert(i, model)", "models", {"model"}),
     ("x = model.fc\nparts.append(x)", "parts", {"x", "model"}),  # and what x was built from
 ]
 
