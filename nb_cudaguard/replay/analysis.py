@@ -315,15 +315,15 @@ def _storing(call: ast.Call) -> tuple[ast.expr, list[ast.expr], list[ast.expr]] 
     ``d.update(m=v)``, ``c.insert(i, v)``, ``setattr(c, "a", v)``, ``heappush(c, v)``...;
     None for any other call."""
     func = call.func
+    if isinstance(func, ast.Attribute) and func.attr in STORING_METHODS:
+        container, keys = func.value, 1 if func.attr in KEYED_METHODS and call.args else 0
+    elif isinstance(func, ast.Name) and func.id in STORING_FUNCTIONS and call.args:
+        container, keys = call.args[0], 2 if func.id == "setattr" else 1  # the object, the name
+    else:
+        return None
     values = [a.value if isinstance(a, ast.Starred) else a for a in call.args]
     values += [k.value for k in call.keywords]
-    if isinstance(func, ast.Attribute) and func.attr in STORING_METHODS:
-        keys = 1 if func.attr in KEYED_METHODS and call.args else 0
-        return func.value, values[:keys], values[keys:]
-    if isinstance(func, ast.Name) and func.id in STORING_FUNCTIONS and call.args:
-        keys = 2 if func.id == "setattr" else 1  # the object (and the name) are read
-        return values[0], values[:keys], values[keys:]
-    return None
+    return container, values[:keys], values[keys:]
 
 
 def _method_call_root(node: ast.AST) -> str | None:

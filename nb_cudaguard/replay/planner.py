@@ -87,17 +87,18 @@ def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
         changed = mutates - bound
         for name in mutates & bound:  # built here from older objects: those change
             changed |= cell.links.get(name, frozenset()) - bound
-        for name in mutates & cell.stores.keys():  # and what the cell stored in them
-            changed |= cell.stores[name] - bound
-        out.append(
-            replace(
-                cell,
-                defines=cell.defines | assigns | changed,
-                mutates=cell.mutates | changed,
-                uses=cell.uses | changed,
-                filled=cell.filled - mutates - changed,
-            )
+        if cell.stores:  # and what the cell stored in them
+            for name in mutates & cell.stores.keys():
+                changed |= cell.stores[name] - bound
+        new = replace(
+            cell,
+            defines=cell.defines | assigns | changed,
+            mutates=cell.mutates | changed,
+            uses=cell.uses | changed,
         )
+        if cell.filled:  # a function changed them: not only filled
+            new = replace(new, filled=cell.filled - mutates - changed)
+        out.append(new)
     return out
 
 
@@ -190,13 +191,18 @@ class _Planner:
         inside: dict[str, set[str]] = {}  # container -> the rebuilt names stored in it
         for index in range(self.failing + 1):
             facts = self.facts[index]
-            if (holds or inside) and index not in self.failed and index != self.failing:
-                for name in sorted(n for n in facts.mutates if n in holds or n in inside):
+            followed = holds or inside
+            if followed and index not in self.failed and index != self.failing:
+                changed = facts.mutates & holds.keys()
+                if inside:
+                    changed |= facts.mutates & inside.keys()
+                for name in sorted(changed):
                     if self._counts(name, facts):
-                        for rebuilt in sorted(_reached(name, facts, holds, inside)):
+                        reached = _reached(name, facts, holds, inside) if inside else holds[name]
+                        for rebuilt in sorted(reached):
                             through = "" if rebuilt == name else f" through {name}"
                             self._include(index, f"changes {rebuilt}{through}", self.failing)
-            if (holds or inside) and (index in self.reasons or index == self.failing):
+            if followed and (index in self.reasons or index == self.failing):
                 # A kept (restored) object built from one we rebuild is the old one's partner:
                 # ``opt.step()`` on it would step the old model's parameters; a kept list that
                 # held the old model would train that one. Built again.
@@ -233,18 +239,26 @@ class _Planner:
             return
         # What the stored names held before the cell rebinds any (``models.append(model)``
         # then ``model = Net()`` stores the old one); after is added below.
-        stored = {c: self._held(v, holds, inside) for c, v in facts.stores.items()}
+        stores = facts.stores
+        if stores:
+            stored = {c: self._held(v, holds, inside) for c, v in stores.items()}
         for name in facts.defines - facts.mutates:
+            sources = facts.links.get(name, frozenset())
             linked = {name} if name in rebuilt else set()
             if name not in self.modules:
-                linked |= self._held(facts.links.get(name, frozenset()), holds, inside)
+                for source in sources & holds.keys():
+                    linked |= holds[source]
+                if inside:  # built from a container: it may be one of the objects it holds
+                    for source in sources & inside.keys():
+                        linked |= inside[source]
             if linked:
                 # A few are enough to say why; the choice only needs one.
                 holds[name] = set(sorted(linked)[:MAX_REASONS])
             else:
                 holds.pop(name, None)  # a new object from here on
-            inside.pop(name, None)
-        for container, values in facts.stores.items():
+            if inside:
+                inside.pop(name, None)
+        for container, values in stores.items() if stores else ():
             held = stored[container] | self._held(values, holds, inside)
             if held and container not in self.modules:
                 held |= inside.get(container, set())
@@ -257,7 +271,10 @@ class _Planner:
         """The rebuilt names the objects of ``names`` are linked to or hold."""
         found: set[str] = set()
         for name in names:
-            found |= holds.get(name, set()) | inside.get(name, set())
+            if name in holds:
+                found |= holds[name]
+            if name in inside:
+                found |= inside[name]
         return found
 
     def _touching(self, name: str, before: int, opaque: bool = False) -> Iterator[int]:
