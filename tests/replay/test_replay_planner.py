@@ -366,6 +366,34 @@ CASES = [
         present=("model",),
     ),
     Case(
+        "a-missing-container-brings-the-stored-object-and-its-changes",
+        ["model = Net()", "models = []", "models.append(model)", "model.half()", "models[0](inp)"],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "a-notebook-function-that-changes-the-container-s-elements",
+        [
+            "model = Net()",
+            "models = []",
+            "models.append(model)",
+            "def train_all():\n    for m in models:\n        m.train()",
+            "train_all()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4, 5],
+    ),
+    Case(
+        "a-notebook-function-that-changes-what-its-cell-just-stored",
+        [
+            "model = Net()",
+            "models = []",
+            "def train_all():\n    for m in models:\n        m.train()",
+            "models.append(model)\ntrain_all()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
         "a-kept-container-holding-the-old-model-is-built-again-before-it-changes-it",
         ["model = Net()", "models = []", "models.append(model)", "models[0].train()", "model(inp)"],
         [0, 1, 2, 3, 4],
