@@ -191,22 +191,21 @@ class _Planner:
         inside: dict[str, set[str]] = {}  # container -> the rebuilt names stored in it
         for index in range(self.failing + 1):
             facts = self.facts[index]
-            followed = holds or inside
-            if followed and index not in self.failed and index != self.failing:
-                changed = facts.mutates & holds.keys()
-                if inside:
-                    changed |= facts.mutates & inside.keys()
+            changed = facts.mutates & holds.keys() if holds else frozenset()
+            if inside:
+                changed |= facts.mutates & inside.keys()
+            if changed and index not in self.failed and index != self.failing:
                 for name in sorted(changed):
                     if self._counts(name, facts):
                         reached = _reached(name, facts, holds, inside) if inside else holds[name]
                         for rebuilt in sorted(reached):
                             through = "" if rebuilt == name else f" through {name}"
                             self._include(index, f"changes {rebuilt}{through}", self.failing)
-            if followed and (index in self.reasons or index == self.failing):
+            if changed and (index in self.reasons or index == self.failing):
                 # A kept (restored) object built from one we rebuild is the old one's partner:
                 # ``opt.step()`` on it would step the old model's parameters; a kept list that
                 # held the old model would train that one. Built again.
-                for name in sorted(facts.mutates & self.present):
+                for name in sorted(changed & self.present):
                     reached = _reached(name, facts, holds, inside)
                     if reached and name not in self.stale:
                         self.stale[name] = sorted(reached)[0]
@@ -217,52 +216,71 @@ class _Planner:
             if index in self.reasons:
                 rebuilt_here = facts.defines - facts.callables - facts.imports
                 rebuilt_here -= self.present - self.stale.keys()
-            self._carry(holds, inside, facts, rebuilt_here)
+            if inside or facts.stores:
+                self._carry_held(holds, inside, facts, rebuilt_here)
+            else:
+                self._carry(holds, facts, rebuilt_here)
 
-    def _carry(
-        self,
-        holds: dict[str, set[str]],
-        inside: dict[str, set[str]],
-        facts: CellFacts,
-        rebuilt: frozenset[str],
-    ) -> None:
+    def _carry(self, holds: dict[str, set[str]], facts: CellFacts, rebuilt: frozenset[str]) -> None:
         """What the names hold after a cell: a name the cell rebuilds holds itself; a name bound
         anew holds what its sources held (``opt = AdamW(model.parameters())``, ``model =
-        model.to(dev)``), and what was stored in them (``first = models[0]``), or nothing; a
-        container the cell stores into holds the stored objects too (``models.append(model)``)."""
+        model.to(dev)``), or nothing."""
         for name in facts.deletes:
             holds.pop(name, None)
-            inside.pop(name, None)
         for name in rebuilt:
             holds[name] = {name}
-        if not holds and not inside:
+        if not holds:
             return
-        # What the stored names held before the cell rebinds any (``models.append(model)``
-        # then ``model = Net()`` stores the old one); after is added below.
-        stores = facts.stores
-        if stores:
-            stored = {c: self._held(v, holds, inside) for c, v in stores.items()}
         for name in facts.defines - facts.mutates:
             sources = facts.links.get(name, frozenset())
             linked = {name} if name in rebuilt else set()
             if name not in self.modules:
                 for source in sources & holds.keys():
                     linked |= holds[source]
-                if inside:  # built from a container: it may be one of the objects it holds
-                    for source in sources & inside.keys():
-                        linked |= inside[source]
             if linked:
                 # A few are enough to say why; the choice only needs one.
                 holds[name] = set(sorted(linked)[:MAX_REASONS])
             else:
                 holds.pop(name, None)  # a new object from here on
-            if inside:
-                inside.pop(name, None)
-        for container, values in stores.items() if stores else ():
+
+    def _carry_held(
+        self,
+        holds: dict[str, set[str]],
+        inside: dict[str, set[str]],
+        facts: CellFacts,
+        rebuilt: frozenset[str],
+    ) -> None:
+        """``_carry``, where containers hold rebuilt objects or the cell stores into one: a
+        name built from a container also holds what it held (``first = models[0]``); a
+        container the cell stores into holds the stored objects too (``models.append(model)``),
+        as they were before the cell rebinds any (``models.append(model)`` then ``model =
+        Net()`` stores the old one) and after."""
+        bound = facts.defines - facts.mutates
+        stored = {c: self._held(v, holds, inside) for c, v in facts.stores.items()}
+        taken = self._taken(bound, facts, inside)
+        self._carry(holds, facts, rebuilt)
+        for name, held in taken.items():
+            if name not in self.modules:
+                holds[name] = set(sorted(holds.get(name, set()) | held)[:MAX_REASONS])
+        for name in bound | facts.deletes:
+            inside.pop(name, None)  # a new object: it holds nothing yet
+        for container, values in facts.stores.items():
             held = stored[container] | self._held(values, holds, inside)
             if held and container not in self.modules:
                 held |= inside.get(container, set())
                 inside[container] = set(sorted(held)[:MAX_REASONS])
+
+    @staticmethod
+    def _taken(
+        bound: frozenset[str], facts: CellFacts, inside: dict[str, set[str]]
+    ) -> dict[str, set[str]]:
+        """For each name bound anew: the rebuilt names held by the containers it was built
+        from (``first = models[0]``, ``for m in models``), as they were before the cell."""
+        taken: dict[str, set[str]] = {}
+        for name in bound:
+            for source in facts.links.get(name, frozenset()) & inside.keys():
+                taken.setdefault(name, set()).update(inside[source])
+        return taken
 
     @staticmethod
     def _held(
