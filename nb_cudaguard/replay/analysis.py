@@ -18,6 +18,15 @@ Static analysis cannot see everything, so it errs towards running more:
   ``x = model.layer1``, ``loader = DataLoader(ds)``): changing ``x`` may change ``model``. Within a
   cell a change is carried over to what the changed name links to; across cells the planner does
   it (``links``);
+- a *store* puts an object into another (``models.append(model)``, ``insert``, ``extend``,
+  ``d["m"] = model``, ``d.update(m=model)``, ``setdefault``, ``s.add``, ``q.put``,
+  ``holder.net = model``, ``setattr(holder, "net", model)``, ``lst += [model]``, ``models =
+  [model]``): the container then *holds* the stored names (``stores``), so a change through it
+  (``models[0].train()``, ``d["m"].to(dev)``, ``for m in models: m.half()``, ``train(models)``)
+  changes them too. A store itself changes the container, not what it holds (``filled``): a
+  second ``models.append(m2)`` leaves ``model`` alone. What cannot be changed through a
+  container is not stored: a constant, a copy (``FRESH_CALLS``: ``x.clone()``, ``deepcopy``,
+  ``len(x)``...);
 - the globals a function or class body reads are needed when it is *called* (``deferred``); what a
   function changes or assigns (``global``) outside itself happens where it is called (``effects``);
 - a cell whose effect on names cannot be known (``exec``, ``globals()``, a star import, ``%run``,
@@ -69,10 +78,10 @@ OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})
 # Builtins that change an argument; every other builtin only reads its arguments.
 MUTATING_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "vars", "iter"})
 _READ_ONLY_FUNCTIONS = frozenset(dir(builtins)) - MUTATING_BUILTINS | {"display", "get_ipython"}
-# Calls whose result shares nothing with their arguments: no link through them.
 # Functions that change an argument in place though their name does not say so.
 IN_PLACE_FUNCTIONS = frozenset({"shuffle", "copyto", "put", "place", "putmask", "fill_diagonal",
                                 "heappush", "heappop", "heapify", "heapreplace"})  # fmt: skip
+# Calls whose result shares nothing with their arguments: no link through them.
 FRESH_CALLS = frozenset(
     {
         "copy",
@@ -89,6 +98,28 @@ FRESH_CALLS = frozenset(
         "bool",
     }
 )
+
+# Methods that put their arguments into their object (lists, deques, sets, dicts, queues,
+# ``nn.ModuleList``/``ModuleDict``, ``nn.Module``'s registries, an optimizer's param groups).
+STORING_METHODS = frozenset(
+    {
+        "append", "appendleft", "extend", "extendleft", "insert", "add", "update", "setdefault",
+        "put", "put_nowait", "push", "add_module", "register_module", "register_buffer",
+        "register_parameter", "add_param_group", "__setitem__", "__setattr__",
+    }
+)  # fmt: skip
+# Of those, the ones whose first argument is where, not what (``insert(i, v)``,
+# ``setdefault(k, v)``, ``add_module(name, m)``).
+KEYED_METHODS = frozenset(
+    {
+        "insert", "setdefault", "__setitem__", "__setattr__", "add_module", "register_module",
+        "register_buffer", "register_parameter",
+    }
+)  # fmt: skip
+# Functions that put their other arguments into their first one (``setattr``'s second is a name).
+STORING_FUNCTIONS = frozenset({"setattr", "heappush", "heappushpop", "heapreplace"})
+# A value built like this is a new container holding what it reads.
+_DISPLAYS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
 
 Transform = Callable[[str], str]
 
@@ -111,6 +142,10 @@ class CellFacts:
     # Each function it defines -> what calling it does outside the function.
     effects: Mapping[str, Effects] = field(default_factory=dict)
     callables: frozenset[str] = frozenset()  # the functions and classes it defines
+    # Each container it stores into -> the names whose objects it now holds (``models.append(
+    # model)``): a later change through the container changes them.
+    stores: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    filled: frozenset[str] = frozenset()  # changed only by storing into them: what they held is not
 
 
 @dataclass(frozen=True)
@@ -137,12 +172,16 @@ class _Collect:
     calls: set[str] = field(default_factory=set)
     effects: dict[str, Effects] = field(default_factory=dict)
     callables: set[str] = field(default_factory=set)
+    stores: dict[str, set[str]] = field(default_factory=dict)
+    filled: set[str] = field(default_factory=set)  # changed by a store
+    changed: set[str] = field(default_factory=set)  # changed otherwise (what they hold too)
 
     def facts(self) -> CellFacts:
+        mutates = self.mutates - self.assigned
         return CellFacts(
             frozenset(self.defines),
             frozenset(self.uses),
-            frozenset(self.mutates - self.assigned),  # its own new object: not a change
+            frozenset(mutates),  # its own new object: not a change
             frozenset(self.deferred),
             frozenset(self.deletes),
             frozenset(self.imports),
@@ -152,6 +191,12 @@ class _Collect:
             frozenset(self.calls),
             {n: e for n, e in self.effects.items() if n in self.defines},
             frozenset(self.callables & self.defines),
+            {
+                n: frozenset(r - {n})
+                for n, r in self.stores.items()
+                if r - {n} and n in self.defines
+            },
+            frozenset((self.filled - self.changed) & mutates),
         )
 
 
@@ -224,7 +269,7 @@ def _changes_arguments(call: ast.Call) -> bool:
     ``train(model, opt)``, not a builtin that only reads, nor a class being built), or an
     in-place one (PyTorch's trailing underscore: ``nn.init.zeros_``, ``clip_grad_norm_``)."""
     name = _call_name(call.func)
-    if name is None:
+    if name is None or name in FRESH_CALLS:  # a copy reads its source: ``deepcopy(model)``
         return False
     if (name.endswith("_") and not name.endswith("__")) or name in IN_PLACE_FUNCTIONS:
         return True
@@ -263,6 +308,22 @@ def _targets(node: ast.AST) -> list[ast.expr]:
         else:
             flat.append(target.value if isinstance(target, ast.Starred) else target)
     return flat
+
+
+def _storing(call: ast.Call) -> tuple[ast.expr, list[ast.expr], list[ast.expr]] | None:
+    """(the container, the keys or indices, the values put into it) for ``c.append(v)``,
+    ``d.update(m=v)``, ``c.insert(i, v)``, ``setattr(c, "a", v)``, ``heappush(c, v)``...;
+    None for any other call."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr in STORING_METHODS:
+        container, keys = func.value, 1 if func.attr in KEYED_METHODS and call.args else 0
+    elif isinstance(func, ast.Name) and func.id in STORING_FUNCTIONS and call.args:
+        container, keys = call.args[0], 2 if func.id == "setattr" else 1  # the object, the name
+    else:
+        return None
+    values = [a.value if isinstance(a, ast.Starred) else a for a in call.args]
+    values += [k.value for k in call.keywords]
+    return container, values[:keys], values[keys:]
 
 
 def _method_call_root(node: ast.AST) -> str | None:
@@ -359,28 +420,68 @@ class _CellVisitor(ast.NodeVisitor):
     def _load(self, name: str) -> None:
         if name not in self.bound:
             self.c.uses.add(name)
-            if self.reading is not None:
-                self.reading.add(name)
-        elif self.reading is not None:  # bound in this cell: it, and what it was built from
-            self.reading |= self.c.links.get(name, set()) | {name}
+        if self.reading is not None:
+            self.reading.add(name)
+            if name in self.bound:  # bound in this cell: what it was built from too
+                self.reading |= self.c.links.get(name, set())
+            if name in self.c.stores:  # and what it holds (``first = models[0]``)
+                self.reading |= self.c.stores[name]
 
     def _store(self, name: str) -> None:
+        self.c.stores.pop(name, None)  # a new object: it holds nothing yet
         self.bound.add(name)
         self.c.assigned.add(name)
         self.c.defines.add(name)
         self.c.deletes.discard(name)
 
-    def _mutate(self, name: str) -> None:
+    def _mutate(self, name: str, fill: bool = False) -> None:
+        """``name``'s object changes; ``fill``: only by a store into it, which changes neither
+        what it held before (``models.append(m2)`` leaves ``models[0]`` alone) nor what is
+        stored."""
         # A name this cell built from others: changing it may change them (``x = model.layer1``
-        # then ``x.weight.data.fill_(0)`` changes ``model``).
-        for source in self.c.links.get(name, ()) if name in self.bound else ():
-            if source != name:
-                self._load(source)
-                self.c.mutates.add(source)
-                self.c.defines.add(source)
+        # then ``x.weight.data.fill_(0)`` changes ``model``); and what it holds (``models[0].
+        # train()`` after ``models.append(model)`` changes ``model``).
+        sources = set(self.c.links.get(name, ())) if name in self.bound else set()
+        if not fill:
+            sources |= self.c.stores.get(name, set())
+        for source in sources - {name}:
+            self._load(source)
+            self.c.mutates.add(source)
+            self.c.defines.add(source)
+            self.c.changed.add(source)
         self._load(name)
         self.c.mutates.add(name)
         self.c.defines.add(name)
+        (self.c.filled if fill else self.c.changed).add(name)
+
+    def _hold(self, container: str, values: set[str]) -> None:
+        """``container``'s object now holds the objects of ``values`` (the names a stored value
+        was read from, what they hold included: see ``_load``)."""
+        held = values - {container}
+        if held:
+            self.c.stores.setdefault(container, set()).update(held)
+
+    def _store_call(self, call: ast.Call) -> bool:
+        """``c.append(v)`` and the like: ``c`` is filled with ``v``. True when handled."""
+        found = _storing(call)
+        if found is None or _ipython_call(call) is not None:
+            return False
+        container, keys, values = found
+        self.visit(call.func)
+        for key in keys:  # read, not stored (and setattr's object)
+            self.visit(key)
+        held: set[str] = set()
+        for value in values:
+            held |= self._visit_reading(value)
+        root = _root_name(container)
+        if root is not None:
+            # Into ``c`` itself: a fill; into a part of it (``d["k"].append(v)``): that part,
+            # which may be something ``c`` holds, changes.
+            self._mutate(root, fill=isinstance(container, ast.Name))
+            self._hold(root, held)
+        if isinstance(call.func, ast.Name):
+            self.c.calls.add(call.func.id)
+        return True
 
     def _visit_reading(self, node: ast.AST) -> set[str]:
         """Visit an expression; the names (from before this cell) its value may share objects
@@ -398,6 +499,15 @@ class _CellVisitor(ast.NodeVisitor):
         for name in _names_bound(target):
             self.c.links[name] = set(reads)
 
+    def _bind(self, target: ast.expr, value: ast.expr, reads: set[str]) -> None:
+        """After ``target = value``: a new list, tuple, set or dict holds what it reads
+        (``models = [model]``); anything else links to it."""
+        if isinstance(target, ast.Name) and isinstance(value, _DISPLAYS):
+            self.c.links[target.id] = set()
+            self._hold(target.id, reads)
+        else:
+            self._link(target, reads)
+
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self._load(node.id)
@@ -408,19 +518,23 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.defines.discard(node.id)
             self.c.deletes.add(node.id)
 
-    def _target(self, target: ast.expr) -> None:
+    def _target(self, target: ast.expr, stored: set[str] | None = None, fill: bool = False) -> None:
+        """Bind or change ``target``; ``stored``: what the value assigned reads, which an
+        attribute or item target then holds; ``fill``: a plain assignment, which into ``x.a``
+        or ``x[i]`` changes ``x`` but not what ``x`` held (``x.a.b = v`` changes ``x.a``)."""
         if isinstance(target, (ast.Attribute, ast.Subscript)):
             self.visit(target)  # x.attr = v reads x (and the index)
             root = _root_name(target)
             if root is not None:
-                self._mutate(root)
+                self._mutate(root, fill=fill and isinstance(target.value, ast.Name))
+                self._hold(root, stored or set())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
                 self.c.setup.append("sets an environment variable")
         elif isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
-                self._target(element)
+                self._target(element, stored, fill)
         elif isinstance(target, ast.Starred):
-            self._target(target.value)
+            self._target(target.value, stored, fill)
         else:
             self.visit(target)
 
@@ -428,25 +542,28 @@ class _CellVisitor(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         reads = self._visit_reading(node.value)
         for target in node.targets:
-            self._target(target)
-            self._link(target, reads)
+            self._target(target, reads, fill=True)
+            self._bind(target, node.value, reads)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
             reads = self._visit_reading(node.value)
-            self._target(node.target)
-            self._link(node.target, reads)
+            self._target(node.target, reads, fill=True)
+            self._bind(node.target, node.value, reads)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        self.visit(node.value)
+        reads = self._visit_reading(node.value)
         if isinstance(node.target, ast.Name):
-            # In place for a tensor, an array, a list: the object may be shared.
+            # In place for a tensor, an array, a list: the object may be shared; a list then
+            # holds what it was extended with (``lst += [model]``).
             name = node.target.id
-            self._mutate(name)
+            self._mutate(name, fill=True)
+            self._hold(name, reads)
             if name not in self.bound:
                 self.bound.add(name)
         else:
-            self._target(node.target)
+            # ``x.a += v`` changes ``x.a`` in place (a tensor, a list): what ``x`` holds.
+            self._target(node.target, reads)
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
         reads = self._visit_reading(node.value)
@@ -596,6 +713,9 @@ class _CellVisitor(ast.NodeVisitor):
         if self._magic(node.value):
             return
         self.visit(node.value)
+        call = node.value.value if isinstance(node.value, ast.Await) else node.value
+        if isinstance(call, ast.Call) and _storing(call) and not _ipython_call(call):
+            return  # a fill, done by visit_Call
         root = _method_call_root(node)
         if root is not None:
             self._mutate(root)
@@ -621,6 +741,8 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.opaque.append(f"get_ipython().{ipython[0]}()")
         if ipython is not None and ipython[0] in ("system", "getoutput") and ipython[1]:
             self._expanded(_const_str(ipython[1][0]) or "")  # !cmd $name {expr}
+        if self._store_call(node):
+            return
         if isinstance(func, ast.Name) and func.id[:1].isupper() and self.reading is not None:
             # An object a class builds (``SGD(...)``) is no part of the class; what calling an
             # object returns may be (``model(x)``: the autograd graph holds ``model``).

@@ -10,7 +10,9 @@ notebook function changes what the function changes (``global``s it assigns, obj
 An object rebuilt that later cells changed in place before the failing cell is changed again by
 them, also through the names built from it (``opt = AdamW(model.parameters())`` then
 ``opt.step()``; ``x = model.layer1`` then ``x.weight.data.fill_(0)``: "changes model through
-opt"). Opaque cells (``exec``, star
+opt"), and through the containers it was stored in (``models.append(model)`` then
+``models[0].train()`` or ``for m in models: m.half()``; not a second ``models.append(m2)``, which
+only fills the container). Opaque cells (``exec``, star
 imports, ``%run``...) may define anything: they are included where a missing name is looked up past
 them, and the plan says why. Cells that set a seed, the directory or the environment before the
 failing cell are included. A cell that failed is used only where no successful cell binds the name.
@@ -85,14 +87,18 @@ def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
         changed = mutates - bound
         for name in mutates & bound:  # built here from older objects: those change
             changed |= cell.links.get(name, frozenset()) - bound
-        out.append(
-            replace(
-                cell,
-                defines=cell.defines | assigns | changed,
-                mutates=cell.mutates | changed,
-                uses=cell.uses | changed,
-            )
+        if cell.stores:  # and what the cell stored in them
+            for name in mutates & cell.stores.keys():
+                changed |= cell.stores[name] - bound
+        new = replace(
+            cell,
+            defines=cell.defines | assigns | changed,
+            mutates=cell.mutates | changed,
+            uses=cell.uses | changed,
         )
+        if cell.filled:  # a function changed them: not only filled
+            new = replace(new, filled=cell.filled - mutates - changed)
+        out.append(new)
     return out
 
 
@@ -178,23 +184,31 @@ class _Planner:
     def _propagate(self) -> None:
         """One pass over the cells before the failing one: which objects are rebuilt (a name
         a chosen cell binds, not kept), which names hold them or were built from them (the
-        cells' links), and the cells that change one of those: they are chosen too. Linear in
-        the cells and their links, whatever the number of names followed."""
+        cells' links), which containers hold them (the cells' stores), and the cells that
+        change one of those: they are chosen too. Linear in the cells and their links, whatever
+        the number of names followed."""
         holds: dict[str, set[str]] = {}  # name -> the rebuilt names its object is linked to
+        inside: dict[str, set[str]] = {}  # container -> the rebuilt names stored in it
         for index in range(self.failing + 1):
             facts = self.facts[index]
-            if holds and index not in self.failed and index != self.failing:
-                for name in sorted(facts.mutates & holds.keys()):
+            changed = facts.mutates & holds.keys() if holds else frozenset()
+            if inside:
+                changed |= facts.mutates & inside.keys()
+            if changed and index not in self.failed and index != self.failing:
+                for name in sorted(changed):
                     if self._counts(name, facts):
-                        for rebuilt in sorted(holds[name]):
+                        reached = _reached(name, facts, holds, inside) if inside else holds[name]
+                        for rebuilt in sorted(reached):
                             through = "" if rebuilt == name else f" through {name}"
                             self._include(index, f"changes {rebuilt}{through}", self.failing)
-            if holds and (index in self.reasons or index == self.failing):
+            if changed and (index in self.reasons or index == self.failing):
                 # A kept (restored) object built from one we rebuild is the old one's partner:
-                # ``opt.step()`` on it would step the old model's parameters. Built again.
-                for name in sorted(facts.mutates & holds.keys() & self.present):
-                    if name not in self.stale:
-                        self.stale[name] = sorted(holds[name])[0]
+                # ``opt.step()`` on it would step the old model's parameters; a kept list that
+                # held the old model would train that one. Built again.
+                for name in sorted(changed & self.present):
+                    reached = _reached(name, facts, holds, inside)
+                    if reached and name not in self.stale:
+                        self.stale[name] = sorted(reached)[0]
                         self.need(name, index, index)
             if index == self.failing:
                 break
@@ -202,7 +216,10 @@ class _Planner:
             if index in self.reasons:
                 rebuilt_here = facts.defines - facts.callables - facts.imports
                 rebuilt_here -= self.present - self.stale.keys()
-            self._carry(holds, facts, rebuilt_here)
+            if inside or facts.stores:
+                self._carry_held(holds, inside, facts, rebuilt_here)
+            else:
+                self._carry(holds, facts, rebuilt_here)
 
     def _carry(self, holds: dict[str, set[str]], facts: CellFacts, rebuilt: frozenset[str]) -> None:
         """What the names hold after a cell: a name the cell rebuilds holds itself; a name bound
@@ -225,6 +242,58 @@ class _Planner:
                 holds[name] = set(sorted(linked)[:MAX_REASONS])
             else:
                 holds.pop(name, None)  # a new object from here on
+
+    def _carry_held(
+        self,
+        holds: dict[str, set[str]],
+        inside: dict[str, set[str]],
+        facts: CellFacts,
+        rebuilt: frozenset[str],
+    ) -> None:
+        """``_carry``, where containers hold rebuilt objects or the cell stores into one: a
+        name built from a container also holds what it held (``first = models[0]``); a
+        container the cell stores into holds the stored objects too (``models.append(model)``),
+        as they were before the cell rebinds any (``models.append(model)`` then ``model =
+        Net()`` stores the old one) and after."""
+        bound = facts.defines - facts.mutates
+        stored = {c: self._held(v, holds, inside) for c, v in facts.stores.items()}
+        taken = self._taken(bound, facts, inside)
+        self._carry(holds, facts, rebuilt)
+        for name, held in taken.items():
+            if name not in self.modules:
+                holds[name] = set(sorted(holds.get(name, set()) | held)[:MAX_REASONS])
+        for name in bound | facts.deletes:
+            inside.pop(name, None)  # a new object: it holds nothing yet
+        for container, values in facts.stores.items():
+            held = stored[container] | self._held(values, holds, inside)
+            if held and container not in self.modules:
+                held |= inside.get(container, set())
+                inside[container] = set(sorted(held)[:MAX_REASONS])
+
+    @staticmethod
+    def _taken(
+        bound: frozenset[str], facts: CellFacts, inside: dict[str, set[str]]
+    ) -> dict[str, set[str]]:
+        """For each name bound anew: the rebuilt names held by the containers it was built
+        from (``first = models[0]``, ``for m in models``), as they were before the cell."""
+        taken: dict[str, set[str]] = {}
+        for name in bound:
+            for source in facts.links.get(name, frozenset()) & inside.keys():
+                taken.setdefault(name, set()).update(inside[source])
+        return taken
+
+    @staticmethod
+    def _held(
+        names: Collection[str], holds: dict[str, set[str]], inside: dict[str, set[str]]
+    ) -> set[str]:
+        """The rebuilt names the objects of ``names`` are linked to or hold."""
+        found: set[str] = set()
+        for name in names:
+            if name in holds:
+                found |= holds[name]
+            if name in inside:
+                found |= inside[name]
+        return found
 
     def _touching(self, name: str, before: int, opaque: bool = False) -> Iterator[int]:
         """The cells before ``before`` that touch ``name`` (and, with ``opaque``, the opaque
@@ -302,6 +371,17 @@ class _Planner:
         ):
             # (A function that cell calls may read what the cell itself bound before the call.)
             self.unresolved.add(name)
+
+
+def _reached(
+    name: str, facts: CellFacts, holds: dict[str, set[str]], inside: dict[str, set[str]]
+) -> set[str]:
+    """The rebuilt names that ``facts``' change of ``name`` changes: what ``name``'s object is
+    linked to, and what it holds unless the cell only stored into it."""
+    reached = holds.get(name, set())
+    if name in inside and name not in facts.filled:
+        reached = reached | inside[name]
+    return reached
 
 
 def _binds_plainly(name: str, facts: CellFacts) -> bool:

@@ -157,6 +157,68 @@ ROWS = [
         mutates=("model",),
     ),
     Row("copy-then-change-leaves-the-original", "d = df.copy()\nd['a'] = 1", not_mutates=("df",)),
+    # --- objects stored in others, changed through them (issue 13, item 4) -----------------------
+    Row(
+        "a-change-through-the-list-changes-what-was-appended",
+        "models.append(model)\nmodels[0].fc.reset_parameters()",
+        mutates=("models", "model"),
+    ),
+    Row(
+        "a-change-through-the-dict-changes-what-was-stored",
+        "d['m'] = model\nd['m'].to(dev)",
+        mutates=("d", "model"),
+        not_mutates=("dev",),
+    ),
+    Row(
+        "a-change-through-the-attribute-changes-what-was-set",
+        "holder.net = model\nholder.net.load_state_dict(sd)",
+        mutates=("holder", "model"),
+        not_mutates=("sd",),
+    ),
+    Row(
+        "iterating-changes-the-elements",
+        "models.extend([model, m2])\nfor m in models:\n    m.half()",
+        mutates=("models", "model", "m2"),
+    ),
+    Row(
+        "a-function-handed-the-container-changes-its-elements",
+        "cfg.setdefault('model', model)\ntrain(cfg)",
+        mutates=("cfg", "model"),
+    ),
+    Row(
+        "an-element-taken-out-again-is-the-stored-object",
+        "q.put(model)\nfirst = q.get()\nfirst.train()",
+        mutates=("q", "model"),
+    ),
+    Row(
+        "storing-changes-the-container-not-the-stored",
+        "models.append(model)",
+        mutates=("models",),
+        not_mutates=("model",),
+    ),
+    Row(
+        "storing-again-leaves-what-the-container-held",
+        "models.append(model)\nmodels.insert(0, m2)\nmodels[1] = m3\nmodels += [m4]",
+        mutates=("models",),
+        not_mutates=("model", "m2", "m3", "m4"),
+    ),
+    Row(
+        "setattr-and-heappush-store-without-changing-the-value",
+        "setattr(holder, 'net', model)\nheappush(heap, item)",
+        mutates=("holder", "heap"),
+        not_mutates=("model", "item"),
+    ),
+    Row(
+        "reading-through-the-container-changes-nothing",
+        "models.append(model)\nprint(models[0].eval, len(models))\nmodels[0].state_dict()",
+        not_mutates=("model",),
+    ),
+    Row(
+        "a-copy-stored-is-not-the-original",
+        "snaps.append(w.clone())\nsnaps.append(deepcopy(model))\nsnaps[0].zero_()",
+        mutates=("snaps",),
+        not_mutates=("w", "model"),
+    ),
     Row("exec-is-opaque", "exec(code)", opaque=True),
     Row("seed-is-setup", "torch.manual_seed(0)", setup=True),
 ]
@@ -247,3 +309,54 @@ def test_a_function_changes_what_its_locals_were_built_from(shell):
         "    fresh = []\n    fresh.append(1)",
     )
     assert facts.effects["epoch"].mutates == {"crit", "model", "loader"}
+
+
+STORES = [
+    ("models.append(model)", "models", {"model"}),
+    ("models.insert(0, model)", "models", {"model"}),
+    ("models.extend([model, m2])", "models", {"model", "m2"}),
+    ("d['m'] = model", "d", {"model"}),
+    ("d.update(m=model)", "d", {"model"}),
+    ("d.setdefault('m', model)", "d", {"model"}),
+    ("s.add(model)", "s", {"model"}),
+    ("holder.net = model", "holder", {"model"}),
+    ("cfg['model'] = model", "cfg", {"model"}),
+    ("q.put(model)", "q", {"model"}),
+    ("lst += [model]", "lst", {"model"}),
+    ("setattr(holder, 'net', model)", "holder", {"model"}),
+    ("net.add_module('fc', layer)", "net", {"layer"}),
+    ("models = [model, opt]", "models", {"model", "opt"}),
+    ("d['k'].append(model)", "d", {"model"}),  # into what d holds: d holds it
+    ("d.setdefault(key, model)", "d", {"model"}),  # the key is read, not held
+    ("models.insert(i, model)", "models", {"model"}),
+    ("x = model.fc\nparts.append(x)", "parts", {"x", "model"}),  # and what x was built from
+]
+
+
+@pytest.mark.parametrize(("cell", "container", "stored"), STORES, ids=[s[0] for s in STORES])
+def test_a_store_makes_the_container_hold_the_stored_names(shell, cell, container, stored):
+    facts = _facts(shell, cell)
+    assert facts.stores[container] == stored, facts
+
+
+NOT_STORED = [
+    "lst.append(3)",
+    "d['k'] = 'text'",
+    "lst.append(w.clone())",
+    "lst.append(copy.deepcopy(model))",
+    "d['n'] = len(data)",
+    "lst += [x.item()]",
+    "models = [m.clone() for m in old]",  # a comprehension builds from old: a link, no store
+]
+
+
+@pytest.mark.parametrize("cell", NOT_STORED)
+def test_values_that_share_nothing_are_not_stored(shell, cell):
+    assert not _facts(shell, cell).stores
+
+
+def test_a_plain_store_only_fills_the_container(shell):
+    facts = _facts(shell, "models.append(model)\nd['m'] = model\nholder.net.fc = layer")
+    # holder.net.fc = ... changes holder.net, which may be something holder holds.
+    assert facts.filled == {"models", "d"}
+    assert "holder" in facts.mutates

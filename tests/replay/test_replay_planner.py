@@ -314,6 +314,126 @@ CASES = [
         ],
         [2, 4],
     ),
+    # --- objects stored in containers, changed through them (issue 13, item 4) -----------------
+    Case(
+        "a-model-changed-through-the-list-it-was-appended-to",
+        [
+            "model = Net()",
+            "models = []",
+            "models.append(model)",
+            "unrelated = 1",
+            "models[0].fc.reset_parameters()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 4, 5],
+    ),
+    Case(
+        "a-model-changed-through-a-loop-over-its-list",
+        [
+            "model = Net()",
+            "models = []\nmodels.append(model)",
+            "for m in models:\n    m.half()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "a-loop-variable-kept-from-an-earlier-cell-still-holds-the-element",
+        [
+            "model = Net()",
+            "models = [model]",
+            "for m in models:\n    pass",
+            "m.half()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "a-function-handed-the-container-changes-what-it-holds",
+        ["model = Net()", "d = {}", "d['m'] = model", "fit(d)", "model(inp)"],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "only-the-container-missing-needs-the-stored-object-s-cells-as-before",
+        [
+            "model = Net()",
+            "models = []",
+            "models.append(model)",
+            "models[0].train()",
+            "models[0](inp)",
+        ],
+        [1, 2, 3, 4],
+        present=("model",),
+    ),
+    Case(
+        "a-missing-container-brings-the-stored-object-and-its-changes",
+        ["model = Net()", "models = []", "models.append(model)", "model.half()", "models[0](inp)"],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "a-notebook-function-that-changes-the-container-s-elements",
+        [
+            "model = Net()",
+            "models = []",
+            "models.append(model)",
+            "def train_all():\n    for m in models:\n        m.train()",
+            "train_all()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4, 5],
+    ),
+    Case(
+        "a-notebook-function-that-changes-what-its-cell-just-stored",
+        [
+            "model = Net()",
+            "models = []",
+            "def train_all():\n    for m in models:\n        m.train()",
+            "models.append(model)\ntrain_all()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "a-kept-container-holding-the-old-model-is-built-again-before-it-changes-it",
+        ["model = Net()", "models = []", "models.append(model)", "models[0].train()", "model(inp)"],
+        [0, 1, 2, 3, 4],
+        present=("models",),
+    ),
+    Case(
+        "storing-more-into-the-container-leaves-the-stored-model-alone",
+        [
+            "model = Net()",
+            "models = []",
+            "models.append(model)",
+            "models.append(Net())",
+            "models[1] = other\nmodels += [third]",
+            "model(inp)",
+        ],
+        [0, 5],
+    ),
+    Case(
+        "a-read-through-the-container-changes-nothing",
+        [
+            "model = Net()",
+            "models = []",
+            "models.append(model)",
+            "print(models[0].eval, len(models))\nmodels[0].state_dict()",
+            "model(inp)",
+        ],
+        [0, 4],
+    ),
+    Case(
+        "storing-an-int-or-a-clone-links-nothing",
+        [
+            "model = Net()",
+            "n = 3",
+            "snaps = []",
+            "snaps.append(model.fc.weight.clone())\nsnaps.append(n)\nsnaps.append(3)",
+            "snaps[0].zero_()",
+            "model(inp)",
+        ],
+        [0, 5],
+    ),
     # --- scopes and syntax ---------------------------------------------------------------------
     Case(
         "a-function-that-assigns-a-global-defines-it-where-it-is-called",
@@ -441,6 +561,42 @@ def test_the_plan_runs_exactly_the_cells_needed(case: Case):
     plan = plan_replay(facts, len(facts) - 1, set(case.present), set(case.failed))
     assert list(plan.indices) == case.runs
     assert plan.steps[-1].failing
+
+
+STORED = [
+    ("models = []", "models.append(model)", "models[0]"),
+    ("models = []", "models.insert(0, model)", "models[0]"),
+    ("models = []", "models.extend([model, other])", "models[0]"),
+    ("d = {}", "d['m'] = model", "d['m']"),
+    ("d = {}", "d.update(m=model)", "d['m']"),
+    ("d = {}", "d.setdefault('m', model)", "d['m']"),
+    ("s = set()", "s.add(model)", "next(iter(s))"),
+    ("holder = Holder()", "holder.net = model", "holder.net"),
+    ("cfg = {'lr': 1}", "cfg['model'] = model", "cfg['model']"),
+    ("q = Queue()", "q.put(model)", "q.get()"),
+    ("lst = []", "lst += [model]", "lst[-1]"),
+    ("holder = Holder()", "setattr(holder, 'net', model)", "holder.net"),
+]
+CHANGES = [
+    "{}.train()",
+    "{}.fc.reset_parameters()",
+    "{}.to(dev)",
+    "{}.load_state_dict(sd)",
+    "with torch.no_grad():\n    {}.fc.weight.fill_(0)",
+]
+
+
+@pytest.mark.parametrize("change", CHANGES)
+@pytest.mark.parametrize(("start", "store", "element"), STORED, ids=[s[1] for s in STORED])
+def test_a_change_through_a_container_is_replayed_for_the_object_stored(
+    start: str, store: str, element: str, change: str
+):
+    cells = ["model = Net()", start, store, "unused = 1", change.format(element), "model(inp)"]
+    plan = plan_replay(facts_of(cells), 5, set())
+    assert list(plan.indices) == [0, 1, 2, 4, 5]
+    reasons = {s.index: s.reasons for s in plan.steps}
+    container = start.split(" =")[0]
+    assert f"changes model through {container}" in reasons[4]
 
 
 def test_each_chosen_cell_says_which_names_it_rebuilds():

@@ -155,3 +155,46 @@ def test_a_replay_changes_the_rebuilt_model_through_the_names_built_from_it(shel
     finally:
         for name in LINKED_NAMES:
             shell.user_ns.pop(name, None)
+
+
+STORED = (
+    Cell("import torch\ntorch.manual_seed(0)\nprint('RAN:seed')", 1, False),
+    Cell("model = torch.nn.Linear(2, 1)\nprint('RAN:model')", 2, False),
+    Cell("models = []\nprint('RAN:list')", 3, False),
+    Cell("models.append(model)\nprint('RAN:append')", 4, False),
+    Cell("unused = 5\nprint('RAN:unused')", 5, False),
+    Cell("with torch.no_grad():\n    models[0].weight.mul_(2.0)\nprint('RAN:scale')", 6, False),
+    Cell("for m in models:\n    m.bias.data.fill_(3.0)\nprint('RAN:loop')", 7, False),
+    Cell("print(len(models), models[0].training)\nprint('RAN:read')", 8, False),
+    Cell("print('RAN:fail')\nafter = model.weight.detach().clone(), model.bias.item()", 9, True),
+)
+STORED_NAMES = ("torch", "model", "models", "unused", "m", "after")
+
+
+def test_a_replay_changes_the_rebuilt_model_through_the_list_it_was_stored_in(shell):
+    torch = pytest.importorskip("torch")
+    for name in STORED_NAMES:
+        shell.user_ns.pop(name, None)
+    try:
+        with capture_output():  # the previous kernel, cell by cell
+            for cell in STORED:
+                shell.run_cell(cell.source)
+        weight, bias = shell.user_ns["after"]
+        for name in STORED_NAMES:  # the restart: nothing kept
+            shell.user_ns.pop(name, None)
+        saved = SavedCells(STORED, len(STORED) - 1, time.time(), 1)
+        plan = make_plan(shell, saved)
+        reasons = {saved.cells[s.index].count: s.reasons for s in plan.steps}
+        assert "changes model through models" in reasons[6]
+        assert "changes model through models" in reasons[7]
+        with capture_output() as out:
+            run_plan(shell, saved, plan, blocking_on=True)
+        assert re.findall(r"^RAN:(\w+)$", out.stdout, re.M) == [
+            "seed", "model", "list", "append", "scale", "loop", "fail",
+        ]  # fmt: skip
+        replayed_weight, replayed_bias = shell.user_ns["after"]
+        assert torch.equal(replayed_weight, weight)  # doubled through models[0]
+        assert replayed_bias == bias == 3.0  # set through the loop variable
+    finally:
+        for name in STORED_NAMES:
+            shell.user_ns.pop(name, None)
