@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 
 import pytest
 from IPython.core.error import UsageError
@@ -132,29 +134,41 @@ LINKED = (
 LINKED_NAMES = ("torch", "model", "opt", "loss", "layer", "unused", "after")
 
 
+@contextlib.contextmanager
+def _without(shell, names: tuple[str, ...]) -> Iterator[None]:
+    """The names gone from the namespace before and after: a fresh kernel's view."""
+    for name in names:
+        shell.user_ns.pop(name, None)
+    try:
+        yield
+    finally:
+        for name in names:
+            shell.user_ns.pop(name, None)
+
+
+def _replay(shell, cells: tuple[Cell, ...]) -> tuple[dict[int, list[str]], list[str]]:
+    """Plan and run the replay of ``cells`` (the last one failed): each planned cell's reasons
+    by its count, and the RAN: markers the replayed cells printed."""
+    saved = SavedCells(cells, len(cells) - 1, time.time(), 1)
+    plan = make_plan(shell, saved)
+    reasons = {saved.cells[s.index].count: s.reasons for s in plan.steps}
+    with capture_output() as out:
+        run_plan(shell, saved, plan, blocking_on=True)
+    return reasons, re.findall(r"^RAN:(\w+)$", out.stdout, re.M)
+
+
 def test_a_replay_changes_the_rebuilt_model_through_the_names_built_from_it(shell):
     torch = pytest.importorskip("torch")
-    for name in LINKED_NAMES:
-        shell.user_ns.pop(name, None)
-    saved = SavedCells(LINKED, len(LINKED) - 1, time.time(), 1)
-    try:
-        plan = make_plan(shell, saved)
-        reasons = {saved.cells[s.index].count: s.reasons for s in plan.steps}
+    with _without(shell, LINKED_NAMES):
+        reasons, ran = _replay(shell, LINKED)
         assert "changes model through opt" in reasons[7]
         assert "changes model through layer" in reasons[8]
-        with capture_output() as out:
-            run_plan(shell, saved, plan, blocking_on=True)
-        assert re.findall(r"^RAN:(\w+)$", out.stdout, re.M) == [
-            "seed", "model", "opt", "backward", "alias", "step", "bias", "fail",
-        ]  # fmt: skip
+        assert ran == ["seed", "model", "opt", "backward", "alias", "step", "bias", "fail"]
         torch.manual_seed(0)
         initial = torch.nn.Linear(2, 1).weight.detach()
         weight, bias = shell.user_ns["after"]
         assert torch.equal(weight, initial - 1.0)  # one SGD step, lr 1, gradient 1: replayed
         assert bias == 3.0
-    finally:
-        for name in LINKED_NAMES:
-            shell.user_ns.pop(name, None)
 
 
 STORED = (
@@ -173,28 +187,16 @@ STORED_NAMES = ("torch", "model", "models", "unused", "m", "after")
 
 def test_a_replay_changes_the_rebuilt_model_through_the_list_it_was_stored_in(shell):
     torch = pytest.importorskip("torch")
-    for name in STORED_NAMES:
-        shell.user_ns.pop(name, None)
-    try:
+    with _without(shell, STORED_NAMES):
         with capture_output():  # the previous kernel, cell by cell
             for cell in STORED:
                 shell.run_cell(cell.source)
         weight, bias = shell.user_ns["after"]
-        for name in STORED_NAMES:  # the restart: nothing kept
-            shell.user_ns.pop(name, None)
-        saved = SavedCells(STORED, len(STORED) - 1, time.time(), 1)
-        plan = make_plan(shell, saved)
-        reasons = {saved.cells[s.index].count: s.reasons for s in plan.steps}
+    with _without(shell, STORED_NAMES):  # the restart: nothing kept
+        reasons, ran = _replay(shell, STORED)
         assert "changes model through models" in reasons[6]
         assert "changes model through models" in reasons[7]
-        with capture_output() as out:
-            run_plan(shell, saved, plan, blocking_on=True)
-        assert re.findall(r"^RAN:(\w+)$", out.stdout, re.M) == [
-            "seed", "model", "list", "append", "scale", "loop", "fail",
-        ]  # fmt: skip
+        assert ran == ["seed", "model", "list", "append", "scale", "loop", "fail"]
         replayed_weight, replayed_bias = shell.user_ns["after"]
         assert torch.equal(replayed_weight, weight)  # doubled through models[0]
         assert replayed_bias == bias == 3.0  # set through the loop variable
-    finally:
-        for name in STORED_NAMES:
-            shell.user_ns.pop(name, None)
