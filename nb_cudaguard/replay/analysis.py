@@ -99,6 +99,33 @@ FRESH_CALLS = frozenset(
     }
 )
 
+# Methods that only read what they are handed, whatever they do to their own object
+# (``model.to(dev)``, ``model.load_state_dict(sd)``, ``"-".join(names)``, ``ax.plot(x)``):
+# any other method of an object that is not a module may change its arguments (see
+# ``CellFacts.handed``).
+ARGUMENT_READING_METHODS = READ_ONLY_METHODS | {
+    "format", "format_map", "join", "split", "rsplit", "splitlines", "strip", "lstrip", "rstrip",
+    "replace", "find", "rfind", "rindex", "encode", "decode", "partition", "rpartition",
+    "removeprefix", "removesuffix", "ljust", "rjust", "center", "zfill", "translate",
+    "union", "intersection", "difference", "symmetric_difference", "issubset", "issuperset",
+    "isdisjoint", "fromkeys", "pop",
+    "to", "cuda", "cpu", "type", "type_as", "view", "view_as", "reshape", "reshape_as",
+    "expand", "expand_as", "repeat", "permute", "transpose", "squeeze", "unsqueeze", "flatten",
+    "narrow", "index_select", "masked_fill", "where", "eq", "ne", "lt", "le", "gt", "ge",
+    "equal", "allclose", "isclose", "add", "sub", "mul", "div", "matmul", "mm", "bmm", "dot",
+    "pow", "clamp", "clip", "topk", "sort", "argsort", "chunk", "new_zeros", "new_ones",
+    "new_full", "new_empty", "new_tensor", "load_state_dict", "forward", "generate",
+    "predict", "predict_proba", "transform", "inverse_transform", "score", "evaluate",
+    "tokenize", "batch_decode", "convert_tokens_to_ids", "convert_ids_to_tokens",
+    "apply_chat_template", "merge", "isin", "groupby", "sort_values", "drop", "rename",
+    "fillna", "query", "apply", "map", "agg", "filter", "reindex", "set_index", "assign",
+    "sample", "to_csv", "to_parquet", "to_json", "to_numpy", "save", "save_pretrained",
+    "savefig", "write", "writelines", "log", "log_dict", "debug", "warning", "error",
+    "add_scalar", "add_scalars", "add_histogram", "add_image", "add_figure", "add_text",
+    "set_description", "set_postfix", "set_title", "set_xlabel", "set_ylabel", "legend",
+    "imshow", "scatter", "bar", "text", "annotate",
+} | FRESH_CALLS  # fmt: skip
+
 # Methods that put their arguments into their object (lists, deques, sets, dicts, queues,
 # ``nn.ModuleList``/``ModuleDict``, ``nn.Module``'s registries, an optimizer's param groups).
 STORING_METHODS = frozenset(
@@ -146,6 +173,11 @@ class CellFacts:
     # model)``): a later change through the container changes them.
     stores: Mapping[str, frozenset[str]] = field(default_factory=dict)
     filled: frozenset[str] = frozenset()  # changed only by storing into them: what they held is not
+    # Each name from before the cell whose methods it hands objects to (``trainer.fit(model)``,
+    # ``scaler.step(opt)``) -> the names those calls change unless that name is a module
+    # (``np.mean(x)``, ``F.cross_entropy(out, y)``: which only the whole notebook tells; the
+    # planner decides). Through this cell's links and stores, as ``mutates``.
+    handed: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,6 +187,8 @@ class Effects:
     assigns: frozenset[str] = frozenset()  # ``global x; x = ...``
     mutates: frozenset[str] = frozenset()  # ``opt.step()``, ``cache[k] = v``, ``global n; n += 1``
     calls: frozenset[str] = frozenset()  # other functions it calls (their effects too)
+    # Each global whose methods it hands outside objects to -> those objects (as a cell's).
+    handed: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -175,6 +209,7 @@ class _Collect:
     stores: dict[str, set[str]] = field(default_factory=dict)
     filled: set[str] = field(default_factory=set)  # changed by a store
     changed: set[str] = field(default_factory=set)  # changed otherwise (what they hold too)
+    handed: dict[str, set[str]] = field(default_factory=dict)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -197,6 +232,7 @@ class _Collect:
                 if r - {n} and n in self.defines
             },
             frozenset((self.filled - self.changed) & mutates),
+            {r: frozenset(n - self.assigned) for r, n in self.handed.items() if n - self.assigned},
         )
 
 
@@ -293,6 +329,21 @@ def _argument_roots(call: ast.Call) -> set[str]:
     return roots
 
 
+def _receiver(call: ast.Call) -> tuple[str, bool] | None:
+    """For a method call that may change what it is handed (``trainer.fit(model)``,
+    ``scaler.step(opt)``, ``get_trainer().fit(model)``): (its object's root name, whether that
+    object may be a module: a plain chain of names, ``np``, ``torch.nn.functional``, not
+    ``pl.Trainer().fit``); None for any other call (``model.to(dev)``, ``"-".join(names)``)."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr in ARGUMENT_READING_METHODS:
+        return None
+    node, chain = func.value, True
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        chain = chain and isinstance(node, ast.Attribute)
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return (node.id, chain) if isinstance(node, ast.Name) else None
+
+
 def _targets(node: ast.AST) -> list[ast.expr]:
     if isinstance(node, (ast.Assign, ast.Delete)):
         found = list(node.targets)
@@ -374,14 +425,15 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             for name in _names_bound(target) if target is not None else ():
                 built_from.setdefault(name, set()).update(outside)
 
-    def changed(root: str | None) -> None:
-        if root is None:
-            return
-        if root not in local:
-            mutates.add(root)
-        else:
-            mutates.update(built_from.get(root, ()))
+    def objects_of(root: str) -> set[str]:
+        """The outside names a change of ``root`` changes."""
+        return built_from.get(root, set()) if root in local else {root}
 
+    def changed(root: str | None) -> None:
+        if root is not None:
+            mutates.update(objects_of(root))
+
+    handed: dict[str, set[str]] = {}
     for each in nodes:
         if (
             isinstance(each, ast.Name)
@@ -403,7 +455,21 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             if _changes_arguments(each):
                 for root in _argument_roots(each):
                     changed(root)
-    effects = Effects(frozenset(assigns - mutates), frozenset(mutates), frozenset(calls - local))
+            elif (receiver := _receiver(each)) is not None and _ipython_call(each) is None:
+                # A method of a local object changes what it is handed; of a global, unless
+                # that global is a module (the planner knows).
+                name, chain = receiver
+                for root in _argument_roots(each):
+                    if chain and name not in local:
+                        handed.setdefault(name, set()).update(objects_of(root))
+                    else:
+                        changed(root)
+    effects = Effects(
+        frozenset(assigns - mutates),
+        frozenset(mutates),
+        frozenset(calls - local),
+        {r: frozenset(n) for r, n in handed.items() if n},
+    )
     return loaded - local, effects
 
 
@@ -414,6 +480,7 @@ class _CellVisitor(ast.NodeVisitor):
         self.c = _Collect()
         self.bound: set[str] = set()  # bound earlier in this cell
         self.reading: set[str] | None = None  # names read by the value being visited
+        self.imported: set[str] = set()  # bound by an import, last, earlier in this cell
         self.transform = transform
 
     # --- names ---------------------------------------------------------------------------------
@@ -429,6 +496,7 @@ class _CellVisitor(ast.NodeVisitor):
 
     def _store(self, name: str) -> None:
         self.c.stores.pop(name, None)  # a new object: it holds nothing yet
+        self.imported.discard(name)
         self.bound.add(name)
         self.c.assigned.add(name)
         self.c.defines.add(name)
@@ -438,13 +506,7 @@ class _CellVisitor(ast.NodeVisitor):
         """``name``'s object changes; ``fill``: only by a store into it, which changes neither
         what it held before (``models.append(m2)`` leaves ``models[0]`` alone) nor what is
         stored."""
-        # A name this cell built from others: changing it may change them (``x = model.layer1``
-        # then ``x.weight.data.fill_(0)`` changes ``model``); and what it holds (``models[0].
-        # train()`` after ``models.append(model)`` changes ``model``).
-        sources = set(self.c.links.get(name, ())) if name in self.bound else set()
-        if not fill:
-            sources |= self.c.stores.get(name, set())
-        for source in sources - {name}:
+        for source in self._sources(name, fill):
             self._load(source)
             self.c.mutates.add(source)
             self.c.defines.add(source)
@@ -453,6 +515,33 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.mutates.add(name)
         self.c.defines.add(name)
         (self.c.filled if fill else self.c.changed).add(name)
+
+    def _sources(self, name: str, fill: bool = False) -> set[str]:
+        """The other names a change of ``name`` changes: those this cell built it from (``x =
+        model.layer1`` then ``x.weight.data.fill_(0)`` changes ``model``) and, unless ``fill``,
+        what it holds (``models[0].train()`` after ``models.append(model)`` changes ``model``)."""
+        sources = set(self.c.links.get(name, ())) if name in self.bound else set()
+        if not fill:
+            sources |= self.c.stores.get(name, set())
+        return sources - {name}
+
+    def _handed(self, call: ast.Call) -> None:
+        """A method of an object may change what it is handed (``trainer.fit(model)``); a
+        module's function reads it (``np.mean(x)``). Whether a name from an earlier cell is a
+        module, only the notebook knows: its changes are left to the planner (``handed``)."""
+        found = _receiver(call)
+        if found is None or _changes_arguments(call) or _ipython_call(call) is not None:
+            return
+        root, chain = found
+        if chain and root in self.imported:
+            return  # imported in this cell: a module's function
+        if chain and root not in self.bound:
+            handed = self.c.handed.setdefault(root, set())
+            for argument in _argument_roots(call):
+                handed |= {argument, *self._sources(argument)}
+            return
+        for argument in _argument_roots(call):  # bound here otherwise: an object
+            self._mutate(argument)
 
     def _hold(self, container: str, values: set[str]) -> None:
         """``container``'s object now holds the objects of ``values`` (the names a stored value
@@ -610,6 +699,7 @@ class _CellVisitor(ast.NodeVisitor):
             name = alias.asname or alias.name.split(".")[0]
             self._store(name)
             self.c.imports.add(name)
+            self.imported.add(name)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         for alias in node.names:
@@ -619,6 +709,7 @@ class _CellVisitor(ast.NodeVisitor):
             name = alias.asname or alias.name
             self._store(name)
             self.c.imports.add(name)
+            self.imported.add(name)
 
     def _defaults(self, args: ast.arguments) -> None:
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
@@ -758,6 +849,8 @@ class _CellVisitor(ast.NodeVisitor):
         if _changes_arguments(node):
             for root in _argument_roots(node):
                 self._mutate(root)
+        elif node.args or node.keywords:
+            self._handed(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in ("user_ns", "user_global_ns"):  # get_ipython().user_ns[...] = ...

@@ -64,14 +64,47 @@ def plan_replay(
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
-    planner = _Planner(with_calls(facts), failing, set(present), set(failed))
+    modules = module_names(facts)
+    facts = with_calls(with_handed(facts, modules), modules)
+    planner = _Planner(facts, failing, set(present), set(failed))
     return planner.run()
 
 
-def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
+def module_names(facts: Sequence[CellFacts]) -> set[str]:
+    """Names only ever bound by imports (``np``, ``F``, ``nn``), and builtins no cell binds
+    (``str.join``): calling their functions changes no object of ours."""
+    imported = {n for f in facts for n in f.imports}
+    others = {n for f in facts for n in f.defines - f.imports - f.mutates}
+    return (imported | _BUILTINS) - others
+
+
+def with_handed(facts: Sequence[CellFacts], modules: Collection[str]) -> list[CellFacts]:
+    """Each cell's facts with what it hands to the methods of objects (``trainer.fit(model)``,
+    ``scaler.step(opt)``) changed, as a call of a notebook function changes its arguments; what
+    it hands to a module's functions (``np.mean(x)``, ``F.cross_entropy(out, y)``) only read."""
+    out = []
+    for cell in facts:
+        changed: set[str] = set()
+        for receiver, names in cell.handed.items():
+            if receiver not in modules:
+                changed |= names
+        if changed:
+            cell = replace(
+                cell,
+                defines=cell.defines | changed,
+                mutates=cell.mutates | changed,
+                uses=cell.uses | changed,
+                filled=cell.filled - changed,
+            )
+        out.append(cell)
+    return out
+
+
+def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> list[CellFacts]:
     """Each cell's facts with what the notebook functions it calls do (the latest definition of
     each before or in the cell): a call assigns the globals the function assigns and changes
-    what it changes, and through this cell's links what those were built from."""
+    what it changes (what it hands to the methods of globals that are not ``modules`` too),
+    and through this cell's links what those were built from."""
     table: dict[str, Effects] = {}
     out = []
     for cell in facts:
@@ -82,7 +115,7 @@ def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
         if not called:
             out.append(cell)
             continue
-        assigns, mutates = _closure(called, table)
+        assigns, mutates = _closure(called, table, modules)
         bound = cell.defines - cell.mutates  # its own new objects: not a change
         changed = mutates - bound
         for name in mutates & bound:  # built here from older objects: those change
@@ -103,7 +136,7 @@ def with_calls(facts: Sequence[CellFacts]) -> list[CellFacts]:
 
 
 def _closure(
-    called: set[str] | frozenset[str], table: dict[str, Effects]
+    called: set[str] | frozenset[str], table: dict[str, Effects], modules: Collection[str]
 ) -> tuple[set[str], set[str]]:
     assigns: set[str] = set()
     mutates: set[str] = set()
@@ -117,6 +150,9 @@ def _closure(
         effects = table[name]
         assigns |= effects.assigns
         mutates |= effects.mutates
+        for receiver, handed in effects.handed.items():
+            if receiver not in modules:
+                mutates |= handed
         stack.extend(effects.calls)
     return assigns - mutates, mutates
 

@@ -219,6 +219,33 @@ ROWS = [
         mutates=("snaps",),
         not_mutates=("w", "model"),
     ),
+    # --- objects handed to the methods of others (issue 13, item 4) -----------------------------
+    Row(
+        "a-trainer-built-here-changes-the-model-it-fits",
+        "trainer = pl.Trainer(max_epochs=3); trainer.fit(model, dm)",
+        mutates=("model", "dm"),
+    ),
+    Row(
+        "a-method-of-a-call-s-result-changes-what-it-is-handed",
+        "get_trainer().fit(model)\npl.Trainer().fit(net)",
+        mutates=("model", "net"),
+    ),
+    Row(
+        "a-module-imported-here-only-reads-what-it-is-handed",
+        "import numpy as np\nfrom torch import nn\nnp.mean(x)\nnn.functional.relu(t)",
+        not_mutates=("x", "t"),
+    ),
+    Row(
+        "readers-read-what-they-are-handed",
+        "print(x)\n'-'.join(names)\ndf.head()\nmodel.to(dev)\nmodel.load_state_dict(sd)\n"
+        "s = '{}'.format(v)",
+        not_mutates=("x", "names", "df", "dev", "sd", "v"),
+    ),
+    Row(
+        "a-name-from-an-earlier-cell-is-left-to-the-planner",
+        "np.mean(x)\ntorch.cat([a, b])\nF.cross_entropy(out, y)\njson.dumps(cfg)\nscaler.step(opt)",
+        not_mutates=("x", "a", "b", "out", "y", "cfg", "opt"),
+    ),
     Row("exec-is-opaque", "exec(code)", opaque=True),
     Row("seed-is-setup", "torch.manual_seed(0)", setup=True),
 ]
@@ -360,3 +387,39 @@ def test_a_plain_store_only_fills_the_container(shell):
     # holder.net.fc = ... changes holder.net, which may be something holder holds.
     assert facts.filled == {"models", "d"}
     assert "holder" in facts.mutates
+
+
+HANDED = [
+    (
+        "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()",
+        {"scaler": {"loss", "opt"}},
+    ),
+    ("accelerator.backward(loss)", {"accelerator": {"loss"}}),
+    ("engine.run(model, loader)", {"engine": {"model", "loader"}}),
+    ("swa_model.update_parameters(model)", {"swa_model": {"model"}}),
+    ("np.concatenate(x)\ntorch.stack(ts)", {"np": {"x"}, "torch": {"ts"}}),
+    ("torch.nn.functional.relu(x)", {"torch": {"x"}}),  # a chain: its root decides
+    # Through this cell's links: handing x hands what x was built from.
+    ("x = model.layer1\nhelper.fit(x)", {"helper": {"model"}}),
+    ("models.append(model)\nrunner.run(models)", {"runner": {"models", "model"}}),
+]
+
+
+@pytest.mark.parametrize(("cell", "handed"), HANDED, ids=[h[0] for h in HANDED])
+def test_what_a_cell_hands_to_the_methods_of_earlier_names(shell, cell, handed):
+    assert _facts(shell, cell).handed == handed
+
+
+NOT_HANDED = [
+    "import numpy as np\nnp.mean(x)",  # imported here: a module
+    "trainer = Trainer()\ntrainer.fit(model)",  # built here: an object, changed at once
+    "'-'.join(names)\n'{}'.format(v)",
+    "df.head()\nmodel.to(dev)\nmodel.load_state_dict(sd)",
+    "nn.init.zeros_(w)",  # in place by name: changed at once
+    "opt.step()",
+]
+
+
+@pytest.mark.parametrize("cell", NOT_HANDED)
+def test_what_is_not_left_to_the_planner(shell, cell):
+    assert not _facts(shell, cell).handed

@@ -434,6 +434,110 @@ CASES = [
         ],
         [0, 5],
     ),
+    # --- objects handed to the methods of others (issue 13, item 4) -----------------------------
+    Case(
+        "a-lightning-trainer-changes-the-model-it-fits",
+        [
+            "import lightning as pl",
+            "model = Net()",
+            "dm = DataModule()",
+            "trainer = pl.Trainer(max_epochs=3); trainer.fit(model, dm)",
+            "unrelated = 1",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 5],
+    ),
+    Case(
+        "an-amp-loop-changes-the-model-through-the-optimizer-and-the-loss",
+        [
+            "import torch",
+            "model = Net()",
+            "opt = torch.optim.AdamW(model.parameters())",
+            "scaler = torch.cuda.amp.GradScaler()",
+            "loss = model(x).sum()",
+            "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4, 5, 6],
+    ),
+    Case(
+        "an-optimizer-stepped-by-the-scaler-alone-changes-the-model",
+        [
+            "model = Net()",
+            "opt = SGD(model.parameters())",
+            "scaler = make()",
+            "scaler.step(opt)",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4],
+    ),
+    Case(
+        "a-method-of-a-function-s-result-changes-what-it-is-handed",
+        [
+            "def get_trainer():\n    return T()",
+            "model = Net()",
+            "get_trainer().fit(model)",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3],
+    ),
+    Case(
+        "learners-accelerators-engines-and-swa-change-what-they-are-handed",
+        [
+            "model = Net()",
+            "learner = L()\naccelerator = A()\nengine = E()\nswa_model = S()",
+            "learner.fit(model)",
+            "loss = model(x).sum()",
+            "accelerator.backward(loss)",
+            "engine.run(model, loader)",
+            "swa_model.update_parameters(model)",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4, 5, 6, 7],
+        present=("x", "loader"),
+    ),
+    Case(
+        "a-module-s-functions-only-read-what-they-are-handed",
+        [
+            "import numpy as np\nimport torch\nimport torch.nn.functional as F\nimport json",
+            "x = np.ones(3)\na = 1\nb = 2\nout = 3\ny = 4\ncfg = {}\nnames = ['n']\ndf = mk()",
+            "np.mean(x)\ntorch.cat([a, b])\nF.cross_entropy(out, y)\njson.dumps(cfg)",
+            "print(x)\n'-'.join(names)\ndf.head()\ntorch.nn.functional.relu(x)",
+            "from torch import nn\nnn.functional.softmax(out)",
+            "nn.functional.relu(x)\nnp.concatenate(x)\nstr.join('-', names)",
+            "print(x, a, b, out, y, cfg, names, df)",
+        ],
+        [0, 1, 6],
+    ),
+    Case(
+        "a-notebook-function-whose-scaler-steps-the-optimizer-changes-the-model",
+        [
+            "import torch\nimport torch.nn.functional as F",
+            "model = Net()\nopt = SGD(model.parameters())",
+            "def train():\n    loss = F.mse_loss(model(x), y)\n    scaler.scale(loss).backward()\n"
+            "    scaler.step(opt)",
+            "train()",
+            "model(inp)",
+        ],
+        [0, 1, 2, 3, 4],
+        present=("x", "y", "scaler"),
+    ),
+    Case(
+        "a-notebook-function-that-hands-globals-to-a-module-changes-nothing",
+        [
+            "import numpy as np",
+            "w = np.ones(3)",
+            "def report():\n    return np.mean(w)",
+            "report()",
+            "w[5]",
+        ],
+        [0, 1, 4],
+    ),
+    Case(
+        "a-name-imported-and-also-assigned-is-not-a-module",
+        ["import runner", "runner = make()", "model = Net()", "runner.run(model)", "model(inp)"],
+        [1, 2, 3, 4],
+    ),
     # --- scopes and syntax ---------------------------------------------------------------------
     Case(
         "a-function-that-assigns-a-global-defines-it-where-it-is-called",
