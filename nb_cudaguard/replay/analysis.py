@@ -13,7 +13,13 @@ Static analysis cannot see everything, so it errs towards running more:
 - a call passes its arguments to code that may change them: a plain function (``train(model)``,
   not a builtin that only reads such as ``print`` or ``len``, nor a class being built) or an
   in-place one by PyTorch's naming (``nn.init.zeros_(model.fc.weight)``) changes each argument's
-  object; ``n += v`` may change ``n`` in place (a tensor, a list);
+  object; so does a method of an object (``trainer.fit(model)``, ``scaler.step(opt)``,
+  ``get_trainer().fit(model)``), unless it only reads what it is handed (``model.to(dev)``,
+  ``"-".join(names)``: ``ARGUMENT_READING_METHODS``) or the object is a module (``np.mean(x)``,
+  ``F.cross_entropy(out, y)``, ``torch.nn.functional.relu(x)``). Whether a name from an earlier
+  cell is a module only the whole notebook says (its imports): the cell records what it hands
+  to each such name (``handed``) and the planner decides; ``n += v`` may change ``n`` in place
+  (a tensor, a list);
 - a name *links* to the names its value was built from (``opt = AdamW(model.parameters())``,
   ``x = model.layer1``, ``loader = DataLoader(ds)``): changing ``x`` may change ``model``. Within a
   cell a change is carried over to what the changed name links to; across cells the planner does
@@ -232,8 +238,12 @@ class _Collect:
                 if r - {n} and n in self.defines
             },
             frozenset((self.filled - self.changed) & mutates),
-            {r: frozenset(n - self.assigned) for r, n in self.handed.items() if n - self.assigned},
+            self._handed() if self.handed else {},
         )
+
+    def _handed(self) -> dict[str, frozenset[str]]:
+        handed = {r: frozenset(n - self.assigned) for r, n in self.handed.items()}
+        return {r: n for r, n in handed.items() if n}
 
 
 def _root_name(node: ast.expr) -> str | None:
@@ -455,7 +465,7 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             if _changes_arguments(each):
                 for root in _argument_roots(each):
                     changed(root)
-            elif (receiver := _receiver(each)) is not None and _ipython_call(each) is None:
+            elif (receiver := _receiver(each)) is not None:
                 # A method of a local object changes what it is handed; of a global, unless
                 # that global is a module (the planner knows).
                 name, chain = receiver
@@ -530,7 +540,7 @@ class _CellVisitor(ast.NodeVisitor):
         module's function reads it (``np.mean(x)``). Whether a name from an earlier cell is a
         module, only the notebook knows: its changes are left to the planner (``handed``)."""
         found = _receiver(call)
-        if found is None or _changes_arguments(call) or _ipython_call(call) is not None:
+        if found is None:
             return
         root, chain = found
         if chain and root in self.imported:
@@ -538,7 +548,9 @@ class _CellVisitor(ast.NodeVisitor):
         if chain and root not in self.bound:
             handed = self.c.handed.setdefault(root, set())
             for argument in _argument_roots(call):
-                handed |= {argument, *self._sources(argument)}
+                handed.add(argument)
+                if argument in self.bound or argument in self.c.stores:
+                    handed |= self._sources(argument)
             return
         for argument in _argument_roots(call):  # bound here otherwise: an object
             self._mutate(argument)

@@ -7,6 +7,8 @@ alone (it was kept, or restored); a missing one is rebuilt by the latest cell be
 that binds or changes it, whose own reads are then needed in turn (a mutation is a read and a
 redefinition, so ``model.to(dev)`` pulls in the cell that built ``model``). A cell that calls a
 notebook function changes what the function changes (``global``s it assigns, objects it steps).
+A cell that hands an object to a method of a name that is not a module (only ever bound by
+imports) changes it (``trainer.fit(model)``, ``scaler.step(opt)``; not ``np.mean(x)``).
 An object rebuilt that later cells changed in place before the failing cell is changed again by
 them, also through the names built from it (``opt = AdamW(model.parameters())`` then
 ``opt.step()``; ``x = model.layer1`` then ``x.weight.data.fill_(0)``: "changes model through
@@ -66,7 +68,7 @@ def plan_replay(
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
     modules = module_names(facts)
     facts = with_calls(with_handed(facts, modules), modules)
-    planner = _Planner(facts, failing, set(present), set(failed))
+    planner = _Planner(facts, failing, set(present), set(failed), modules)
     return planner.run()
 
 
@@ -75,6 +77,10 @@ def module_names(facts: Sequence[CellFacts]) -> set[str]:
     (``str.join``): calling their functions changes no object of ours."""
     imported = {n for f in facts for n in f.imports}
     others = {n for f in facts for n in f.defines - f.imports - f.mutates}
+    for cell in facts:
+        if cell.effects:  # what a function assigns (``global``), where it is called
+            for effects in cell.effects.values():
+                others |= effects.assigns
     return (imported | _BUILTINS) - others
 
 
@@ -82,21 +88,22 @@ def with_handed(facts: Sequence[CellFacts], modules: Collection[str]) -> list[Ce
     """Each cell's facts with what it hands to the methods of objects (``trainer.fit(model)``,
     ``scaler.step(opt)``) changed, as a call of a notebook function changes its arguments; what
     it hands to a module's functions (``np.mean(x)``, ``F.cross_entropy(out, y)``) only read."""
-    out = []
-    for cell in facts:
+    out = list(facts)
+    for index, cell in enumerate(facts):
+        if not cell.handed:
+            continue
         changed: set[str] = set()
         for receiver, names in cell.handed.items():
             if receiver not in modules:
                 changed |= names
         if changed:
-            cell = replace(
+            out[index] = replace(
                 cell,
                 defines=cell.defines | changed,
                 mutates=cell.mutates | changed,
                 uses=cell.uses | changed,
                 filled=cell.filled - changed,
             )
-        out.append(cell)
     return out
 
 
@@ -159,7 +166,12 @@ def _closure(
 
 class _Planner:
     def __init__(
-        self, facts: Sequence[CellFacts], failing: int, present: set[str], failed: set[int]
+        self,
+        facts: Sequence[CellFacts],
+        failing: int,
+        present: set[str],
+        failed: set[int],
+        modules: set[str],
     ) -> None:
         self.facts = facts
         self.failing = failing
@@ -171,10 +183,7 @@ class _Planner:
         self.kept: set[str] = set()
         self.stale: dict[str, str] = {}  # kept names to build again -> the rebuilt name they hold
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
-        # Names only ever bound by imports: calling their functions changes no object of ours.
-        self.modules = {n for f in facts for n in f.imports} - {
-            n for f in facts for n in f.defines - f.imports - f.mutates
-        }
+        self.modules = modules  # calling their functions changes no object of ours
         # The cells that bind, change, delete or build from each name, in order: a search for
         # a name visits these (and the opaque cells) only, not every earlier cell, so a name
         # that no cell binds costs nothing per reader.

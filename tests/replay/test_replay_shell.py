@@ -200,3 +200,38 @@ def test_a_replay_changes_the_rebuilt_model_through_the_list_it_was_stored_in(sh
         replayed_weight, replayed_bias = shell.user_ns["after"]
         assert torch.equal(replayed_weight, weight)  # doubled through models[0]
         assert replayed_bias == bias == 3.0  # set through the loop variable
+
+
+HANDED = (
+    Cell("import torch\ntorch.manual_seed(0)\nprint('RAN:seed')", 1, False),
+    Cell("model = torch.nn.Linear(2, 1)\nprint('RAN:model')", 2, False),
+    Cell(
+        "class Trainer:\n    def __init__(self, lr):\n        self.lr = lr\n"
+        "    def fit(self, net):\n        opt = torch.optim.SGD(net.parameters(), lr=self.lr)\n"
+        "        net(torch.ones(1, 2)).sum().backward()\n        opt.step()\n"
+        "print('RAN:class')",
+        3,
+        False,
+    ),
+    Cell("trainer = Trainer(lr=1.0)\nprint('RAN:trainer')", 4, False),
+    Cell("unused = 5\nprint('RAN:unused')", 5, False),
+    Cell("trainer.fit(model)\nprint('RAN:fit')", 6, False),
+    Cell("print('RAN:fail')\nafter = model.weight.detach().clone(), model.bias.item()", 7, True),
+)
+HANDED_NAMES = ("torch", "model", "Trainer", "trainer", "unused", "after")
+
+
+def test_a_replay_runs_again_the_trainer_that_fitted_the_rebuilt_model(shell):
+    torch = pytest.importorskip("torch")
+    with _without(shell, HANDED_NAMES):
+        with capture_output():  # the previous kernel, cell by cell
+            for cell in HANDED:
+                shell.run_cell(cell.source)
+        weight, bias = shell.user_ns["after"]
+    with _without(shell, HANDED_NAMES):  # the restart: nothing kept
+        reasons, ran = _replay(shell, HANDED)
+        assert "changes model" in reasons[6]
+        assert ran == ["seed", "model", "class", "trainer", "fit", "fail"]
+        replayed_weight, replayed_bias = shell.user_ns["after"]
+        assert torch.equal(replayed_weight, weight)  # one SGD step inside trainer.fit: replayed
+        assert replayed_bias == bias
