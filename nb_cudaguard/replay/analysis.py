@@ -343,9 +343,14 @@ def _receiver(call: ast.Call) -> tuple[str, bool] | None:
     """For a method call that may change what it is handed (``trainer.fit(model)``,
     ``scaler.step(opt)``, ``get_trainer().fit(model)``): (its object's root name, whether that
     object may be a module: a plain chain of names, ``np``, ``torch.nn.functional``, not
-    ``pl.Trainer().fit``); None for any other call (``model.to(dev)``, ``"-".join(names)``)."""
+    ``pl.Trainer().fit``); None for any other call (``model.to(dev)``, ``"-".join(names)``,
+    a store: ``models.append(model)``)."""
     func = call.func
-    if not isinstance(func, ast.Attribute) or func.attr in ARGUMENT_READING_METHODS:
+    if (
+        not isinstance(func, ast.Attribute)
+        or func.attr in ARGUMENT_READING_METHODS
+        or func.attr in STORING_METHODS
+    ):
         return None
     node, chain = func.value, True
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):

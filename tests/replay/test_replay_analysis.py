@@ -328,6 +328,19 @@ def test_cells_the_quick_rewrite_leaves_to_ipython():
     assert [c for c in ESCAPED if not _quick_parses(c)] == ["d['k'] = !ls", "x?"]
 
 
+def test_a_function_hands_to_the_methods_of_globals_what_it_is_given_or_built(shell):
+    facts = _facts(
+        shell,
+        "def epoch():\n    loss = crit(model(x), y)\n    scaler.scale(loss).backward()\n"
+        "    scaler.step(opt)\n    F.relu(w)\n    cache.append(net)\n    Trainer().fit(m2)",
+    )
+    effects = facts.effects["epoch"]
+    # What it hands to globals is left to the planner (``F`` may be a module); what it stores
+    # is not changed; what it hands to an object it built is changed.
+    assert effects.handed == {"scaler": {"crit", "model", "x", "y", "opt"}, "F": {"w"}}
+    assert "m2" in effects.mutates and "net" not in effects.mutates
+
+
 def test_a_function_changes_what_its_locals_were_built_from(shell):
     facts = _facts(
         shell,
