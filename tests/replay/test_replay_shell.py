@@ -6,6 +6,7 @@ import contextlib
 import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
@@ -157,6 +158,21 @@ def _replay(shell, cells: tuple[Cell, ...]) -> tuple[dict[int, list[str]], list[
     return reasons, re.findall(r"^RAN:(\w+)$", out.stdout, re.M)
 
 
+def _run_then_replay(
+    shell, cells: tuple[Cell, ...], names: tuple[str, ...]
+) -> tuple[Any, Any, dict[int, list[str]], list[str]]:
+    """Run ``cells`` as the previous kernel did, then replay them in a namespace without
+    ``names``: ``after`` from each run, the plan's reasons and the RAN: markers."""
+    with _without(shell, names):
+        with capture_output():  # the previous kernel, cell by cell
+            for cell in cells:
+                shell.run_cell(cell.source)
+        original = shell.user_ns["after"]
+    with _without(shell, names):  # the restart: nothing kept
+        reasons, ran = _replay(shell, cells)
+        return original, shell.user_ns["after"], reasons, ran
+
+
 def test_a_replay_changes_the_rebuilt_model_through_the_names_built_from_it(shell):
     torch = pytest.importorskip("torch")
     with _without(shell, LINKED_NAMES):
@@ -187,19 +203,14 @@ STORED_NAMES = ("torch", "model", "models", "unused", "m", "after")
 
 def test_a_replay_changes_the_rebuilt_model_through_the_list_it_was_stored_in(shell):
     torch = pytest.importorskip("torch")
-    with _without(shell, STORED_NAMES):
-        with capture_output():  # the previous kernel, cell by cell
-            for cell in STORED:
-                shell.run_cell(cell.source)
-        weight, bias = shell.user_ns["after"]
-    with _without(shell, STORED_NAMES):  # the restart: nothing kept
-        reasons, ran = _replay(shell, STORED)
-        assert "changes model through models" in reasons[6]
-        assert "changes model through models" in reasons[7]
-        assert ran == ["seed", "model", "list", "append", "scale", "loop", "fail"]
-        replayed_weight, replayed_bias = shell.user_ns["after"]
-        assert torch.equal(replayed_weight, weight)  # doubled through models[0]
-        assert replayed_bias == bias == 3.0  # set through the loop variable
+    (weight, bias), (replayed_weight, replayed_bias), reasons, ran = _run_then_replay(
+        shell, STORED, STORED_NAMES
+    )
+    assert "changes model through models" in reasons[6]
+    assert "changes model through models" in reasons[7]
+    assert ran == ["seed", "model", "list", "append", "scale", "loop", "fail"]
+    assert torch.equal(replayed_weight, weight)  # doubled through models[0]
+    assert replayed_bias == bias == 3.0  # set through the loop variable
 
 
 HANDED = (
@@ -223,15 +234,10 @@ HANDED_NAMES = ("torch", "model", "Trainer", "trainer", "unused", "after")
 
 def test_a_replay_runs_again_the_trainer_that_fitted_the_rebuilt_model(shell):
     torch = pytest.importorskip("torch")
-    with _without(shell, HANDED_NAMES):
-        with capture_output():  # the previous kernel, cell by cell
-            for cell in HANDED:
-                shell.run_cell(cell.source)
-        weight, bias = shell.user_ns["after"]
-    with _without(shell, HANDED_NAMES):  # the restart: nothing kept
-        reasons, ran = _replay(shell, HANDED)
-        assert "changes model" in reasons[6]
-        assert ran == ["seed", "model", "class", "trainer", "fit", "fail"]
-        replayed_weight, replayed_bias = shell.user_ns["after"]
-        assert torch.equal(replayed_weight, weight)  # one SGD step inside trainer.fit: replayed
-        assert replayed_bias == bias
+    (weight, bias), (replayed_weight, replayed_bias), reasons, ran = _run_then_replay(
+        shell, HANDED, HANDED_NAMES
+    )
+    assert "changes model" in reasons[6]
+    assert ran == ["seed", "model", "class", "trainer", "fit", "fail"]
+    assert torch.equal(replayed_weight, weight)  # one SGD step inside trainer.fit: replayed
+    assert replayed_bias == bias
