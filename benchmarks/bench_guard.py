@@ -358,12 +358,12 @@ def percall(scale: float) -> list[tuple[str, dict[str, float]]]:
                 with nb_cudaguard.guard(mode=mode):
                     times[mode].append(timed(call))
             # the rules judged before the call, as for a GPU tensor (less its synchronisation)
-            scope.TRUST_HOST_OPS = False
+            trusted, scope.TRUST_HOST_OPS = scope.TRUST_HOST_OPS, False
             try:
                 with nb_cudaguard.guard():
                     times[CHECKS_FIRST].append(timed(call))
             finally:
-                scope.TRUST_HOST_OPS = True
+                scope.TRUST_HOST_OPS = trusted
         rows.append((name, {m: statistics.median(v) for m, v in times.items()}))
 
     # a thread outside any guard, while this one holds a (strict) guard

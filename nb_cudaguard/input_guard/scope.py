@@ -192,7 +192,7 @@ def _guarded_call(
                 if finding is None:
                     raise  # the op's own complaint, about something the guard does not check
                 if not config.deferred:
-                    _raise(check, func, finding, args, kwargs)
+                    _raise(check, func, finding, args, kwargs, replacing=True)
             # deferred: the violation waits like any other, and the call runs on safe values
         if not config.deferred:
             finding = _inspect(check, args, kwargs)
@@ -645,12 +645,21 @@ def _violation(
 
 
 def _raise(
-    check: OpCheck, func: Any, finding: Finding, args: tuple[Any, ...], kwargs: dict[str, Any]
+    check: OpCheck,
+    func: Any,
+    finding: Finding,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    replacing: bool = False,
 ) -> None:
+    """``replacing``: the CPU op raised first, and the guard's error stands in for its own
+    (which is then not shown beside it); an error the user's code was handling stays shown."""
     __tracebackhide__ = True
     where = _capture(args, kwargs, modules=check.family == "loss")
-    # from None: where the CPU op raised first, its own error is what the guard's replaces
-    raise _dressed(_error(check)(_violation(check, func, finding, where))) from None
+    error = _dressed(_error(check)(_violation(check, func, finding, where)))
+    if replacing:
+        raise error from None
+    raise error
 
 
 def _error(check: OpCheck) -> type[GuardError]:

@@ -466,3 +466,13 @@ def test_ctc_targets_the_cpu_op_does_not_check_are_still_checked() -> None:
     args = (log_probs, torch.tensor([[1, 7]]), torch.tensor([6]), torch.tensor([2]))
     with pytest.raises(GuardError), guard():
         F.ctc_loss(*args)
+
+
+def test_an_error_the_user_was_handling_stays_shown_beside_the_guards() -> None:
+    with pytest.raises(GuardError) as caught, guard():
+        try:
+            raise KeyError("the user's own")
+        except KeyError:
+            torch.randn(3)[torch.tensor([3])]
+    assert isinstance(caught.value.__context__, KeyError)
+    assert not caught.value.__suppress_context__
