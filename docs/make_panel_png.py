@@ -1,6 +1,6 @@
 """Render the panel's real HTML for a real diagnosis and screenshot it with headless Chromium.
 
-    .venv/bin/python docs/make_panel_png.py        # writes docs/panel.png and docs/panel-details.png
+    .venv/bin/python docs/make_panel_png.py   # writes docs/panel.png, docs/panel-details.png
 
 The diagnosis is ``nb_cudaguard.diagnose()`` of the device line an NVIDIA H100 printed for a
 label out of range and the torch 2.9+ exception (``tests/pytorch_texts.py``), with a namespace
