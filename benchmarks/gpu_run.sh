@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything that needs a real GPU, in one command for a lent GPU machine (see the README's "GPU"
-# section). That machine has torch with CUDA but no Jupyter packages and no network: carry them as
+# Everything that needs a real GPU, in one command for a lent GPU machine (see docs/gpu.md).
+# That machine has torch with CUDA but no Jupyter packages and no network: carry them as
 # wheels in .whl/ (../shared/device/wheels.sh jupyter_server websocket-client wurlitzer
 # cloudpickle), with a wheel of this project beside them (python3 -m pip wheel --no-deps -w .whl
 # .): the checkout's code comes first on the path, the wheel only registers the pytest plugin's
@@ -9,7 +9,7 @@
 #   benchmarks/gpu_run.sh tests|bench|all [OUT]
 #
 # tests: the whole `gpu` suite (each poisoning in its own kernel or process), what each real assert
-#        showed (JSON, for the README and the recognition tests), every demo notebook on CUDA;
+#        showed (JSON, for docs/gpu.md and the recognition tests), every demo notebook on CUDA;
 # bench: the extension's per-cell cost with CUDA initialised, `%cudaguard sync on`, the guard
 #        against bare and against CUDA_LAUNCH_BLOCKING=1, the cost of `%cudaguard keep` snapshots,
 #        restart + restore of 1 GB against a plain restart.

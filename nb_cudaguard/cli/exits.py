@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# Exit statuses, documented in the README.
+# Exit statuses, documented in docs/cli.md.
 OK = 0  # explain: a CUDA error was recognised; run: every cell succeeded
 NOT_FOUND_OR_FAILED = 1  # explain: the text holds no CUDA error; run: a cell failed
 USAGE = 2  # bad arguments, an unreadable file, a kernel that cannot start

@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--json",
         action="store_true",
-        help="print the diagnosis as JSON (the schema in the README; null when none)",
+        help="print the diagnosis as JSON (the schema in docs/panel.md; null when none)",
     )
 
     run = sub.add_parser(

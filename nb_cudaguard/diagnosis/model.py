@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Stable cause ids (documented in the README). Renderers and users may rely on these strings.
+# Stable cause ids (documented in docs/panel.md, whose table tests/test_docs.py holds to these).
+# Renderers and users may rely on these strings.
 CAUSES: tuple[str, ...] = (
     "label-out-of-range",
     "index-out-of-range",

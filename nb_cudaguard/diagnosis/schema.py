@@ -3,7 +3,7 @@
 AI assistants, agents and CI tools read a notebook's outputs, not its pixels. Next to the panel's
 text and HTML, the display bundle carries ``MIME_TYPE``: ``Diagnosis.to_dict()`` plus the schema
 version and the recommended action, so a reader learns from the output itself that re-running cells
-in this kernel is pointless and the kernel must restart. The schema is documented in the README.
+in this kernel is pointless and the kernel must restart. The schema is documented in docs/panel.md.
 """
 
 from __future__ import annotations

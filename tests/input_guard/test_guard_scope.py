@@ -177,7 +177,7 @@ def test_a_wrapper_kept_past_the_guard_calls_the_bare_op() -> None:
 
 
 def test_a_reference_taken_before_the_guard_is_not_seen() -> None:
-    # the documented limit of wrapping entry points (scope.py's docstring, README)
+    # the documented limit of wrapping entry points (scope.py's docstring, docs/guard.md)
     early_gather = torch.gather
     with guard(), pytest.raises(RuntimeError) as caught:
         early_gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))

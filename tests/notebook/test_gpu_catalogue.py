@@ -6,8 +6,8 @@ read, the evidence must point at the user's own object, the probe must say the c
 poisoned, and the next CUDA cell must get the one-line fallout note instead of a second panel.
 
 One kernel per case: a poisoned context never recovers. Where ``NB_CUDAGUARD_GPU_DUMP`` names a
-folder, each case writes what the kernel showed there (JSON), the raw material for the README's
-GPU section and for the recognition tests' exact texts.
+folder, each case writes what the kernel showed there (JSON), the raw material for docs/gpu.md
+and for the recognition tests' exact texts.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def _measure(moment: str | None) -> dict[str, object]:
         check=True,
     )
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    print(moment, result)  # shown with -s: the table in the README's GPU section
+    print(moment, result)  # shown with -s: the table in docs/gpu.md
     return result
 
 
