@@ -192,7 +192,19 @@ def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
             file = match.group("file") or match.group("file2")
             found.append((match.start(), (file, None, ""), match.group(0)))
     found.sort(key=lambda item: item[0])
-    return [(site, raw.strip()) for _start, site, raw in found]
+    return [(site, _as_printed(line, start, raw)) for start, site, raw in found]
+
+
+_PATH_TAIL = re.compile(r"\S*$")
+
+
+def _as_printed(line: str, start: int, matched: str) -> str:
+    """The site's text as the GPU printed it: the match with its path prefix, which the file
+    pattern leaves out (``/pytorch/aten/src/ATen/native/cuda/`` before ``Loss.cu``); a log's
+    prefix before the path is not the GPU's."""
+    prefix = _PATH_TAIL.search(line, 0, start)
+    begin = prefix.start() if prefix else start
+    return (line[begin:start] + matched).strip()
 
 
 # Machine-translated pastes translate the words around the condition; mapped back before parsing
