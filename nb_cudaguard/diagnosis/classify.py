@@ -205,7 +205,8 @@ _HEADLINES: tuple[re.Pattern[str], ...] = (
     ),
     re.compile(r"==\s*(?:cudaSuccess|CUDA_SUCCESS|hipSuccess)\b[.\s]*(?P<text>[A-Za-z].*)"),
     re.compile(
-        r"\b(?:cudaSuccess|CUDA_SUCCESS|hipSuccess)\s*==\s*[^\n]*?\(0\s*vs\.?\s*(?P<code>\d{1,4})\)"
+        r"\b(?:cudaSuccess|CUDA_SUCCESS|hipSuccess)\s*==\s*[^\n]{0,160}?"
+        r"\(0\s*vs\.?\s*(?P<code>\d{1,4})\)"
         r"\s*(?P<text>.*)"
     ),
     # TensorRT samples and plugins: "Cuda failure: invalid argument at line 123 in file
@@ -226,7 +227,8 @@ _HEADLINES: tuple[re.Pattern[str], ...] = (
     # A code after "error#", "error code", "error no.=": "CUDA error in function cudaFree(v) at
     # CudaMemory.hpp:42, error# 100", "(CUDA error no.=700)".
     re.compile(
-        r"\bCUDA\b.*?\berr(?:or)?\s*(?:#|code|no\.?|number)\s*[:=]?\s*(?P<code>\d{1,4})\b"
+        r"\bCUDA\b[^\n]{0,160}?\berr(?:or)?[\s-]*(?:#|code|no\.?|number)\s*[:=]?\s*"
+        r"(?P<code>\d{1,4})\b"
         r"(?P<text>)",
         re.IGNORECASE,
     ),
@@ -357,19 +359,27 @@ def _printed_code(code: int) -> tuple[str, int, int | None, str, bool] | None:
     return current
 
 
-def known_text(text: str, *, anywhere: bool = False, shortest: int = 0) -> CudaError | None:
+def known_text(text: str, *, anywhere: bool = False, distinctive: bool = False) -> CudaError | None:
     """The runtime error whose ``cudaGetErrorString`` text ``text`` starts with (after quotes), or
-    with ``anywhere``, holds as words ("Kernel execution failed : (8) invalid device function.");
-    ``shortest``: texts shorter than this are too plain to trust ("invalid argument")."""
+    with ``anywhere``, holds as words ("Kernel execution failed : (8) invalid device function.").
+    With ``distinctive``, only texts that speak of the GPU: "invalid argument", "operation not
+    permitted" and "out of memory" are also strerror()'s words and other programs'."""
     lowered = text.strip().lower().lstrip("'\"` ")
     for etext, entry in _BY_TEXT:
-        if len(etext) >= shortest and lowered.startswith(etext):
+        if lowered.startswith(etext) and (not distinctive or _GPU_WORDS.search(etext)):
             return _error(entry, text)
     if anywhere:
         for found in _TEXT_ANYWHERE.finditer(lowered):
-            if len(found.group(0)) >= shortest:
+            if not distinctive or _GPU_WORDS.search(found.group(0)):
                 return _error(_TEXT_ENTRY[found.group(0)], text)
     return None
+
+
+# Words no CPU error uses ("misaligned address" and "illegal instruction" are a CPU's too).
+_GPU_WORDS = re.compile(
+    r"device|kernel|launch|cuda|ptx|texture|surface|memcpy|syncthreads|peer|ecc|driver|grid",
+    re.IGNORECASE,
+)
 
 
 def _lookup(text: str, name: str | None, code: int | None, headline: bool = False) -> CudaError:
@@ -438,21 +448,22 @@ def classify_line(line: str) -> CudaError | None:
     failed = _FAILED_WITH.search(line)
     if failed:
         # "[ERROR]Line 679: '' failed: no kernel image is available for execution on the device",
-        # "Error: no kernel image ...": after a bare "failed:" or "error:", only a text no other
-        # program prints.
-        distinctive = known_text(failed.group("text"), shortest=_DISTINCTIVE)
-        if distinctive is not None:
-            return CudaError(distinctive.name, distinctive.code, distinctive.sticky, line.strip())
+        # "KERNEL_ERROR: invalid device function in ...cu at line 273 (error-code 8)", "Kernel
+        # execution failed in file 'gpukernel_p3.cu' in line xxx : invalid device function.":
+        # after a plain "failed ...:" or "error ...:", only a text that speaks of the GPU.
+        gpu = known_text(failed.group("text"), anywhere=True, distinctive=True)
+        if gpu is not None:
+            return CudaError(gpu.name, gpu.code, gpu.sticky, line.strip())
     return None
 
 
-# "failed: <text>" and "error: <text>" name a CUDA error only with a text this long: "invalid
-# argument" and "out of memory" are also the words of strerror() and of other programs.
-_DISTINCTIVE = 22
-_FAILED_WITH = re.compile(r"\b(?:failed|error)\s*:\s*(?P<text>.+)", re.IGNORECASE)
+_FAILED_WITH = re.compile(
+    r"(?:\b|(?<=_))(?:failed|error)\b[^:\n]{0,80}?:\s*(?P<text>.+)", re.IGNORECASE
+)
 
 # A check's own line, with the error on the next one (a message printed before the error's text,
 # a wrapped paste): "checkMsg() CUDA error in foo.cu:12 :" then "invalid device function".
+_HEAD_WORDS = ("uda", "UDA", "gpu", "GPU", "Gpu", "util", "heck", "HECK")  # any case
 _CHECK_HEAD = re.compile(r"(?i)\b(?:cuda|gpu|cutil)|\w*check\w*\s*\(\)")
 _ERROR_WORDS = re.compile(r"(?i)error|fail|:\s*$")
 _CAUSE_LABEL = re.compile(
@@ -465,6 +476,8 @@ def _checked_on_the_next_line(line: str, following: str) -> CudaError | None:
     """The error a check's line announces and the line after it names: the error's text on a
     line of its own, or a headline's text wrapped onto it ("[CUDA] Error: too many resources
     requested for" / "launch")."""
+    if "ssert" in line or not any(word in line for word in _HEAD_WORDS):
+        return None  # a device assert line, or a line that names no check: most of a log
     if not (_CHECK_HEAD.search(line) and _ERROR_WORDS.search(line)):
         return None
     joined = f"{line.strip()} {following.strip()}"

@@ -200,7 +200,64 @@ REPORTED: dict[str, tuple[str, str, bool, str, str]] = {
         "cudaErrorNoKernelImageForDevice",
         "kysucix/fusibile#15",
     ),
+    "KERNEL_ERROR:": (
+        "KERNEL_ERROR: invalid device function in /sw/relion/2.0beta-git/src/gpu_utils/"
+        "cuda_ml_optimiser.cu at line 273 (error-code 8)",
+        "not-sticky",
+        False,
+        "cudaErrorInvalidDeviceFunction",
+        "3dem/relion#149",
+    ),
+    "CUT_CHECK_ERROR": (
+        "Kernel execution failed in file 'gpukernel_p3.cu' in line xxx : invalid device function.",
+        "not-sticky",
+        False,
+        "cudaErrorInvalidDeviceFunction",
+        "barbagroup/gemsfmm#3",
+    ),
+    "Failed: Cuda error <file> '<text>'": (
+        "Failed: Cuda error ./ripserplusplus/ripser++.cu:2371 'invalid device function'",
+        "not-sticky",
+        False,
+        "cudaErrorInvalidDeviceFunction",
+        "simonzhang00/ripser-plusplus#15",
+    ),
+    "getLastCudaError() on one line": (
+        "tmp/luarocks_ccn2-scm-1-5152/cuda-convnet2.torch/cudaconv3/src/filter_acts.cu(2086) : "
+        "getLastCudaError() CUDA error : filterActs: kernel execution failed : (8) invalid device "
+        "function.",
+        "not-sticky",
+        False,
+        "cudaErrorInvalidDeviceFunction",
+        "soumith/cuda-convnet2.torch#35",
+    ),
     # --- a check's line, the error on the next one ------------------------------------------------
+    "getLastCudaError(), the rest on the next line": (
+        "src/nvmatrix.cu(394): getLastCudaError() CUDA error : kSetupCurand: Kernel \n"
+        "execution failed : (8) invalid device function.",
+        "not-sticky",
+        False,
+        "cudaErrorInvalidDeviceFunction",
+        "akrizhevsky/cuda-convnet2#4",
+    ),
+    "a block: the text under its label": (
+        "CUDA Error:\n    File:       TensorRT-YOLO/source/deploy/vision/inference.cpp\n"
+        "    Line:       558\n    Error code: 98\n    Error text: invalid device function",
+        "not-sticky",
+        False,
+        "cudaErrorInvalidDeviceFunction",
+        "laugh12321/TensorRT-YOLO#74",
+    ),
+    "CUDA kernel failed, the kernel on the next line": (
+        "CUDA kernel failed : invalid device function\n"
+        "void masked_ordered_query_ball_point_kernel_wrapper(int, int, int, float, int, const "
+        "float*, const float*, const int*, const int*, int*, int*, float*, int*) at L:109 in "
+        "_ext_src/src/masked_ordered_ball_query_gpu.cu",
+        "not-sticky",
+        False,
+        "cudaErrorInvalidDeviceFunction",
+        "zeliu98/CloserLook3D#22",
+    ),
     "headline wrapped onto the next line": (
         "[1,0]<stderr>:terminate called after throwing an instance of\n"
         "'std::runtime_error'\n"
@@ -368,6 +425,10 @@ NEAR_MISSES: dict[str, tuple[str, str]] = {
     "a C program's own assert": ("Assertion `x > 0' failed.", "near miss of the bare form"),
     "darknet's assert(0) alone": ("Assertion `0' failed.", "near miss of the bare form"),
     "strerror's invalid argument": ("mount failed: invalid argument", "near miss of failed:"),
+    "strerror's operation not permitted": (
+        "error: cannot open /dev/mem: operation not permitted",
+        "near miss of error:",
+    ),
     "a CUDA line, then a usage error": (
         "[INFO] checking gpu...\ninvalid argument: --foo",
         "near miss of the next-line form",
