@@ -359,7 +359,9 @@ def _printed_code(code: int) -> tuple[str, int, int | None, str, bool] | None:
     return current
 
 
-def known_text(text: str, *, anywhere: bool = False, distinctive: bool = False) -> CudaError | None:
+def _known_text(
+    text: str, *, anywhere: bool = False, distinctive: bool = False
+) -> CudaError | None:
     """The runtime error whose ``cudaGetErrorString`` text ``text`` starts with (after quotes), or
     with ``anywhere``, holds as words ("Kernel execution failed : (8) invalid device function.").
     With ``distinctive``, only texts that speak of the GPU: "invalid argument", "operation not
@@ -388,7 +390,7 @@ def _lookup(text: str, name: str | None, code: int | None, headline: bool = Fals
         return _error(_BY_NAME[name], message)
     lowered = message.lower().lstrip("'\"` ")
     # A headline's text may carry its own prefix ("Error at: context_gpu.cu:343: out of memory").
-    by_text = known_text(message, anywhere=headline)
+    by_text = _known_text(message, anywhere=headline)
     if by_text is not None:
         return by_text
     named = _NAME.search(message)
@@ -451,7 +453,7 @@ def classify_line(line: str) -> CudaError | None:
         # "KERNEL_ERROR: invalid device function in ...cu at line 273 (error-code 8)", "Kernel
         # execution failed in file 'gpukernel_p3.cu' in line xxx : invalid device function.":
         # after a plain "failed ...:" or "error ...:", only a text that speaks of the GPU.
-        gpu = known_text(failed.group("text"), anywhere=True, distinctive=True)
+        gpu = _known_text(failed.group("text"), anywhere=True, distinctive=True)
         if gpu is not None:
             return CudaError(gpu.name, gpu.code, gpu.sticky, line.strip())
     return None
@@ -476,13 +478,13 @@ def _checked_on_the_next_line(line: str, following: str) -> CudaError | None:
     """The error a check's line announces and the line after it names: the error's text on a
     line of its own, or a headline's text wrapped onto it ("[CUDA] Error: too many resources
     requested for" / "launch")."""
-    if "ssert" in line or not any(word in line for word in _HEAD_WORDS):
-        return None  # a device assert line, or a line that names no check: most of a log
+    if "ssert" in line or not any(word in line for word in _HEAD_WORDS) or _FRAME.match(line):
+        return None  # a device assert line, a frame, or a line that names no check
     if not (_CHECK_HEAD.search(line) and _ERROR_WORDS.search(line)):
         return None
     joined = f"{line.strip()} {following.strip()}"
     label = _CAUSE_LABEL.match(following)
-    found = known_text(following[label.end() :] if label else following)
+    found = _known_text(following[label.end() :] if label else following)
     if found is None:
         wrapped = classify_line(joined)
         found = wrapped if wrapped is not None and wrapped.name in _BY_NAME else None
@@ -533,7 +535,7 @@ def classify_text(text: str, *, first_line_only: bool = False) -> CudaError | No
         if source:
             continue
         error = classify_line(line)
-        if error is None and index + 1 < len(lines):
+        if error is None and index + 1 < len(lines) and not lines[index + 1][1]:
             error = _checked_on_the_next_line(line, lines[index + 1][0])
         if error is None:
             if searched is None:
