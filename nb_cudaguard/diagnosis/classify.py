@@ -49,6 +49,12 @@ def _error(entry: tuple[str, int, int | None, str, bool], message: str) -> CudaE
     return CudaError(entry[0], entry[1], entry[4], message.strip())
 
 
+def error_text(name: str) -> str:
+    """``cudaGetErrorString``'s text for a runtime error's name ("" where not known)."""
+    entry = _BY_NAME.get(name)
+    return entry[3] if entry else ""
+
+
 def error_for_code(code: int) -> CudaError | None:
     """The runtime error with this code (the driver API's ``CUresult`` and HIP's ``hipError_t``
     share the codes: 710 is an assert, 700 an illegal address, ...)."""

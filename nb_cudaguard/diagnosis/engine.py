@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from .assert_lines import parse_assert_lines
-from .classify import classify_exception, classify_text
+from .classify import classify_exception, classify_text, error_text
 from .model import AssertLine, CudaError, Diagnosis
 from .rules import match_rules
 from .where import where_in_text
@@ -142,13 +142,19 @@ def _with_evidence(
 
 
 def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
+    # A code alone ("Check failed: error == cudaSuccess (48 vs. 0)") gets its meaning said.
+    meaning = error_text(error.name)
+    named = (
+        f" ({error.name}: {meaning})"
+        if meaning and meaning.lower() not in error.message.lower()
+        else ""
+    )
     return Diagnosis(
         cause="not-sticky",
         sticky=False,
         title="A CUDA error that leaves the CUDA context usable",
         explanation=(
-            f"{error.message} — this error does not break the CUDA context: fix the cause and "
-            "run the code again; no restart is needed."
+            f"{error.message}{named} — fix the cause and run the code again; no restart is needed."
         ),
         error=error,
     )

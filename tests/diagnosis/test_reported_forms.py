@@ -399,6 +399,12 @@ def test_a_printed_code_is_the_error_nvidias_tables_give_it(text: str, code: int
         assert any(c == code == entry[1] for _name, c in DRIVER)
 
 
+def test_a_code_printed_alone_gets_its_meaning_said():
+    diagnosis = diagnose("Check failed: error == cudaSuccess (48 vs. 0)")
+    assert diagnosis is not None
+    assert "no kernel image is available for execution on the device" in diagnosis.explanation
+
+
 # id: (text, source): never a CUDA error
 NEAR_MISSES: dict[str, tuple[str, str]] = {
     "THNN's CPU check": (
