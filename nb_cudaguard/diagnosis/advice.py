@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Literal
 
 from .where import failing_frames
 
@@ -25,7 +26,7 @@ _NOT_PROBED = "read from the text alone: the failed process's CUDA context was n
 class Setting:
     """Where the failing code ran, as the words that differ between the settings."""
 
-    kind: str  # "kernel", "notebook" or "script" (the JSON action's "setting")
+    kind: Literal["kernel", "notebook", "script"]  # the JSON action's "setting"
     owner: str  # whose CUDA context broke: "this kernel"
     fresh: str  # what gives a working context again: "a kernel restart"
     start_afresh: str  # the same as an instruction: "restart the kernel"
