@@ -217,10 +217,15 @@ def _xdist_worker(config: pytest.Config) -> str | None:
 
 
 def _section_text(nodeid: str, diagnosis: Diagnosis) -> str:
+    import shlex
+
+    from .diagnosis.advice import script
     from .diagnosis.render import to_text
 
+    # A test process, not a kernel: the advice is to run this test again in blocking mode.
+    setting = script(f"python -m pytest {shlex.quote(nodeid)}", probed=True)
     return (
         f"{diagnosis.cause}: {diagnosis.title}\n"
         f"{nodeid} broke the CUDA context of this process: later CUDA tests here fail with a "
-        "pointer to this report.\n" + to_text(diagnosis)
+        "pointer to this report.\n" + to_text(diagnosis, setting=setting)
     )

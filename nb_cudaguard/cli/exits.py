@@ -6,6 +6,7 @@ from __future__ import annotations
 OK = 0  # explain: a CUDA error was recognised; run: every cell succeeded
 NOT_FOUND_OR_FAILED = 1  # explain: the text holds no CUDA error; run: a cell failed
 USAGE = 2  # bad arguments, an unreadable file, a kernel that cannot start
+CLOSED_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as a shell reports
 
 
 class UsageFailure(Exception):

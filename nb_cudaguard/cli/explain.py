@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..diagnosis.advice import setting_of_text
 from ..diagnosis.engine import diagnose
 from ..diagnosis.render import to_text
 from ..diagnosis.schema import to_json
@@ -51,10 +52,13 @@ def read_input(file: str) -> str:
 def explain(args: argparse.Namespace) -> int:
     text = read_input(args.file)
     diagnosis = diagnose(text)
+    # Advice in the words of where the text comes from: a script's log, or a notebook's.
+    setting = setting_of_text(text) if diagnosis is not None else None
     if args.json:
-        print(json.dumps(to_json(diagnosis) if diagnosis is not None else None, indent=2))
-    elif diagnosis is not None:
-        print(to_text(diagnosis).lstrip("\n"))
+        payload = to_json(diagnosis, setting) if diagnosis and setting else None
+        print(json.dumps(payload, indent=2))
+    elif diagnosis is not None and setting is not None:
+        print(to_text(diagnosis, setting=setting).lstrip("\n"))
     else:
         name = "stdin" if args.file == "-" else args.file
         print(f"nb-cudaguard: no CUDA error found in {name}.", file=sys.stderr)

@@ -68,6 +68,7 @@ class Execution:
     executed: int  # code cells run
     failure: CellFailure | None
     diagnosis: Diagnosis | None  # the panel's (the extension's), else one read from the error
+    probed: bool = False  # the diagnosis is the panel's, with what the kernel's probe found
 
 
 def _cell_source(notebook: nbformat.NotebookNode, execution_count: int, line: int) -> str | None:
@@ -102,7 +103,8 @@ def panel_diagnosis(cell: nbformat.NotebookNode) -> Diagnosis | None:
 
 def _failure(
     notebook: nbformat.NotebookNode, index: int, stopped_by: Exception
-) -> tuple[CellFailure, Diagnosis | None]:
+) -> tuple[CellFailure, Diagnosis | None, Diagnosis | None]:
+    """The failure, the panel's diagnosis (if one was shown), and the diagnosis to report."""
     cell = notebook.cells[index]
     error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
     if error is None or isinstance(stopped_by, CellTimeoutError):
@@ -115,8 +117,8 @@ def _failure(
         index, cell.get("execution_count"), ename, evalue, failing_line(notebook, traceback)
     )
     # The panel is the extension's full diagnosis; without one, the error text alone.
-    diagnosis = panel_diagnosis(cell) or diagnose(f"{ename}: {evalue}")
-    return failure, diagnosis
+    panel = panel_diagnosis(cell)
+    return failure, panel, panel or diagnose(f"{ename}: {evalue}")
 
 
 def _kernel_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -184,8 +186,10 @@ async def _execute(
         raise
     if failed_at is None or stopped_by is None:
         return Execution(notebook, client.code_cells_executed, None, None)
-    failure, diagnosis = _failure(notebook, failed_at, stopped_by)
-    return Execution(notebook, client.code_cells_executed, failure, diagnosis)
+    failure, panel, diagnosis = _failure(notebook, failed_at, stopped_by)
+    return Execution(
+        notebook, client.code_cells_executed, failure, diagnosis, probed=panel is not None
+    )
 
 
 def execute(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from .exits import USAGE, UsageFailure
+from .exits import CLOSED_PIPE, USAGE, UsageFailure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,10 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "explain":
             from .explain import explain
 
-            return explain(args)
-        from .run import run
+            status = explain(args)
+        else:
+            from .run import run
 
-        return run(args)
+            status = run(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+        return status
     except UsageFailure as failure:
         print(f"nb-cudaguard {args.command}: {failure}", file=sys.stderr)
         return USAGE
+    except BrokenPipeError:
+        # `nb-cudaguard explain log | head -2`: the reader is gone. The Python-documented way
+        # out: point stdout at devnull (the flush at exit would fail again) and end quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return CLOSED_PIPE

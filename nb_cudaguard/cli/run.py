@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, TextIO
 
 import nbformat
 
+from ..diagnosis.advice import Setting, notebook_run
 from ..diagnosis.schema import to_json
 from .exits import NOT_FOUND_OR_FAILED, OK, UsageFailure
 from .headless import CellFailure, Execution, KernelFailure, SourceLine, execute
@@ -111,6 +113,13 @@ def _failure_json(failure: CellFailure | None) -> dict[str, Any] | None:
     }
 
 
+def setting_of(args: argparse.Namespace, execution: Execution) -> Setting:
+    """The advice's words: a notebook run, re-run by this very command with --blocking-rerun."""
+    return notebook_run(
+        shlex.quote(args.notebook), shlex.quote(args.output), probed=execution.probed
+    )
+
+
 def summary(
     args: argparse.Namespace,
     execution: Execution,
@@ -126,7 +135,11 @@ def summary(
         "code_cells": total,
         "executed": execution.executed,
         "failure": _failure_json(execution.failure),
-        "diagnosis": to_json(execution.diagnosis) if execution.diagnosis is not None else None,
+        "diagnosis": (
+            to_json(execution.diagnosis, setting_of(args, execution))
+            if execution.diagnosis is not None
+            else None
+        ),
         "blocking_rerun": {"failure": _failure_json(rerun)} if rerun_done else None,
         "seconds": round(seconds, 3),
     }
@@ -188,11 +201,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        _print_summary(execution, result)
+        _print_summary(execution, result, setting_of(args, execution))
     return NOT_FOUND_OR_FAILED if execution.failure is not None else OK
 
 
-def _print_summary(execution: Execution, result: dict[str, Any]) -> None:
+def _print_summary(execution: Execution, result: dict[str, Any], setting: Setting) -> None:
     failure = execution.failure
     if failure is None:
         print(f"nb-cudaguard run: {result['executed']} code cells ran; wrote {result['output']}")
@@ -206,7 +219,7 @@ def _print_summary(execution: Execution, result: dict[str, Any]) -> None:
     if execution.diagnosis is not None:
         from ..diagnosis.render import to_text
 
-        print(to_text(execution.diagnosis))
+        print(to_text(execution.diagnosis, setting=setting))
     rerun = result["blocking_rerun"]
     if rerun is not None:
         line = (rerun["failure"] or {}).get("line")

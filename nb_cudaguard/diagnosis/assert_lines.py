@@ -38,6 +38,7 @@ import re
 
 from .classify import normalize
 from .model import AssertLine
+from .rules import rule_for
 
 # Pastes drop the colon after the line number ("TensorCompare.cu:109 _assert_async_cuda_kernel").
 _FILE = r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|c|py)|unknown):(?P<line>\d+):? "
@@ -82,11 +83,36 @@ _NO_FILE = re.compile(r"(?:(?P<func>[A-Za-z_~][\w:<>~]*(?:\(\))?): )?" + _BLOCK 
 
 # The kernel function and the condition, without path or block/thread ("_assert_async_cuda_kernel:
 # ... Assertion 'probability tensor ...' failed." in an issue). glibc's own asserts have this
-# shape too ("__pthread_mutex_lock: Assertion ..."): not after a C/C++ path, not a "__" name.
+# shape too ("__pthread_mutex_lock: Assertion ..."): not after a C/C++ path, not a "__" name;
+# nor an exception's class ("RuntimeError: Assertion ...", PyTorch <= 0.4's CPU checks).
 _NO_BLOCK = re.compile(
-    r"(?<![\w./:])(?P<func>(?!__)[A-Za-z_][\w:<>~]*(?:\(\))?):(?:\s*\.\.\.)?\s*" + _ASSERTION
+    r"(?<![\w./:])(?P<func>(?!__)(?!\w*(?:Error|Exception):)[A-Za-z_][\w:<>~]*(?:\(\))?):"
+    r"(?:\s*\.\.\.)?\s*" + _ASSERTION
 )
 _HOST_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp):\d+:")
+
+# An assert condition quoted alone ("Assertion `t >= 0 && t < n_classes` failed." pasted by
+# itself): no file, no function, no block/thread part. Any C program prints this shape, so it
+# counts only where the condition is one of PyTorch's kernel checks of the user's data.
+_BARE = re.compile(
+    r"(?<![\w:])(?:Device-side assertion|Assertion)\s*[`'\"](?P<cond>[^\n]*?)[`'\"]\s*failed"
+)
+
+
+# Where the bare shape is a CPU check: an exception's own message (PyTorch <= 0.4's THNN raised
+# "RuntimeError: Assertion `cur_target >= 0 && cur_target < n_classes' failed. at
+# .../THNN/generic/ClassNLLCriterion.c:87"; a GPU's line never becomes one), or a line naming a
+# host or Lua source (Lua torch's "THNN.lua:110: Assertion ... at .../ClassNLLCriterion.c:48").
+_CPU_ASSERT = re.compile(
+    r"\b\w*(?:Error|Exception):\s*(?:Device-side assertion|Assertion)\b"
+    r"|[\w-]\.(?:c|cc|cpp|cxx|lua):\d+"
+)
+
+
+def _a_kernel_check_on_data(condition: str) -> bool:
+    rule = rule_for(AssertLine(file="", condition=condition.strip()))
+    return rule is not None and rule.cause != "pytorch-internal"
+
 
 # A kernel source file's line that says "Assertion ... failed" (or prints a block) but whose
 # condition cannot be read. Only CUDA/HIP sources: glibc's own assert prints "file.c:81: ...:
@@ -187,12 +213,29 @@ def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
         for match in _NO_BLOCK.finditer(line):
             found.append((match.start(), _key(match, ""), match.group(0)))
             taken.append(match.span())
+    if not found and not _HOST_SOURCE.search(line) and not _CPU_ASSERT.search(line):
+        for match in _BARE.finditer(line):
+            if _a_kernel_check_on_data(match.group("cond")):
+                found.append((match.start(), _key(match, ""), match.group(0)))
+                taken.append(match.span())
     for match in _LOOSE.finditer(line):
         if free(match):
             file = match.group("file") or match.group("file2")
             found.append((match.start(), (file, None, ""), match.group(0)))
     found.sort(key=lambda item: item[0])
-    return [(site, raw.strip()) for _start, site, raw in found]
+    return [(site, _as_printed(line, start, raw)) for start, site, raw in found]
+
+
+_PATH_TAIL = re.compile(r"\S*$")
+
+
+def _as_printed(line: str, start: int, matched: str) -> str:
+    """The site's text as the GPU printed it: the match with its path prefix, which the file
+    pattern leaves out (``/pytorch/aten/src/ATen/native/cuda/`` before ``Loss.cu``); a log's
+    prefix before the path is not the GPU's."""
+    prefix = _PATH_TAIL.search(line, 0, start)
+    begin = prefix.start() if prefix else start
+    return (line[begin:start] + matched).strip()
 
 
 # Machine-translated pastes translate the words around the condition; mapped back before parsing

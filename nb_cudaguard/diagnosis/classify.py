@@ -39,10 +39,20 @@ for _name, _code in HIP:
 # Errors whose cudaGetErrorString text is not known to us ("") are read by name or code only.
 _BY_TEXT = sorted(((e[3].lower(), e) for e in RUNTIME if e[3]), key=lambda item: -len(item[0]))
 _LEGACY = {e[2]: e for e in RUNTIME if e[2] is not None}
+_TEXT_ENTRY = dict(_BY_TEXT)
+_TEXT_ANYWHERE = re.compile(
+    r"(?<!\w)(?:" + "|".join(re.escape(text) for text, _e in _BY_TEXT) + r")(?!\w)"
+)
 
 
 def _error(entry: tuple[str, int, int | None, str, bool], message: str) -> CudaError:
     return CudaError(entry[0], entry[1], entry[4], message.strip())
+
+
+def error_text(name: str) -> str:
+    """``cudaGetErrorString``'s text for a runtime error's name ("" where not known)."""
+    entry = _BY_NAME.get(name)
+    return entry[3] if entry else ""
 
 
 def error_for_code(code: int) -> CudaError | None:
@@ -105,6 +115,7 @@ _LOG_PREFIX = re.compile(
     r"|\[(?:rank|default|Rank|RANK|worker|GPU)\s*\d+\]:?"  # torchrun [rank3]:, [default0]:
     r"|(?:rank|Rank)\s*\d+:"
     r"|\((?:\w+ )?pid=\d+(?:, ip=[\d.]+)?\)"  # Ray
+    r"|\[\d+,\d+\]<(?:stdout|stderr)>:"  # Open MPI's mpirun --tag-output
     r"|\[(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)\]"
     r"|(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)(?::[\w.]+)?:(?!\w)"  # logging: ERROR:root:
     r"|\||>+"
@@ -170,11 +181,13 @@ _CODE = r"(?:\s*\(\s*(?P<code2>\d{1,4})\s*\))"
 _HEADLINES: tuple[re.Pattern[str], ...] = (
     # PyTorch 1.5+, HIP builds, the driver API, custom extensions and attention libraries:
     # "CUDA error: X", "CUDA Error: X (700)", "CUDA error (/src/flash_api.cpp:12): X",
-    # "CUDA Runtime Error: X", "cuda error: cudaErrorX: X".
+    # "CUDA Runtime Error: X", "cuda error: cudaErrorX: X"; Paddle's "CUDA error(700), X";
+    # "[CUDA] Error: X". A word glued in front ("RuntimeError:CUDA error", a retyped paste) is
+    # allowed before an upper-case "CUDA" only.
     re.compile(
-        r"\b(?:CUDA|HIP)(?: driver| runtime| kernel)? error(?: \([^)]*\))?\s*:\s*"
-        r"(?:(?P<name>(?:cuda|hip)Error\w+|CUDA_ERROR_\w+)\b\s*:?\s*)?(?P<text>.*)",
-        re.IGNORECASE,
+        r"(?:(?<![A-Za-z])(?i:CUDA|HIP)|CUDA)\]?(?i:(?: driver| runtime| kernel)? error"
+        r"(?:\s*\([^)]*\))?\s*[:,]\s*"
+        r"(?:(?P<name>(?:cuda|hip)Error\w+|CUDA_ERROR_\w+)\b\s*:?\s*)?)(?P<text>.*)"
     ),
     re.compile(r"Triton Error \[(?:CUDA|HIP)\]: (?P<text>.+)"),
     # <= 1.4: "cuda runtime error (59) : device-side assert triggered at /pytorch/aten/...cu:26"
@@ -187,14 +200,58 @@ _HEADLINES: tuple[re.Pattern[str], ...] = (
     # "parallel_for failed: cudaErrorIllegalAddress: an illegal memory access was encountered"
     re.compile(r"\bfailed to synchronize:\s*(?:(?P<name>cudaError\w+):\s*)?(?P<text>.+)"),
     re.compile(r"\b\w+ failed(?: on \d+\w* step)?:\s*(?P<name>cudaError\w+):\s*(?P<text>.+)"),
+    # glog's CHECK_EQ and Caffe2's CAFFE_ENFORCE_EQ of a cudaError_t (Caffe, Caffe2/Detectron,
+    # TensorFlow): "Check failed: error == cudaSuccess (48 vs. 0)  no kernel image is ...",
+    # "error == cudaSuccess. 2 vs 0. Error at: .../context_gpu.cu:343: out of memory", "Check
+    # failed: error == cudaSuccess unspecified launch failure", "Check failed: CUDA_SUCCESS ==
+    # cuCtxSetCurrent(context) (0 vs. 216)". The number is the error's code.
+    re.compile(
+        r"(?:==\s*)?\b(?:cudaSuccess|CUDA_SUCCESS|hipSuccess)\b[.\s]*"
+        r"\(?(?P<code>\d{1,4})\s*vs\.?\s*0\)?\.?\s*(?P<text>.*)"
+    ),
+    re.compile(r"==\s*(?:cudaSuccess|CUDA_SUCCESS|hipSuccess)\b[.\s]*(?P<text>[A-Za-z].*)"),
+    re.compile(
+        r"\b(?:cudaSuccess|CUDA_SUCCESS|hipSuccess)\s*==\s*[^\n]{0,160}?"
+        r"\(0\s*vs\.?\s*(?P<code>\d{1,4})\)"
+        r"\s*(?P<text>.*)"
+    ),
+    # TensorRT samples and plugins: "Cuda failure: invalid argument at line 123 in file
+    # cudaFilter.cpp error status: 1", "Cuda failure: 700", "Cuda failure /src/Context.cu:361:
+    # 'no kernel image is available for execution on the device'".
+    re.compile(
+        r"\bCUDA failure\b(?:\s+[^\s:]+:\d+)?\s*:?\s*(?:(?P<code>\d{1,4})\b(?![.,]\d)"
+        r"|(?P<text>.*?)(?:\s*error status:\s*(?P<code2>\d{1,4}))?\s*$)",
+        re.IGNORECASE,
+    ),
+    # Checks named after CUDA: "cudaCheckError() failed : no kernel image is available ...",
+    # "Cuda check failed: Invalid device function", "Cuda kernel failed. Error: invalid device
+    # function".
+    re.compile(
+        r"\bcuda\w*(?:\(\))?(?:\s+\w+)?\s+failed\s*[.:]\s*(?:error\s*:\s*)?(?P<text>.+)",
+        re.IGNORECASE,
+    ),
+    # A code after "error#", "error code", "error no.=": "CUDA error in function cudaFree(v) at
+    # CudaMemory.hpp:42, error# 100", "(CUDA error no.=700)".
+    re.compile(
+        r"\bCUDA\b[^\n]{0,160}?\berr(?:or)?[\s-]*(?:#|code|no\.?|number)\s*[:=]?\s*"
+        r"(?P<code>\d{1,4})\b"
+        r"(?P<text>)",
+        re.IGNORECASE,
+    ),
     # The error-checking macro of countless forum answers: "GPUassert: <text> <file> <line>".
     re.compile(r"\bGPUassert: (?P<text>.+)"),
     # numba: "CudaAPIError: [700] Call to cuCtxSynchronize results in UNKNOWN_CUDA_ERROR".
     re.compile(r"\[(?P<code>\d{1,4})\] Call to cu\w+ results in (?P<text>\w+)"),
     # CUDA samples' checkCudaErrors: "CUDA error at file.cu:12 code=700(cudaErrorIllegalAddress)".
     re.compile(r"\bCUDA error at \S+ code=(?P<code>\d+)\((?P<text>\w*)\)"),
-    # PyTorch's own allocator message for OOM: "CUDA out of memory. Tried to allocate 2.00 GiB ..."
-    re.compile(r"\b(?:CUDA|HIP) (?P<text>out of memory)\b"),
+    # PyTorch's own allocator message for OOM: "CUDA out of memory. Tried to allocate 2.00 GiB
+    # ...", and as people retype it: "cuda out of the memory", "CUDA out-of-memory", a word
+    # glued in front ("xxxCUDA out of memory").
+    re.compile(
+        r"(?:CUDA|(?<![A-Za-z])HIP)[\s-]*(?:error\s*:?\s*)?(?P<oom>out[\s-]*of[\s-]*(?:the[\s-]+)?"
+        r"(?:gpu[\s-]+)?mem(?:ory|[a-z]{0,4})(?![a-z]))",
+        re.IGNORECASE,
+    ),
 )
 
 # Where an error's headline starts: the line itself, after an exception's class name, after a C++
@@ -264,7 +321,7 @@ _TRANSLATED = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern
 
 # Library errors that follow a poisoned context (FIELD_NOTES §2) or stand on their own.
 _LIBRARY = re.compile(
-    r"\b(?P<text>(?:CUBLAS|CUSOLVER|CUSPARSE|CUFFT|CURAND|CUDNN|NCCL)_STATUS_\w+"
+    r"\b(?P<text>(?:CUBLAS|CUSOLVER|CUSPARSE|CUFFT|CURAND|CUDNN|NCCL)_STATUS_(?!SUCCESS\b)\w+"
     r"|cuDNN error: \w+|Creating MTGP constants failed|NCCL error\b.*)"
 )
 
@@ -288,19 +345,65 @@ def _relevant(line: str) -> bool:
 _DEVICE_LINE = re.compile(r"block: ?\[[^\]]*\],? ?thread: ?\[[^\]]*\] ?Assertion")
 
 
-def _lookup(text: str, name: str | None, code: int | None) -> CudaError:
+# Codes that no current CUDA returns: the profiler's (deprecated since CUDA 5.0, driver_types.h)
+# and 13.3's new translation error. A bare 6, 7, 8 or 10 in a log is the launch error that had
+# the number before CUDA 10.1 (Caffe's "Check failed: error == cudaSuccess (8 vs. 0)").
+_NOT_RETURNED = (
+    "cudaErrorProfilerNotInitialized",
+    "cudaErrorProfilerAlreadyStarted",
+    "cudaErrorProfilerAlreadyStopped",
+    "cudaErrorVersionTranslation",
+)
+
+
+def _printed_code(code: int) -> tuple[str, int, int | None, str, bool] | None:
+    """The error a code printed in a text stands for: the current one, else the one that had the
+    code before CUDA 10.1 (where the current one is never returned, that one first)."""
+    current, legacy = _BY_CODE.get(code), _LEGACY.get(code)
+    if legacy is not None and (current is None or current[0] in _NOT_RETURNED):
+        return legacy
+    return current
+
+
+def _known_text(
+    text: str, *, anywhere: bool = False, distinctive: bool = False
+) -> CudaError | None:
+    """The runtime error whose ``cudaGetErrorString`` text ``text`` starts with (after quotes), or
+    with ``anywhere``, holds as words ("Kernel execution failed : (8) invalid device function.").
+    With ``distinctive``, only texts that speak of the GPU: "invalid argument", "operation not
+    permitted" and "out of memory" are also strerror()'s words and other programs'."""
+    lowered = text.strip().lower().lstrip("'\"` ")
+    for etext, entry in _BY_TEXT:
+        if lowered.startswith(etext) and (not distinctive or _GPU_WORDS.search(etext)):
+            return _error(entry, text)
+    if anywhere:
+        for found in _TEXT_ANYWHERE.finditer(lowered):
+            if not distinctive or _GPU_WORDS.search(found.group(0)):
+                return _error(_TEXT_ENTRY[found.group(0)], text)
+    return None
+
+
+# Words no CPU error uses ("misaligned address" and "illegal instruction" are a CPU's too).
+_GPU_WORDS = re.compile(
+    r"device|kernel|launch|cuda|ptx|texture|surface|memcpy|syncthreads|peer|ecc|driver|grid",
+    re.IGNORECASE,
+)
+
+
+def _lookup(text: str, name: str | None, code: int | None, headline: bool = False) -> CudaError:
     message = text.strip()
     if name and name in _BY_NAME:
         return _error(_BY_NAME[name], message)
     lowered = message.lower().lstrip("'\"` ")
-    for etext, entry in _BY_TEXT:
-        if lowered.startswith(etext):
-            return _error(entry, message)
+    # A headline's text may carry its own prefix ("Error at: context_gpu.cu:343: out of memory").
+    by_text = _known_text(message, anywhere=headline)
+    if by_text is not None:
+        return by_text
     named = _NAME.search(message)
     if named and named.group(1) in _BY_NAME:
         return _error(_BY_NAME[named.group(1)], message)
     if code is not None:
-        by_code = _BY_CODE.get(code) or _LEGACY.get(code)
+        by_code = _printed_code(code)
         if by_code:
             return _error(by_code, message)
     library = _LIBRARY.search(text)
@@ -324,7 +427,10 @@ def classify_line(line: str) -> CudaError | None:
         if match:
             groups = match.groupdict()
             number = groups.get("code") or groups.get("code2")
-            found = _lookup(groups["text"], groups.get("name"), int(number) if number else None)
+            if number is not None and int(number) == 0:
+                continue  # cudaSuccess: "CUDA error code: 0" reports no error
+            text = "out of memory" if groups.get("oom") else groups.get("text") or ""
+            found = _lookup(text, groups.get("name"), int(number) if number else None, True)
             if found.name == "cudaError" and found.code is None and not _HEADLINE_START.match(line):
                 # "checking for CUDA error: none" names no error: only an error's own headline
                 # may carry a text no table knows.
@@ -347,7 +453,50 @@ def classify_line(line: str) -> CudaError | None:
     library = _LIBRARY.search(line)
     if library:
         return CudaError(library.group("text").split(":")[0].strip(), None, False, line.strip())
+    failed = _FAILED_WITH.search(line)
+    if failed:
+        # "[ERROR]Line 679: '' failed: no kernel image is available for execution on the device",
+        # "KERNEL_ERROR: invalid device function in ...cu at line 273 (error-code 8)", "Kernel
+        # execution failed in file 'gpukernel_p3.cu' in line xxx : invalid device function.":
+        # after a plain "failed ...:" or "error ...:", only a text that speaks of the GPU.
+        gpu = _known_text(failed.group("text"), anywhere=True, distinctive=True)
+        if gpu is not None:
+            return CudaError(gpu.name, gpu.code, gpu.sticky, line.strip())
     return None
+
+
+_FAILED_WITH = re.compile(
+    r"(?:\b|(?<=_))(?:failed|error)\b[^:\n]{0,80}?:\s*(?P<text>.+)", re.IGNORECASE
+)
+
+# A check's own line, with the error on the next one (a message printed before the error's text,
+# a wrapped paste): "checkMsg() CUDA error in foo.cu:12 :" then "invalid device function".
+_HEAD_WORDS = ("uda", "UDA", "gpu", "GPU", "Gpu", "util", "heck", "HECK")  # any case
+_CHECK_HEAD = re.compile(r"(?i)\b(?:cuda|gpu|cutil)|\w*check\w*\s*\(\)")
+_ERROR_WORDS = re.compile(r"(?i)error|fail|:\s*$")
+_CAUSE_LABEL = re.compile(
+    r"(?i)\s*(?:(?:cause|reason|error|message|msg|details?|what\(\))\s*:\s*)?"
+    r"[\[(]?\d{0,4}[\])]?\s*[:,-]?\s*"
+)
+
+
+def _checked_on_the_next_line(line: str, following: str) -> CudaError | None:
+    """The error a check's line announces and the line after it names: the error's text on a
+    line of its own, or a headline's text wrapped onto it ("[CUDA] Error: too many resources
+    requested for" / "launch")."""
+    if "ssert" in line or not any(word in line for word in _HEAD_WORDS) or _FRAME.match(line):
+        return None  # a device assert line, a frame, or a line that names no check
+    if not (_CHECK_HEAD.search(line) and _ERROR_WORDS.search(line)):
+        return None
+    joined = f"{line.strip()} {following.strip()}"
+    label = _CAUSE_LABEL.match(following)
+    found = _known_text(following[label.end() :] if label else following)
+    if found is None:
+        wrapped = classify_line(joined)
+        found = wrapped if wrapped is not None and wrapped.name in _BY_NAME else None
+    if found is None:
+        return None
+    return CudaError(found.name, found.code, found.sticky, joined)
 
 
 def _embedded_headlines(lines: list[tuple[str, bool]]) -> list[str]:
@@ -388,10 +537,12 @@ def classify_text(text: str, *, first_line_only: bool = False) -> CudaError | No
         heads = [t for t, _s in (lines[:2] if wrapped else lines[:1])]
         headline = {*heads, *_embedded_headlines(lines)}
     searched: str | None = None
-    for line, source in lines:
+    for index, (line, source) in enumerate(lines):
         if source:
             continue
         error = classify_line(line)
+        if error is None and index + 1 < len(lines) and not lines[index + 1][1]:
+            error = _checked_on_the_next_line(line, lines[index + 1][0])
         if error is None:
             if searched is None:
                 hint = _SEARCH_FOR.search(line)

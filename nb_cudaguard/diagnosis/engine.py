@@ -8,9 +8,10 @@ from dataclasses import replace
 from typing import Any
 
 from .assert_lines import parse_assert_lines
-from .classify import classify_exception, classify_text
+from .classify import classify_exception, classify_text, error_text
 from .model import AssertLine, CudaError, Diagnosis
 from .rules import match_rules
+from .where import where_in_text
 
 CPU_REPLAY_FIX = (
     "Replay the failing step on CPU (`model.cpu()`, the batch on CPU): the same bad input gives "
@@ -141,13 +142,19 @@ def _with_evidence(
 
 
 def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
+    # A code alone ("Check failed: error == cudaSuccess (48 vs. 0)") gets its meaning said.
+    meaning = error_text(error.name)
+    named = (
+        f" ({error.name}: {meaning})"
+        if meaning and meaning.lower() not in error.message.lower()
+        else ""
+    )
     return Diagnosis(
         cause="not-sticky",
         sticky=False,
-        title="A CUDA error that does not break the kernel",
+        title="A CUDA error that leaves the CUDA context usable",
         explanation=(
-            f"{error.message} — this error leaves the CUDA context usable: fix the cause and "
-            "re-run the cell; no restart is needed."
+            f"{error.message}{named} — fix the cause and run the code again; no restart is needed."
         ),
         error=error,
     )
@@ -184,8 +191,9 @@ def diagnose(
     With ``namespace`` (the user's variables) or ``frames`` (local variables of the failing
     frames, innermost first; taken from the exception's traceback when only ``namespace`` is
     given), the diagnosis adds evidence read from Python objects and CPU tensors, never from CUDA
-    memory. ``where`` says where the error surfaced and where it was most likely launched.
-    Without them, diagnose() is pure: it reads only the texts.
+    memory. ``where`` says where the error surfaced and where it was most likely launched; for
+    a text, it is read from the text's traceback where not given. Without them, diagnose() is
+    pure: it reads only the texts.
     """
     if isinstance(error, BaseException):
         cuda_error = classify_exception(error)
@@ -222,6 +230,8 @@ def diagnose(
         )
     if namespace is not None or frames is not None:
         diagnosis = _with_evidence(diagnosis, error, frames, namespace)
+    if where is None and isinstance(error, str):
+        where = where_in_text(text)
     if where:
         diagnosis = replace(diagnosis, where=where)
     return diagnosis

@@ -20,50 +20,43 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .advice import KERNEL, Setting, on_a_gpu, probably_broken, restart_only, true_line
 from .model import ContextState, Diagnosis
 from .schema import MIME_TYPE, to_json
 
 _CODE = re.compile(r"`([^`]+)`")
 
-RESTART_ONLY = "The GPU context is broken: only a kernel restart fixes it."
-PROBABLY_BROKEN = (
-    "This error normally breaks the GPU context for good, but a probe found it still answering: "
-    "restart the kernel if CUDA calls keep failing."
-)
-ON_A_GPU = "On a GPU this breaks the kernel's CUDA context, and only a kernel restart fixes it."
 BLOCKING_ON = (
     "Blocking mode is on in this kernel (CUDA_LAUNCH_BLOCKING=1): every launch waits for its "
     "kernel, so the traceback above points at the line that launched the failing one."
 )
-TRUE_LINE = (
-    "CUDA reports a kernel's failure at a later call, so the traceback may point at an innocent "
-    "line. Restart with CUDA_LAUNCH_BLOCKING=1 (`%cudaguard restart`, or the button below) "
-    "and re-run from the top: in that kernel every launch waits for its kernel (slower, that start "
-    "only), and the error is raised at the line that caused it. Setting the variable in this "
-    "kernel now does nothing: CUDA reads it only when it starts."
-)
 _DSA_FACT = "TORCH_USE_CUDA_DSA"  # a fact about a build flag, not a fix: shown with the above
 
-_CONTEXT_WORDS = {
-    ContextState.POISONED: "the probe found this kernel's CUDA context broken",
-    ContextState.HEALTHY: "the probe found this kernel's CUDA context still answering",
-    ContextState.NO_CUDA: (
-        "this process has not started CUDA, so the error did not come from its GPU (a "
-        "simulated failure, as in the demos, or an error re-raised from elsewhere); on a GPU the "
-        "context would be broken"
-    ),
-    ContextState.UNKNOWN: "the probe could not tell whether the CUDA context still answers",
-}
+
+def _context_words(context: ContextState, setting: Setting) -> str:
+    """What the probe found, about the setting's process."""
+    return {
+        ContextState.POISONED: f"the probe found {setting.owner}'s CUDA context broken",
+        ContextState.HEALTHY: f"the probe found {setting.owner}'s CUDA context still answering",
+        ContextState.NO_CUDA: (
+            f"{setting.owner} has not started CUDA, so the error did not come from its GPU (a "
+            "simulated failure, as in the demos, or an error re-raised from elsewhere); on a GPU "
+            "the context would be broken"
+        ),
+        ContextState.UNKNOWN: setting.unknown_context,
+    }[context]
 
 
-def headline(diagnosis: Diagnosis) -> str:
+def headline(diagnosis: Diagnosis, setting: Setting = KERNEL) -> str:
     """What broke, and that only a restart helps, in one line."""
     if not diagnosis.sticky:
         return f"{diagnosis.title}. {diagnosis.explanation}"
-    verdict = {
-        ContextState.HEALTHY: PROBABLY_BROKEN,
-        ContextState.NO_CUDA: ON_A_GPU,
-    }.get(diagnosis.context, RESTART_ONLY)
+    if diagnosis.context is ContextState.HEALTHY:
+        verdict = probably_broken(setting)
+    elif diagnosis.context is ContextState.NO_CUDA:
+        verdict = on_a_gpu(setting)
+    else:
+        verdict = restart_only(setting)
     return f"{diagnosis.title}. {verdict}"
 
 
@@ -99,7 +92,9 @@ def best_step(diagnosis: Diagnosis) -> tuple[str, str] | None:
     return None
 
 
-def _details(diagnosis: Diagnosis, blocking: bool) -> list[tuple[str, list[str], bool]]:
+def _details(
+    diagnosis: Diagnosis, blocking: bool, setting: Setting = KERNEL
+) -> list[tuple[str, list[str], bool]]:
     """(heading, items, preformatted) for the collapsed section; what is shown above is left out."""
     step = best_step(diagnosis)
     shown = {step[1]} if step else set()
@@ -125,10 +120,12 @@ def _details(diagnosis: Diagnosis, blocking: bool) -> list[tuple[str, list[str],
     if diagnosis.where and not blocking:
         sections.append(("Where", [diagnosis.where], False))
     if diagnosis.sticky and not blocking:
-        sections.append(("Finding the true line", [TRUE_LINE, *_dsa_facts(diagnosis)], False))
+        sections.append(
+            ("Finding the true line", [true_line(setting), *_dsa_facts(diagnosis)], False)
+        )
     elif _dsa_facts(diagnosis):
         sections.append(("Device-side assertions", _dsa_facts(diagnosis), False))
-    context = _CONTEXT_WORDS[diagnosis.context]
+    context = _context_words(diagnosis.context, setting)
     device = "" if diagnosis.device is None else f" (cuda:{diagnosis.device})"
     about = [context[0].upper() + context[1:] + device + "."]
     about.append(
@@ -153,8 +150,10 @@ def _top(diagnosis: Diagnosis, blocking: bool) -> list[tuple[str, list[str], boo
     return top
 
 
-def to_text(diagnosis: Diagnosis, blocking: bool = False) -> str:
-    lines = ["", f"nb_cudaguard: {headline(diagnosis)}"]
+def to_text(diagnosis: Diagnosis, blocking: bool = False, setting: Setting = KERNEL) -> str:
+    """The plain-text panel; ``setting``: where the failure happened (the live kernel by
+    default, a notebook run or a script's log for the CLI), which decides the advice's words."""
+    lines = ["", f"nb_cudaguard: {headline(diagnosis, setting)}"]
     for label, items, preformatted in _top(diagnosis, blocking):
         if len(items) == 1 and not preformatted:
             lines.append(f"{label}: {items[0]}" if label else items[0])
@@ -162,7 +161,7 @@ def to_text(diagnosis: Diagnosis, blocking: bool = False) -> str:
             lines.append(f"{label}:")
             lines.extend(("    " if preformatted else "  - ") + item for item in items)
     lines.extend(["", "Details:"])
-    for heading, items, preformatted in _details(diagnosis, blocking):
+    for heading, items, preformatted in _details(diagnosis, blocking, setting):
         lines.append(f"  {heading}:")
         lines.extend(("      " if preformatted else "    - ") + item for item in items)
     return "\n".join(lines)

@@ -11,45 +11,45 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .advice import KERNEL, Setting, broken_message, usable_message
 from .model import ContextState, Diagnosis
 
 MIME_TYPE = "application/vnd.nb-cudaguard.diagnosis+json"
 SCHEMA_VERSION = 1
 
 
-def recommended_action(diagnosis: Diagnosis) -> dict[str, Any]:
-    """What to do next, as data: restart (required, recommended or not needed), whether with
-    blocking launches, and whether re-running cells in this kernel can help."""
+def recommended_action(diagnosis: Diagnosis, setting: Setting = KERNEL) -> dict[str, Any]:
+    """What to do next, as data: restart (required, recommended or not needed: for a script,
+    a new process), whether with blocking launches, whether re-running in the failed process
+    (cells of this kernel) can help, and the command, in the words of ``setting``."""
     if not diagnosis.sticky:
         return {
+            "setting": setting.kind,
             "restart_kernel": "not-needed",
             "blocking": False,
             "rerun_cells": True,
             "command": None,
-            "message": "The CUDA context is still usable: fix the cause and re-run the cell.",
+            "message": usable_message(setting),
         }
     probed_alive = diagnosis.context is ContextState.HEALTHY
     return {
+        "setting": setting.kind,
         # A probe that found the context answering is the only reason to hedge.
         "restart_kernel": "recommended" if probed_alive else "required",
         # The error surfaced at a later call; blocking launches raise it at the true line.
         "blocking": True,
         "rerun_cells": probed_alive,
-        "command": "%cudaguard restart",
-        "message": (
-            "The kernel's CUDA context is broken: every later CUDA call fails, so re-running "
-            "cells in this kernel cannot succeed. Restart the kernel (`%cudaguard restart` "
-            "starts the next one with CUDA_LAUNCH_BLOCKING=1, so the traceback shows the true "
-            "line), fix the input, and re-run the notebook from the top."
-        ),
+        "command": setting.command,
+        "message": broken_message(setting),
     }
 
 
-def to_json(diagnosis: Diagnosis) -> dict[str, Any]:
-    """The ``MIME_TYPE`` payload: ``schema_version``, every ``Diagnosis`` field, ``action``."""
+def to_json(diagnosis: Diagnosis, setting: Setting = KERNEL) -> dict[str, Any]:
+    """The ``MIME_TYPE`` payload: ``schema_version``, every ``Diagnosis`` field, ``action`` (in
+    the words of ``setting``: the live kernel by default)."""
     payload: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **diagnosis.to_dict()}
     payload.setdefault("device", None)  # the CUDA device, where the diagnosis knows it
-    payload["action"] = recommended_action(diagnosis)
+    payload["action"] = recommended_action(diagnosis, setting)
     return payload
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import linecache
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .classify import classify_line, logical_lines
 
 # The operations where an earlier kernel's error typically surfaces: copies and syncs only.
 _CANNOT_ASSERT = re.compile(
@@ -74,3 +77,152 @@ def where_sentence(
             f"cannot assert: the failing kernel was launched earlier, in this cell{tail}."
         )
     return None
+
+
+# --- where, read from a text (a log, a pasted traceback) -----------------------------------------
+@dataclass
+class TextFrame:
+    """One frame of a traceback as printed."""
+
+    file: str  # as printed: a path, or a notebook cell ("Cell In[5]", "<ipython-input-5-...>")
+    line: int | None
+    cell: int | None = None  # a notebook cell's execution count
+    code: str | None = None  # the frame's source line, where printed
+    numbered: bool = False  # IPython's style: the source comes as numbered lines, "---> 4 code"
+
+    @property
+    def is_user_code(self) -> bool:
+        return self.cell is not None or _LIBRARY.search(self.file) is None
+
+    @property
+    def in_notebook(self) -> bool:
+        """A notebook cell's frame (ipykernel compiles cells to ``ipykernel_<pid>/<n>.py``)."""
+        return self.cell is not None or _KERNEL_CELL_FILE.search(self.file) is not None
+
+    @property
+    def place(self) -> str:
+        if self.cell is not None:
+            return f"cell [{self.cell}]" + (f", line {self.line}" if self.line else "")
+        name = re.split(r"[/\\]", self.file)[-1]
+        return f"{name}, line {self.line}" if self.line else name
+
+
+# Where a traceback can start (plain substrings: a pattern costs 100x more on a long log).
+_FRAME_MARKS = (
+    "Traceback (most recent", "Original Traceback", "File ", "Cell In", "Input In",
+    "<ipython-input-", ".py in ",
+)  # fmt: skip
+_TRACEBACK_START = re.compile(r"Traceback \(most recent call last\)|Original Traceback")
+# Python: '  File "train.py", line 88, in <module>', then the source line (and 3.11's ^^^^).
+_PY_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+# IPython >= 8: "Cell In[5], line 4", "Input In [5], in <cell line: 4>()" (8.0-8.5), and
+# "File ~/site-packages/torch/_tensor.py:522, in Tensor.backward(...)"; IPython 7:
+# "<ipython-input-5-1a2b3c> in <module>" and "/path/x.py in f(a, b)". Then numbered source
+# lines, the frame's own marked "---> 4 code".
+_CELL_FRAME = re.compile(r"^\s*(?:Cell|Input) In ?\[(?P<cell>\d+)\](?:, line (?P<line>\d+))?")
+_IPY_FRAME = re.compile(r'^\s*File (?P<file>[^"\s][^"]*?):(?P<line>\d+)(?:, in |$)')
+_OLD_FRAME = re.compile(r"^(?P<file><ipython-input-(?P<cell>\d+)-\w+>|[^\s<]\S*\.py) in \S")
+_KERNEL_CELL_FILE = re.compile(r"[/\\]ipykernel_\d+[/\\]\d+\.py$")
+_ARROW = re.compile(r"^\s*-+>\s*(?P<line>\d+)\s(?P<code>.*)$")
+_NUMBERED = re.compile(r"^\s+\d+\s")
+_MARKERS = re.compile(r"^[\s^~]+$")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:: |:$|$)")  # "torch.AcceleratorError: ..."
+# Libraries and the interpreter's own files: never the user's line.
+_LIBRARY = re.compile(
+    r"site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]Lib[/\\]|^<frozen |^<string>$"
+    r"|[/\\]torch[/\\]",
+    re.IGNORECASE,
+)
+
+
+def _frame(line: str) -> TextFrame | None:
+    if match := _PY_FRAME.match(line):
+        return TextFrame(match["file"], int(match["line"]))
+    if match := _CELL_FRAME.match(line):
+        number, count = match["line"], int(match["cell"])
+        return TextFrame(f"Cell In[{count}]", int(number) if number else None, count, numbered=True)
+    if match := _IPY_FRAME.match(line):
+        return TextFrame(match["file"], int(match["line"]), numbered=True)
+    if match := _OLD_FRAME.match(line):
+        old_cell = match["cell"]
+        return TextFrame(match["file"], None, int(old_cell) if old_cell else None, numbered=True)
+    return None
+
+
+def text_tracebacks(text: str) -> list[tuple[list[TextFrame], str]]:
+    """Each traceback in ``text`` (log prefixes and colours removed): its frames, outermost
+    first, and the first line after them (the exception's, where printed)."""
+    blocks: list[tuple[list[TextFrame], str]] = []
+    frames: list[TextFrame] | None = None
+
+    def close(after: str) -> None:
+        nonlocal frames
+        if frames:
+            blocks.append((frames, after))
+        frames = None
+
+    # A long log's lines before the first mark cannot hold a frame.
+    first = min((at for at in map(text.find, _FRAME_MARKS) if at >= 0), default=-1)
+    if first < 0:
+        return blocks
+    for line, _source in logical_lines(text[text.rfind("\n", 0, first) + 1 :]):
+        if _TRACEBACK_START.search(line):
+            close("")
+            frames = []
+            continue
+        frame = _frame(line)
+        if frame is not None:
+            frames = [*(frames or []), frame]
+            continue
+        if not frames:
+            continue
+        last = frames[-1]
+        if last.numbered:
+            arrow = _ARROW.match(line)
+            if arrow:
+                last.code = last.code or arrow["code"].strip() or None
+                last.line = last.line or int(arrow["line"])
+                continue
+            if _NUMBERED.match(line) or line[:1].isspace():
+                continue
+        elif _MARKERS.match(line):
+            continue
+        elif last.code is None and (line[:1].isspace() or not _EXCEPTION.match(line)):
+            # The frame's source line; a logger's prefix may have taken its indentation.
+            last.code = line.strip()
+            continue
+        elif line[:1].isspace():
+            continue
+        close(line.strip())
+    close("")
+    return blocks
+
+
+def failing_frames(text: str) -> list[TextFrame]:
+    """The frames of the traceback that raised the text's CUDA error (the last traceback whose
+    exception line is a CUDA error; else the last one)."""
+    blocks = text_tracebacks(text)
+    for frames, after in reversed(blocks):
+        if after and classify_line(after) is not None:
+            return frames
+    return blocks[-1][0] if blocks else []
+
+
+def where_in_text(text: str) -> str | None:
+    """Where a log's or a pasted traceback's CUDA error surfaced: its last frame in the user's
+    code (a notebook cell or a script, not a library)."""
+    user = [frame for frame in failing_frames(text) if frame.is_user_code]
+    if not user:
+        return None
+    frame = user[-1]
+    if frame.code is None:
+        return f"It surfaced in {frame.place}."
+    if _CANNOT_ASSERT.search(frame.code):
+        return (
+            f"It surfaced at `{frame.code}` ({frame.place}), an operation that only copies or "
+            "waits and cannot assert: the failing kernel was launched earlier."
+        )
+    return (
+        f"It surfaced at `{frame.code}` ({frame.place}): the failing kernel was launched there "
+        "or earlier."
+    )

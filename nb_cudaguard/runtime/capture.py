@@ -23,6 +23,17 @@ blocks without a time limit: a command that cannot be written at once is dropped
 sent only if fd 2 received anything since the last one (a counter the child keeps in that file,
 and the bytes still in the pipe): waking the child after every cell cost more than the rest of the
 extension.
+
+The child's death (the OOM killer, a stray ``kill``) must never break the user's cell: with no
+reader left, a write to fd 2 fails (``EPIPE``) and a ``subprocess.run`` that writes to stderr dies
+of ``SIGPIPE``. So this process keeps the pipe's read end open too (a write never finds the pipe
+without a reader; the bytes wait in the pipe, enlarged to 1 MiB where Linux allows), and a thread
+that waits for the child's exit starts a new child on the same pipe at once: it forwards and keeps
+what waited, in order. Only the dead child's kept copy is lost (it was shown). Where no child can
+be started, fd 2 is given back to where it pointed before and the thread forwards what is left in
+the pipe. The one case left: C code that holds the GIL and writes more than the pipe holds to fd 2
+in the few milliseconds before the new child reads would wait for the thread, which waits for
+the GIL.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 if sys.platform != "win32":  # the tee is POSIX only: elsewhere start() says so, once
@@ -42,6 +54,7 @@ if sys.platform != "win32":  # the tee is POSIX only: elsewhere start() says so,
 
 _KEEP = 256 * 1024  # bytes kept: hundreds of thread lines fit, a runaway log does not
 DRAIN_TIMEOUT_S = 2.0
+_PIPE_SIZE = 1 << 20  # Linux's default pipe-max-size: what waits while a dead child is replaced
 
 # The child: standard library only, started with -I -S (no site, no user paths: ~10 ms).
 # fd 0: our pipe; fd 1: where fd 2 pointed; then the reply pipe and the shared report file.
@@ -55,8 +68,9 @@ buffer, carry, forward = bytearray(), b"", True
 
 # The store file's first 16 bytes: how many bytes were taken from the pipe, announced *before*
 # they are read; and where in the stream the last clear command ended. Equal, with an empty
-# pipe: nothing was written since the last clear.
-received = 0
+# pipe: nothing was written since the last clear. A child started after another died goes on
+# counting where it stopped.
+received = int.from_bytes(os.pread(store, 8, 0), "little")
 
 def emit(data):
     global forward
@@ -121,6 +135,23 @@ if carry:
 """
 
 
+def _forward_until_closed(read_end: int, target: int) -> None:
+    """Copy a pipe to ``target`` until every writer is gone, then close both."""
+    try:
+        while True:
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(target, view) :]
+    except OSError:
+        pass
+    finally:
+        os.close(read_end)
+        os.close(target)
+
+
 def _identity(fd: int) -> tuple[int, int] | None:
     try:
         st = os.fstat(fd)
@@ -134,19 +165,25 @@ class FdTee:
     tail of it since the last ``clear()``.
 
     One pipe and one child process live as long as the tee (a process per cell would cost more
-    than the rest of the extension); each cell only swaps ``fd`` in and out with ``dup2``.
+    than the rest of the extension); each cell only swaps ``fd`` in and out with ``dup2``. A
+    child that dies is replaced at once by a thread that waits for it (see the module's doc).
     """
 
     def __init__(self, fd: int = 2, keep: int = _KEEP) -> None:
         self.fd = fd
         self.keep = keep
+        self.python = sys.executable  # the child's interpreter
         self._depth = 0  # nested cells (a cell magic running shell.run_cell) share one tee
         self._saved: int | None = None  # where ``fd`` pointed before the current cell
         self._forward: int | None = None  # our copy of the child's target, to compare and restore
         self._write_end: int | None = None
+        self._read_end: int | None = None  # kept open here: the pipe never lacks a reader
         self._reply: int | None = None
+        self._reply_write: int | None = None  # kept for the next child, should this one die
         self._store: int | None = None
         self._child: subprocess.Popen[bytes] | None = None
+        # The watcher thread and the cells both change the child: one at a time.
+        self._lock = threading.Lock()
         # Identities (device, inode) of our pipe and of the child's target: one fstat per swap.
         self._pipe_id: tuple[int, int] | None = None
         self._forward_id: tuple[int, int] | None = None
@@ -161,50 +198,98 @@ class FdTee:
     def depth(self) -> int:
         return self._depth
 
+    @property
+    def child_pid(self) -> int | None:
+        """The process id of the child copying the bytes, if one runs."""
+        child = self._child
+        return None if child is None else child.pid
+
     # --- the child -------------------------------------------------------------------------
     def _spawn(self, target: int) -> None:
-        """A new child that forwards to ``target`` (the old one ends at its pipe's end)."""
+        """A new pipe and child that forwards to ``target`` (the old one ends at its pipe's end)."""
         self._release_child()
         read_end, write_end = os.pipe()
         reply_read, reply_write = os.pipe()
-        try:
-            with tempfile.TemporaryFile(prefix="nb_cudaguard-") as store:
-                self._child = subprocess.Popen(
-                    [
-                        sys.executable,
-                        *("-I", "-S", "-c", _CHILD),
-                        *(str(self.keep), self._token.hex(), str(reply_write), str(store.fileno())),
-                    ],
-                    stdin=read_end,
-                    stdout=target,
-                    stderr=subprocess.DEVNULL,
-                    pass_fds=(reply_write, store.fileno()),
-                    close_fds=True,
-                    # Its own session: a terminal's Ctrl-C (SIGINT to the foreground group) and
-                    # the notebook's interrupt never reach it.
-                    start_new_session=True,
-                )
-                self._store = os.dup(store.fileno())
-        except BaseException:
-            os.close(write_end)
-            os.close(reply_read)
-            raise
-        finally:
-            os.close(read_end)
-            os.close(reply_write)
-        self._write_end, self._reply = write_end, reply_read
-        self._forward = os.dup(target)
-        self._pipe_id, self._forward_id = _identity(write_end), _identity(target)
+        if sys.platform == "linux":
+            with contextlib.suppress(OSError):  # a lower pipe-max-size: the default 64 KiB
+                fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        with self._lock:
+            self._read_end, self._write_end = read_end, write_end
+            self._reply, self._reply_write = reply_read, reply_write
+            self._forward = os.dup(target)
+            try:
+                with tempfile.TemporaryFile(prefix="nb_cudaguard-") as store:
+                    self._store = os.dup(store.fileno())
+                self._launch()
+            except BaseException:
+                self._close_fds()
+                raise
+            self._pipe_id, self._forward_id = _identity(write_end), _identity(target)
 
-    def _release_child(self) -> None:
+    def _launch(self) -> None:
+        """Start a child on the current pipe, store and target, and a thread that waits for it.
+        Called with the lock held."""
+        assert self._read_end is not None and self._reply_write is not None
+        assert self._store is not None and self._forward is not None
+        child = subprocess.Popen(
+            [
+                self.python,
+                *("-I", "-S", "-c", _CHILD),
+                *(str(self.keep), self._token.hex(), str(self._reply_write), str(self._store)),
+            ],
+            stdin=self._read_end,
+            stdout=self._forward,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(self._reply_write, self._store),
+            close_fds=True,
+            # Its own session: a terminal's Ctrl-C (SIGINT to the foreground group) and
+            # the notebook's interrupt never reach it.
+            start_new_session=True,
+        )
+        self._child = child
+        threading.Thread(
+            target=self._watch, args=(child,), name="nb_cudaguard-tee-watch", daemon=True
+        ).start()
+
+    def _watch(self, child: subprocess.Popen[bytes]) -> None:
+        """Wait for ``child`` to end; if it was not let go on purpose, replace it at once."""
+        with contextlib.suppress(Exception):
+            child.wait()
+        with self._lock:
+            if self._child is not child:
+                return  # released, or replaced already
+            try:
+                self._launch()
+                return
+            except Exception:
+                pass
+            # No child can be started: fd 2 goes back to where it pointed, and what waits in
+            # the pipe (and what subprocesses that inherited it still write) is forwarded here.
+            read_end, forward, write_end = self._read_end, self._forward, self._write_end
+            with contextlib.suppress(OSError):
+                if forward is not None and _identity(self.fd) == self._pipe_id:
+                    os.dup2(forward, self.fd)
+            self._read_end = self._forward = self._write_end = None
+            self._child = None
+            self._close_fds()
+        if write_end is not None:
+            os.close(write_end)
+        if read_end is not None and forward is not None:
+            _forward_until_closed(read_end, forward)
+
+    def _close_fds(self) -> None:
         self._pipe_id = self._forward_id = None
-        for name in ("_write_end", "_reply", "_store", "_forward"):
+        for name in ("_write_end", "_read_end", "_reply", "_reply_write", "_store", "_forward"):
             fd = getattr(self, name)
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 setattr(self, name, None)
-        child, self._child = self._child, None
+
+    def _release_child(self) -> None:
+        with self._lock:
+            child, self._child = self._child, None
+            self._close_fds()
         if child is not None:
             # It ends by itself once no writer of the pipe is left; it is never killed, which
             # could lose bytes the user has not seen yet.
@@ -239,9 +324,12 @@ class FdTee:
             except BaseException:
                 os.close(saved)
                 raise
-        assert self._write_end is not None
-        self._saved = saved
-        os.dup2(self._write_end, self.fd)
+        with self._lock:
+            if self._write_end is None:  # the child died just now and none could replace it
+                os.close(saved)
+                raise OSError("the fd 2 tee's child could not be started")
+            self._saved = saved
+            os.dup2(self._write_end, self.fd)
 
     def stop(self) -> None:
         """Give ``fd`` back (the outermost cell's stop only). Every byte written before is
@@ -261,8 +349,9 @@ class FdTee:
 
     def _command(self, op: bytes, timeout: float) -> bytes | None:
         """Send a command after everything written so far; None if it cannot go within
-        ``timeout`` (the child is stuck or gone)."""
-        if self._write_end is None or self._child is None or self._child.poll() is not None:
+        ``timeout`` (the child is stuck, or gone with no successor). A command sent while a
+        dead child is being replaced waits in the pipe for the new one."""
+        if self._write_end is None:
             return None
         self._seq = (self._seq + 1) % 10**8
         seq = b"%08d" % self._seq
@@ -297,27 +386,31 @@ class FdTee:
         """What was captured since the last ``clear()`` (its tail): every byte written before
         this call, or "" if the child does not answer within ``timeout``."""
         deadline = time.monotonic() + timeout
+        reply, store = self._reply, self._store
         seq = self._command(b"R", timeout)
-        if seq is None or self._reply is None or self._store is None:
+        if seq is None or reply is None or store is None:
             return ""
         pending = b""
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return ""
-            ready, _, _ = select.select([self._reply], [], [], left)
-            if not ready:
-                return ""
-            chunk = os.read(self._reply, 4096)
-            if not chunk:
-                return ""
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                got, _, size = line.partition(b" ")
-                if got == seq:  # earlier answers (a timed-out report) are skipped
-                    data = os.pread(self._store, int(size), 4096)
-                    return data.decode("utf-8", errors="replace")
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return ""
+                ready, _, _ = select.select([reply], [], [], left)
+                if not ready:
+                    return ""
+                chunk = os.read(reply, 4096)
+                if not chunk:
+                    return ""
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    got, _, size = line.partition(b" ")
+                    if got == seq:  # earlier answers (a timed-out report) are skipped
+                        data = os.pread(store, int(size), 4096)
+                        return data.decode("utf-8", errors="replace")
+        except (OSError, ValueError):  # closed by the watcher: no child could be started
+            return ""
 
     def close(self) -> None:
         """Give ``fd`` back and let the child go (it ends once no process holds the pipe)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ DEVICE_LINE = H100_TORCH_2_11["cross-entropy-label"][0] + "\n"
 TRAINING_LOG = (
     "epoch 1 step 120 loss 0.693\n" + DEVICE_LINE * 3 + "Traceback (most recent call last):\n"
     '  File "train.py", line 88, in <module>\n'
-    "    print(loss.item())\n"
+    "    running_loss += loss.item()\n"
     f"torch.AcceleratorError: {ASSERT_2_9}"
 )
 PLAIN_TRACEBACK = (
@@ -50,8 +51,89 @@ def test_a_log_with_a_device_side_assert_is_explained_with_status_0(log: Path):
     result = cli("explain", str(log))
     assert result.returncode == 0, result.stderr
     assert "A class label is outside 0..num_classes-1" in result.stdout
-    assert "only a kernel restart fixes it" in result.stdout
+    assert "only a new process fixes it" in result.stdout
     assert "x3 threads" in result.stdout
+
+
+NOTEBOOK_WORDS = ("kernel restart", "the button below", "%cudaguard restart", "re-run the cell")
+
+
+def test_a_scripts_log_gets_a_scripts_advice_in_text_and_json(log: Path):
+    text = cli("explain", str(log)).stdout
+    action = json.loads(cli("explain", "--json", str(log)).stdout)["action"]
+    assert "`CUDA_LAUNCH_BLOCKING=1 python train.py ...`" in text
+    assert action["setting"] == "script"
+    assert action["command"] == "CUDA_LAUNCH_BLOCKING=1 python train.py ..."
+    assert "CUDA_LAUNCH_BLOCKING=1 python train.py" in action["message"]
+    for words in NOTEBOOK_WORDS:
+        assert words not in text and words not in json.dumps(action)
+
+
+def test_a_notebooks_traceback_gets_a_notebook_runs_advice(tmp_path: Path):
+    # As IPython 8 prints it in a notebook (colours off).
+    path = tmp_path / "cell.txt"
+    path.write_text(
+        DEVICE_LINE
+        + "---------------------------------------------------------------------------\n"
+        "AcceleratorError                          Traceback (most recent call last)\n"
+        "Cell In[7], line 3\n"
+        "      1 for x, y in loader:\n"
+        "      2     loss = step(x, y)\n"
+        "----> 3     running_loss += loss.item()\n"
+        "\n"
+        f"AcceleratorError: {ASSERT_2_9}\n"
+    )
+    text = cli("explain", str(path)).stdout
+    action = json.loads(cli("explain", "--json", str(path)).stdout)["action"]
+    assert "`nb-cudaguard run --blocking-rerun NOTEBOOK -o OUT.ipynb`" in text
+    assert "the button below" not in text
+    assert "only a new kernel fixes it" in text
+    assert "It surfaced at `running_loss += loss.item()` (cell [7], line 3)" in text
+    assert action["setting"] == "notebook"
+    assert action["command"].startswith("nb-cudaguard run --blocking-rerun")
+
+
+def test_where_is_the_last_frame_of_the_users_code_not_a_library_frame(tmp_path: Path):
+    path = tmp_path / "deep.log"
+    path.write_text(
+        DEVICE_LINE + "Traceback (most recent call last):\n"
+        '  File "/home/me/proj/train.py", line 88, in <module>\n'
+        "    running_loss += loss.item()\n"
+        "                    ^^^^^^^^^^^\n"
+        '  File "/opt/conda/lib/python3.11/site-packages/torch/_tensor.py", line 40, in item\n'
+        "    return self._item()\n"
+        f"torch.AcceleratorError: {ASSERT_2_9}\n"
+    )
+    data = json.loads(cli("explain", "--json", str(path)).stdout)
+    assert data["where"] == (
+        "It surfaced at `running_loss += loss.item()` (train.py, line 88), an operation that "
+        "only copies or waits and cannot assert: the failing kernel was launched earlier."
+    )
+    assert data["action"]["command"] == "CUDA_LAUNCH_BLOCKING=1 python /home/me/proj/train.py ..."
+
+
+def test_assert_lines_keep_the_raw_line_as_the_gpu_printed_it(log: Path):
+    data = json.loads(cli("explain", "--json", str(log)).stdout)
+    assert data["assert_lines"][0]["raw"] == DEVICE_LINE.strip()  # its path prefix included
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(log: Path):
+    # `nb-cudaguard explain log | head -0`: the pipe is closed before a byte is written.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "nb_cudaguard", "explain", str(log)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""  # no BrokenPipeError traceback
+    assert result.returncode == 141  # 128 + SIGPIPE, as a shell reports a closed pipe
 
 
 def test_json_has_the_diagnosis_fields_and_the_restart_action(log: Path):

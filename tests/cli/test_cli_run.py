@@ -83,6 +83,11 @@ def test_the_extension_is_loaded_even_when_the_notebook_does_not_load_it(tmp_pat
     assert summary["executed"] == 2  # it stopped at the failing cell
     assert summary["diagnosis"]["sticky"] is True
     assert summary["diagnosis"]["action"]["restart_kernel"] == "required"
+    # A notebook run's advice: this very run again, in blocking mode.
+    assert summary["diagnosis"]["action"]["setting"] == "notebook"
+    assert summary["diagnosis"]["action"]["command"] == (
+        f"nb-cudaguard run --blocking-rerun {source} -o {out}"
+    )
     assert "cells" not in result.stderr
     executed = nbformat.read(out, as_version=4)
     failing = next(c for c in executed.cells if c.source == RAISE_ASSERT)
@@ -100,6 +105,8 @@ def test_demo_01_fails_with_the_panel_at_the_failing_cell_and_papermill_markers(
     result = run_cli(str(source), "-o", str(out))
     assert result.returncode == 1, result.stderr
     assert "A class label is outside 0..num_classes-1" in result.stdout
+    assert f"`nb-cudaguard run --blocking-rerun {source} -o {out}`" in result.stdout
+    assert "the button below" not in result.stdout
     executed = nbformat.read(out, as_version=4)
     original = nbformat.read(source, as_version=4)
     assert user_cells(executed) == user_cells(original)

@@ -77,6 +77,14 @@ def test_the_poisoning_test_is_named_with_its_diagnosis(suite: pytest.Pytester):
     )
 
 
+def test_the_report_advises_running_the_test_again_not_restarting_a_kernel(
+    suite: pytest.Pytester,
+):
+    out = suite.runpytest("--cudaguard", "-p", "no:cacheprovider").stdout.str()
+    assert "`CUDA_LAUNCH_BLOCKING=1 python -m pytest test_suite.py::test_a_poisoner ...`" in out
+    assert "the button below" not in out and "kernel restart" not in out
+
+
 def test_later_cuda_tests_fail_fast_with_one_line_pointing_there(suite: pytest.Pytester):
     result = suite.runpytest("--cudaguard", "-p", "no:cacheprovider")
     out = result.stdout.str()

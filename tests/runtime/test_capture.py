@@ -356,3 +356,69 @@ def test_wurlitzer_inside_a_cell_gets_its_output_and_fd2_comes_back_after():
     assert "given back: True" in proc.stdout
     assert "after wurlitzer" in proc.stderr  # through our tee, to the terminal
     assert "inside wurlitzer" not in proc.stderr  # wurlitzer's, not shown twice
+
+
+# The tee's child killed inside a cell, then what the cell does next: a subprocess that writes
+# to stderr (a C program dies of SIGPIPE without a reader, Python gets EPIPE) and a C-level write
+# of a device line. ``delay``: 0 kills and writes at once; 0.3 lets the death settle first.
+def _after_the_tee_child_is_killed(delay: float) -> str:
+    device = DEVICE.format(i=7).encode()
+    return (
+        "import ctypes, os, signal, subprocess, time\n"
+        "from nb_cudaguard.notebook.extension import current_state\n"
+        "tee = current_state().tee\n"
+        "os.kill(tee.child_pid, signal.SIGKILL)\n"
+        f"time.sleep({delay})\n"
+        "sub = subprocess.run(['sh', '-c', 'echo from the subprocess >&2'])\n"
+        f"line = {device!r}\n"
+        "wrote = ctypes.CDLL(None).write(2, line, len(line))\n"
+        "print('rc', sub.returncode, 'wrote', wrote == len(line))\n"
+        f"raise torch.AcceleratorError({ASSERT_TEXT!r})"
+    )
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_a_killed_tee_child_breaks_neither_a_subprocess_nor_a_c_write_in_a_kernel(kernel, delay):
+    kernel.execute("%load_ext nb_cudaguard\nimport torch")
+    out = kernel.execute(_after_the_tee_child_is_killed(delay))
+    assert "rc 0 wrote True" in out.stream
+    # The device line written after the death still reached the diagnosis.
+    assert _panel_cause(out) == "label-out-of-range"
+    # And the next cells keep capturing.
+    again = kernel.execute(
+        f"os.write(2, {_device_lines(2, INDEX_DEVICE)!r})\n"
+        f"raise torch.AcceleratorError({ASSERT_TEXT!r})"
+    )
+    assert _panel_cause(again) == "index-out-of-range"
+
+
+def test_a_killed_tee_child_loses_no_text_on_the_terminal():
+    cells = (
+        "%load_ext nb_cudaguard\nimport torch\n"
+        f"exec({_after_the_tee_child_is_killed(0.3)!r})\n"
+        "os.write(2, b'the next cell\\n')\nexit\n"
+    )
+    proc = terminal_ipython(cells, timeout=60)
+    assert "rc 0 wrote True" in proc.stdout
+    assert "label-out-of-range" in proc.stdout or "A class label is outside" in proc.stdout
+    assert "from the subprocess" in proc.stderr
+    assert "thread: [7,0,0] Assertion" in proc.stderr
+    assert "the next cell" in proc.stderr
+
+
+def test_where_no_new_child_can_start_fd2_goes_back_at_once():
+    # The interpreter for a new child is gone: fd 2 is given back to the terminal within the cell.
+    cells = (
+        "import os\noriginal = os.fstat(2).st_ino\n%load_ext nb_cudaguard\n"
+        "import signal, subprocess, time\n"
+        "from nb_cudaguard.notebook.extension import current_state\n"
+        "tee = current_state().tee\ntee.python = '/nonexistent/python'\n"
+        "os.kill(tee.child_pid, signal.SIGKILL); time.sleep(0.3); "
+        "sub = subprocess.run(['sh', '-c', 'echo from the subprocess >&2']); "
+        "print('rc', sub.returncode, 'given back', os.fstat(2).st_ino == original)\n"
+        "os.write(2, b'the next cell\\n')\nexit\n"
+    )
+    proc = terminal_ipython(cells, timeout=60)
+    assert "rc 0 given back True" in proc.stdout
+    assert "from the subprocess" in proc.stderr
+    assert "the next cell" in proc.stderr

@@ -1,0 +1,172 @@
+"""What to do next, in the words of the place where the failure happened.
+
+One diagnosis is read in three settings: the panel under a cell of the live kernel that failed
+(the restart buttons right below it, ``%cudaguard restart``); a notebook's failure read outside its
+kernel (``nb-cudaguard run``, a pasted notebook traceback), where a new kernel is started by
+``nb-cudaguard run --blocking-rerun`` or by ``%cudaguard restart`` back in Jupyter; and a script's
+log (or a test run), where "restart the kernel" and "the button below" mean nothing: the script
+is run again with the variable set. Each setting is one record of phrases; ``render.py`` and
+``schema.py`` build their sentences from it, so no sentence is written twice.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Literal
+
+from .where import failing_frames
+
+BLOCKING = "CUDA_LAUNCH_BLOCKING=1"
+_PROBE_UNSURE = "the probe could not tell whether the CUDA context still answers"
+_NOT_PROBED = "read from the text alone: the failed process's CUDA context was not probed"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where the failing code ran, as the words that differ between the settings."""
+
+    kind: Literal["kernel", "notebook", "script"]  # the JSON action's "setting"
+    owner: str  # whose CUDA context broke: "this kernel"
+    fresh: str  # what gives a working context again: "a kernel restart"
+    start_afresh: str  # the same as an instruction: "restart the kernel"
+    blocking_rerun: str  # how to run again in blocking mode, up to "in that kernel"
+    too_late: str  # where setting the variable now does nothing
+    command: str  # the command that runs again in blocking mode
+    restart_how: str  # the action's instruction: "Restart the kernel (`%cudaguard restart` ...)"
+    cannot_retry: str  # why retrying where it failed is pointless
+    again: str  # what to do once the input is fixed: "re-run the notebook from the top"
+    retry: str  # what to do after an error that leaves the context usable: "re-run the cell"
+    unknown_context: str  # what is known of the context without a probe's answer
+
+
+KERNEL = Setting(
+    kind="kernel",
+    owner="this kernel",
+    fresh="a kernel restart",
+    start_afresh="restart the kernel",
+    blocking_rerun=(
+        f"Restart with {BLOCKING} (`%cudaguard restart`, or the button below) and re-run from "
+        "the top: in that kernel every launch waits for its kernel (slower, that start only)"
+    ),
+    too_late="Setting the variable in this kernel now does nothing",
+    command="%cudaguard restart",
+    restart_how=(
+        f"Restart the kernel (`%cudaguard restart` starts the next one with {BLOCKING}, so the "
+        "traceback shows the true line)"
+    ),
+    cannot_retry="re-running cells in this kernel cannot succeed",
+    again="re-run the notebook from the top",
+    retry="re-run the cell",
+    unknown_context=_PROBE_UNSURE,
+)
+
+
+def notebook_run(
+    notebook: str = "NOTEBOOK", output: str = "OUT.ipynb", *, probed: bool = False
+) -> Setting:
+    """A notebook's failure read outside its kernel (a headless run, a pasted traceback);
+    ``probed``: the diagnosis comes with what a probe of that kernel found."""
+    command = f"nb-cudaguard run --blocking-rerun {notebook} -o {output}"
+    return Setting(
+        kind="notebook",
+        owner="the kernel",
+        fresh="a new kernel",
+        start_afresh="start a new kernel",
+        blocking_rerun=(
+            f"Run the notebook again in a new kernel started with {BLOCKING}: `{command}` re-runs "
+            "it up to the failing cell (in Jupyter: `%cudaguard restart`, then re-run from the "
+            "top). In that kernel every launch waits for its kernel (slower, that run only)"
+        ),
+        too_late="Setting the variable in a kernel whose CUDA has started does nothing",
+        command=command,
+        restart_how=(
+            f"Run it again in a new kernel with {BLOCKING} (`{command}`, or `%cudaguard restart` "
+            "in Jupyter), so the traceback shows the true line"
+        ),
+        cannot_retry="re-running cells in that kernel cannot succeed",
+        again="re-run the notebook from the top",
+        retry="run the notebook again",
+        unknown_context=_PROBE_UNSURE if probed else _NOT_PROBED,
+    )
+
+
+def script(launcher: str | None = None, *, probed: bool = False) -> Setting:
+    """A script's log, or a test run: ``launcher`` is how it was started ("python train.py"),
+    where known; the rest of its command line never is, hence the "...". ``probed``: the
+    diagnosis comes with what a probe of that process found (the pytest plugin's)."""
+    command = f"{BLOCKING} {launcher or 'python'} ..."
+    return Setting(
+        kind="script",
+        owner="the process",
+        fresh="a new process",
+        start_afresh="start a new process",
+        blocking_rerun=(
+            f"Run it again with {BLOCKING} set before it starts (`{command}`, your usual command "
+            "with the variable in front): in that process every launch waits for its kernel "
+            "(slower, that run only)"
+        ),
+        too_late="Setting the variable inside the script once CUDA has started does nothing",
+        command=command,
+        restart_how=f"Run it again with {BLOCKING} (`{command}`) to see the true line",
+        cannot_retry="nothing more can run on the GPU in that process",
+        again="then run it as usual",
+        retry="run it again",
+        unknown_context=_PROBE_UNSURE if probed else _NOT_PROBED,
+    )
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def restart_only(setting: Setting) -> str:
+    return f"The GPU context is broken: only {setting.fresh} fixes it."
+
+
+def probably_broken(setting: Setting) -> str:
+    return (
+        "This error normally breaks the GPU context for good, but a probe found it still "
+        f"answering: {setting.start_afresh} if CUDA calls keep failing."
+    )
+
+
+def on_a_gpu(setting: Setting) -> str:
+    return (
+        f"On a GPU this breaks {setting.owner}'s CUDA context, and only {setting.fresh} fixes it."
+    )
+
+
+def true_line(setting: Setting) -> str:
+    """How blocking mode finds the line that launched the failing kernel."""
+    return (
+        "CUDA reports a kernel's failure at a later call, so the traceback may point at an "
+        f"innocent line. {setting.blocking_rerun}, and the error is raised at the line that "
+        f"caused it. {setting.too_late}: CUDA reads it only when it starts."
+    )
+
+
+def broken_message(setting: Setting) -> str:
+    """The JSON action's message for a broken context."""
+    return (
+        f"{_capital(setting.owner)}'s CUDA context is broken: every later CUDA call fails, so "
+        f"{setting.cannot_retry}. {setting.restart_how}, fix the input, and {setting.again}."
+    )
+
+
+def usable_message(setting: Setting) -> str:
+    """The JSON action's message for an error that leaves the context usable."""
+    return f"The CUDA context is still usable: fix the cause and {setting.retry}."
+
+
+def setting_of_text(text: str) -> Setting:
+    """Where a log or a pasted traceback comes from: a notebook when its failing traceback runs
+    through a cell; else a script, started as its outermost frame's file where that is the
+    user's (``python train.py``)."""
+    frames = failing_frames(text)
+    if any(frame.in_notebook for frame in frames):
+        return notebook_run()
+    first = frames[0] if frames else None
+    if first is not None and first.is_user_code and first.file.endswith(".py"):
+        return script(f"python {shlex.quote(first.file)}")
+    return script()
