@@ -206,6 +206,7 @@ class IntRange:
             t.numel(),
             samples,
             limit=self.hi,
+            distinct=tuple(int(v) for v in t[bad].unique()[:SAMPLES].tolist()),
         )
 
 

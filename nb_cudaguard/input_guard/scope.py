@@ -55,6 +55,13 @@ from typing import Any
 
 import torch
 
+from ..diagnosis.bounds import (
+    VOID_FIX,
+    describe_module,
+    find_classifier,
+    marks_void,
+    parameter_owner,
+)
 from .errors import Finding, GuardError, GuardIndexError, Violation
 from .ops import NAMES, OpCheck, display_name, entry_points
 from .requirements import Requirement, Slot, Summary
@@ -630,18 +637,40 @@ def _violation(
     user = where.users[0] if where.users else None
     outer = where.users[-1] if where.users else None
     library = 0 if where.lines and user != 0 else None
+    modules = [item for scope in where.namespaces for item in list(scope.items())]
+    owner = parameter_owner(where.params, modules)
+    fix = check.fix
+    if check.family == "loss":
+        owner = owner or _classifier(finding.limit, modules)
+        if check.name in _IGNORES and marks_void(finding.distinct):
+            fix = f"{VOID_FIX} {fix}"
     return Violation(
         op=display_name(check, func),
         finding=finding,
-        fix=check.fix,
-        owner=_owner(where.params, where.namespaces)
-        or (_classifier(finding.limit, where.namespaces) if check.family == "loss" else None),
+        fix=fix,
+        owner=owner,
         line=_describe(where.lines[user]) if user is not None else None,
         entry_line=_describe(where.lines[outer]) if outer is not None and outer != user else None,
         library_line=_describe(where.lines[library]) if library is not None else None,
         rank=_rank(),
         deferred=deferred,
     )
+
+
+# the losses that take an ignore_index
+_IGNORES = ("cross_entropy", "nll_loss")
+
+
+def _classifier(classes: int | None, modules: list[tuple[str, Any]]) -> str | None:
+    """'the classifier nn.Linear(768, 3) at model.classifier; config.num_labels = 3': the layer
+    whose outputs are the classes a loss's targets are checked against (as the panel says)."""
+    head = find_classifier(modules, classes) if classes is not None else None
+    if head is None:
+        return None
+    text = f"the classifier {describe_module(head.module)} at {head.path}"
+    if head.num_labels is not None:
+        text += f"; config.num_labels = {head.num_labels}"
+    return text
 
 
 def _raise(
@@ -741,64 +770,6 @@ def _cell_name(filename: str) -> str | None:
 
 
 _OLD_CELL_NAME = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
-
-
-def _owner(params: set[int], namespaces: list[dict[str, Any]]) -> str | None:
-    """'nn.Embedding(30522, 768) at model.bert.embeddings.word_embeddings', for a parameter."""
-    if not params:
-        return None
-    seen: set[int] = set()
-    for scope in namespaces:
-        for var, value in list(scope.items()):
-            if not isinstance(value, torch.nn.Module) or id(value) in seen:
-                continue
-            seen.add(id(value))
-            for path, module in value.named_modules():
-                if any(id(p) in params for p in module._parameters.values()):
-                    return f"{_module_repr(module)} at {'.'.join(filter(None, (var, path)))}"
-    return None
-
-
-_HEAD_NAMES = ("classifier", "head", "fc", "score", "out", "logits", "proj", "cls")
-
-
-def _classifier(classes: int | None, namespaces: list[dict[str, Any]]) -> str | None:
-    """'the classifier nn.Linear(768, 3) at model.classifier; config.num_labels = 3': the layer
-    whose outputs are the classes a loss's targets are checked against (as the panel says)."""
-    if classes is None:
-        return None
-    seen: set[int] = set()
-    found: list[tuple[bool, str]] = []  # (has config.num_labels, text)
-    for scope in namespaces:
-        for var, value in list(scope.items()):
-            if not isinstance(value, torch.nn.Module) or id(value) in seen:
-                continue
-            seen.add(id(value))
-            heads = [
-                (path, m)
-                for path, m in value.named_modules()
-                if isinstance(m, torch.nn.Linear) and m.out_features == classes
-            ]
-            if not heads:
-                continue
-            named = [h for h in heads if any(n in h[0].rsplit(".", 1)[-1] for n in _HEAD_NAMES)]
-            path, module = (named or heads)[-1]
-            where = ".".join(filter(None, (var, path)))
-            text = f"the classifier {_module_repr(module)} at {where}"
-            labels = getattr(getattr(value, "config", None), "num_labels", None)
-            configured = isinstance(labels, int) and not isinstance(labels, bool)
-            if configured:
-                text += f"; config.num_labels = {labels}"
-            found.append((configured, text))
-    # a model with a config is the one being trained more often than a stray layer
-    found.sort(key=lambda item: not item[0])
-    return found[0][1] if found else None
-
-
-def _module_repr(module: torch.nn.Module) -> str:
-    cls = type(module)
-    prefix = "nn." if cls.__module__.startswith("torch.nn") else ""
-    return f"{prefix}{cls.__name__}({module.extra_repr()})"
 
 
 def _rank() -> int | None:
