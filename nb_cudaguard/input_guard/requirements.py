@@ -151,7 +151,7 @@ class IntRange:
         it is the smallest or the largest value there, and the next one decides."""
         t = self.tensor
         if t.dim() == 1 and t.shape[0] <= _LISTED:
-            values = sorted(t.tolist())
+            values: list[int] = sorted(t.tolist())
             if not values or (self.lo <= values[0] and values[-1] < self.hi):
                 return True
             ignore = self._outside_ignore()
@@ -169,11 +169,11 @@ class IntRange:
         if t.dtype in _WIDEN or t.dtype == torch.bool:
             return self.holds([_item(v) for v in self.summary()])
         low_value, high_value = torch.aminmax(t)
-        low, high = _item(low_value), _item(high_value)
-        if self.lo <= low and high < self.hi:
+        smallest, largest = _item(low_value), _item(high_value)
+        if self.lo <= smallest and largest < self.hi:
             return True
         ignore = self._outside_ignore()
-        if ignore is None or (low != ignore and high != ignore):
+        if ignore is None or (smallest != ignore and largest != ignore):
             return False
         return self.holds([_item(v) for v in self.summary()])  # with the ignore_index mapped
 

@@ -379,35 +379,60 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
     if not requirements:
         return None
     STATS["calls"] += 1
-    live = [r for r in requirements if not r.trivially_holds()]
+    live, on_host = _live(requirements)
     if not live:
         STATS["skipped"] += 1
         return None
-    if all(r.tensor.is_cpu for r in live):
+    if on_host:
         STATS["transfers"] += 1
-        for requirement in live:
-            if not requirement.holds_now():
-                return requirement.explain()
-        return None
+        return _judged_on_host(live)
     for requirement, values in zip(live, _read([r.summary() for r in live]), strict=True):
         if not requirement.holds(values):
             return requirement.explain()
     return None
 
 
+def _live(requirements: list[Requirement]) -> tuple[list[Requirement], bool]:
+    """The requirements whose values must be read, and whether all of them are in host memory."""
+    live = []
+    on_host = True
+    for requirement in requirements:
+        if not requirement.trivially_holds():
+            live.append(requirement)
+            on_host = on_host and requirement.tensor.is_cpu
+    return live, on_host
+
+
+def _judged_on_host(live: list[Requirement]) -> Finding | None:
+    for requirement in live:
+        if not requirement.holds_now():
+            return requirement.explain()
+    return None
+
+
 def _read(summaries: list[Summary]) -> list[list[Any]]:
     """Every summary's values, with one stack and one host transfer per dtype (each read in its
-    own dtype, so a float64 bound is compared exactly)."""
-    by_dtype: dict[torch.dtype, list[tuple[int, int]]] = {}
-    for i, summary in enumerate(summaries):
-        for j, part in enumerate(summary):
-            by_dtype.setdefault(part.dtype, []).append((i, j))
-    out: list[list[Any]] = [[None] * len(summary) for summary in summaries]
-    for places in by_dtype.values():
+    own dtype, so a float64 bound is compared exactly). ``summaries`` is not empty."""
+    parts = [part for summary in summaries for part in summary]
+    dtype = parts[0].dtype
+    if all(part.dtype == dtype for part in parts):  # the usual case: one dtype, one transfer
         STATS["transfers"] += 1
-        values = torch.stack([summaries[i][j] for i, j in places]).tolist()
-        for (i, j), value in zip(places, values, strict=True):
-            out[i][j] = value
+        flat: list[Any] = torch.stack(parts).tolist()
+    else:
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, part in enumerate(parts):
+            by_dtype.setdefault(part.dtype, []).append(i)
+        flat = [None] * len(parts)
+        for places in by_dtype.values():
+            STATS["transfers"] += 1
+            values = torch.stack([parts[i] for i in places]).tolist()
+            for i, value in zip(places, values, strict=True):
+                flat[i] = value
+    out = []
+    start = 0
+    for summary in summaries:
+        out.append(flat[start : start + len(summary)])
+        start += len(summary)
     return out
 
 
@@ -437,14 +462,13 @@ def _defer(
     """Record the call's verdict on the device and return arguments that cannot fault."""
     __tracebackhide__ = True
     try:
-        requirements = check.extract(args, kwargs)
-        live = [r for r in requirements if not r.trivially_holds()]
+        live, on_host = _live(check.extract(args, kwargs))
         if not live:
             return args, kwargs
         STATS["calls"] += 1
         decided = None
-        if HOST_VERDICTS_AT_ONCE and all(r.tensor.is_cpu for r in live):
-            decided = next((r.explain() for r in live if not r.holds_now()), None)
+        if HOST_VERDICTS_AT_ONCE and on_host:
+            decided = _judged_on_host(live)
             if decided is None:
                 return args, kwargs
         safe_args, safe_kwargs = args, kwargs
