@@ -58,7 +58,7 @@ def _reference(t: torch.Tensor, lo: int, hi: int, ignore: int | None) -> bool:
     return bool(ok.all())
 
 
-@pytest.mark.parametrize("shape", [(0,), (1,), (5,), (48,), (49,), (3, 4), (4, 40), ()], ids=str)
+@pytest.mark.parametrize("shape", [(0,), (1,), (5,), (64,), (65,), (3, 4), (4, 40), ()], ids=str)
 @pytest.mark.parametrize("ignore", [None, -100, 255, 3], ids=str)
 def test_the_host_verdict_and_the_device_summary_agree_with_the_definition(
     shape: tuple[int, ...], ignore: int | None
