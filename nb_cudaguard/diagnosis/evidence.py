@@ -8,11 +8,12 @@ values, and it touches torch only through ``sys.modules`` (it never imports it).
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .bounds import MAX_MODULES, find_classifier, marks_void
 
 _LABEL_NAMES = ("labels", "label", "targets", "target", "y", "y_true", "yb", "masks", "mask", "gt")
 _ID_NAMES = ("input_ids", "ids", "tokens", "token_ids", "x", "xb", "inputs", "input")
@@ -22,8 +23,6 @@ _PROB_NAMES = ("probs", "preds", "pred", "outputs", "output", "out", "y_pred", "
 _BLAME_ID_NAMES = ("input_ids", "ids", "tokens", "token_ids")
 _DECODER_ID_NAMES = ("decoder_input_ids",)
 _BLAME_PROB_NAMES = ("probs", "probabilities", "preds", "pred", "predictions", "y_pred", "y_hat")
-_MAX_MODULES = 5000
-_HEAD = re.compile(r"classifier|score|head|fc|out|logits|cls", re.IGNORECASE)
 _MAX_NUMEL = 50_000_000
 
 
@@ -48,7 +47,7 @@ class _Found:
     """Objects found in the frames and the namespace, by kind."""
 
     embeddings: list[tuple[str, int, int | None]] = field(default_factory=list)
-    linears: list[tuple[str, int]] = field(default_factory=list)
+    modules: list[tuple[str, Any]] = field(default_factory=list)  # (name, model), as found
     ignore_index: int | None = None
     bce_loss: bool = False
     ends_in_sigmoid: bool = False
@@ -92,17 +91,13 @@ def _scan_module(torch: Any, found: _Found, name: str, module: Any) -> None:
     nn = torch.nn
     last: Any = None
     for count, (sub_name, sub) in enumerate(module.named_modules()):
-        if count > _MAX_MODULES:
+        if count > MAX_MODULES:
             break
         qualified = f"{name}.{sub_name}" if sub_name else name
         if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)):
             entry = (qualified, int(sub.num_embeddings), getattr(sub, "padding_idx", None))
             if entry not in found.embeddings:
                 found.embeddings.append(entry)
-        elif isinstance(sub, nn.Linear):
-            found.linears.append((qualified, int(sub.out_features)))
-        elif _is_pixel_classifier(nn, sub, sub_name or name):
-            found.linears.append((qualified, int(sub.out_channels)))
         elif isinstance(sub, (nn.CrossEntropyLoss, nn.NLLLoss)):
             found.ignore_index = int(sub.ignore_index)
         elif isinstance(sub, nn.BCELoss):
@@ -120,17 +115,6 @@ def _scan_module(torch: Any, found: _Found, name: str, module: Any) -> None:
             found.half_model = True
     except Exception:
         pass
-
-
-def _is_pixel_classifier(nn: Any, module: Any, name: str) -> bool:
-    """A 1x1 convolution named like a head: a segmentation model's per-pixel classifier
-    (torchvision's ``classifier.4``, a U-Net's ``outc``). Other 1x1 convolutions (ResNet
-    bottlenecks) say nothing about the number of classes."""
-    return (
-        isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
-        and all(k == 1 for k in module.kernel_size)
-        and _HEAD.search(name) is not None
-    )
 
 
 def _is_config(value: Any) -> bool:
@@ -153,6 +137,7 @@ def collect(frames: Sequence[Mapping[str, Any]], namespace: Mapping[str, Any] | 
         seen.add(id(value))
         try:
             if torch is not None and isinstance(value, torch.nn.Module):
+                found.modules.append((name, value))
                 _scan_module(torch, found, name, value)
             elif _is_config(value):
                 found.configs.append(value)
@@ -215,22 +200,15 @@ def _values(tensor: Any, limit: int = 5) -> list[int]:
 
 
 # --- per family ----------------------------------------------------------------------------------
-def _classifier(found: _Found) -> tuple[str, int] | None:
-    """The output layer: a Linear named like a head, else the last Linear found."""
-    heads = [lin for lin in found.linears if _HEAD.search(lin[0].rsplit(".", 1)[-1])]
-    candidates = heads or found.linears
-    return candidates[-1] if candidates else None
-
-
 def _encoder_decoder(found: _Found) -> bool:
     return any(getattr(config, "is_encoder_decoder", False) is True for config in found.configs)
 
 
 def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
     num_labels = _config_attr(found, "num_labels")
-    head = _classifier(found)
-    classes = head[1] if head else num_labels
-    source = f"the classifier `{head[0]}` has" if head else "the config has"
+    head = find_classifier(found.modules)
+    classes = head.outputs if head else num_labels
+    source = f"the classifier `{head.path}` has" if head else "the config has"
     if classes is None:
         return Evidence((), tuple(likely))
     ignore = found.ignore_index if found.ignore_index is not None else -100
@@ -250,8 +228,7 @@ def _labels(found: _Found, likely: Sequence[str]) -> Evidence:
         )
         kept = labels[labels != ignore]
         lo, hi = int(kept.min()), int(kept.max())
-        if 255 in values:
-            # Segmentation masks mark "void" pixels 255: ignore_index=255 is the fix.
+        if marks_void(values):  # ignore_index=255 is the fix
             hints.insert(0, "255")
         if lo >= 1 and hi == classes:
             hints.append("1..C")

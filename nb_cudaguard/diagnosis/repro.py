@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .bounds import find_classifier
 from .evidence import (
     _ID_NAMES,
     _LABEL_NAMES,
     _PROB_NAMES,
-    _classifier,
     _config_attr,
     _Found,
     _named,
@@ -63,8 +63,8 @@ device = torch.device(os.environ.get("REPRO_DEVICE", "cpu"))
 
 
 def _labels(found: _Found) -> Replay | None:
-    head = _classifier(found)
-    classes = head[1] if head else _config_attr(found, "num_labels")
+    head = find_classifier(found.modules)
+    classes = head.outputs if head else _config_attr(found, "num_labels")
     if classes is None:
         return None
     ignore = found.ignore_index if found.ignore_index is not None else -100
@@ -72,7 +72,7 @@ def _labels(found: _Found) -> Replay | None:
         bad_mask = ((labels < 0) | (labels >= classes)) & (labels != ignore)
         if not bool(bad_mask.any()):
             continue
-        source = f"the classifier `{head[0]}`" if head else "config.num_labels"
+        source = f"the classifier `{head.path}`" if head else "config.num_labels"
         if labels.numel() > _INLINE_LIMIT:
             labels = labels[bad_mask]  # too big to write out: the bad values fail the same way
         labels_src = _literal(labels)

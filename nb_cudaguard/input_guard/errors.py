@@ -33,6 +33,8 @@ class Finding:
     total: int  # elements checked
     samples: tuple[tuple[str, str], ...]  # (position, value), the first few
     limit: int | None = None  # an integer range's exclusive upper bound (the class count)
+    # an integer range's smallest distinct offending values (a few), for hints: 255 in a mask
+    distinct: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -67,16 +67,17 @@ def _size(t: torch.Tensor, dim: Any) -> tuple[int, int] | None:
 
 
 # --- losses -----------------------------------------------------------------------------------
-def _class_targets(args: Args, kwargs: Kwargs, soft_allowed: bool) -> list[Requirement]:
+def _class_targets(args: Args, kwargs: Kwargs) -> list[Requirement]:
+    """cross_entropy's and nll_loss's class indices. A floating target (cross_entropy's class
+    probabilities) is no index: any values are valid."""
     logits, target = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "target")
-    if not (_is_plain(logits) and _is_plain(target)) or logits.dim() == 0:
+    if not (_is_plain(logits) and _is_index(target)):
         return []
-    if soft_allowed and target.dtype.is_floating_point:
-        return []  # probabilities of each class: any values are valid
-    if not _is_index(target):
+    dims = logits.dim()
+    if dims == 0:
         return []
     ignore = _arg(args, kwargs, 4, "ignore_index", -100)
-    class_dim = 0 if logits.dim() == 1 else 1
+    class_dim = 0 if dims == 1 else 1
     classes = logits.shape[class_dim]
     return [
         IntRange(
@@ -92,12 +93,7 @@ def _class_targets(args: Args, kwargs: Kwargs, soft_allowed: bool) -> list[Requi
     ]
 
 
-def _cross_entropy(args: Args, kwargs: Kwargs) -> list[Requirement]:
-    return _class_targets(args, kwargs, soft_allowed=True)
-
-
-def _nll_loss(args: Args, kwargs: Kwargs) -> list[Requirement]:
-    return _class_targets(args, kwargs, soft_allowed=False)
+_cross_entropy = _nll_loss = _class_targets
 
 
 def _multi_margin(args: Args, kwargs: Kwargs) -> list[Requirement]:
@@ -152,15 +148,12 @@ def _ctc_used_targets(targets: torch.Tensor, lengths: Any) -> torch.Tensor | Non
 
 
 # --- embeddings -------------------------------------------------------------------------------
-def _rows(weight: torch.Tensor) -> str:
-    return f"weight.shape[0] = {weight.shape[0]}, the number of embeddings"
-
-
 def _ids(ids: Any, weight: Any, slot: Slot) -> list[Requirement]:
     if not (_is_index(ids) and _is_plain(weight)) or weight.dim() == 0:
         return []
     rows = weight.shape[0]
-    return [IntRange("input", ids, 0, rows, _rows(weight), "token id out of range", slot=slot)]
+    source = f"weight.shape[0] = {rows}, the number of embeddings"
+    return [IntRange("input", ids, 0, rows, source, "token id out of range", slot=slot)]
 
 
 def _embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:

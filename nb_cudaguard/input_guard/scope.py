@@ -40,6 +40,7 @@ Module import needs torch: ``nb_cudaguard`` imports this lazily.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import linecache
 import os
@@ -55,6 +56,13 @@ from typing import Any
 
 import torch
 
+from ..diagnosis.bounds import (
+    VOID_FIX,
+    describe_module,
+    find_classifier,
+    marks_void,
+    parameter_owner,
+)
 from .errors import Finding, GuardError, GuardIndexError, Violation
 from .ops import NAMES, OpCheck, display_name, entry_points
 from .requirements import Requirement, Slot, Summary
@@ -372,35 +380,60 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
     if not requirements:
         return None
     STATS["calls"] += 1
-    live = [r for r in requirements if not r.trivially_holds()]
+    live, on_host = _live(requirements)
     if not live:
         STATS["skipped"] += 1
         return None
-    if all(r.tensor.is_cpu for r in live):
+    if on_host:
         STATS["transfers"] += 1
-        for requirement in live:
-            if not requirement.holds_now():
-                return requirement.explain()
-        return None
+        return _judged_on_host(live)
     for requirement, values in zip(live, _read([r.summary() for r in live]), strict=True):
         if not requirement.holds(values):
             return requirement.explain()
     return None
 
 
+def _live(requirements: list[Requirement]) -> tuple[list[Requirement], bool]:
+    """The requirements whose values must be read, and whether all of them are in host memory."""
+    live = []
+    on_host = True
+    for requirement in requirements:
+        if not requirement.trivially_holds():
+            live.append(requirement)
+            on_host = on_host and requirement.tensor.is_cpu
+    return live, on_host
+
+
+def _judged_on_host(live: list[Requirement]) -> Finding | None:
+    for requirement in live:
+        if not requirement.holds_now():
+            return requirement.explain()
+    return None
+
+
 def _read(summaries: list[Summary]) -> list[list[Any]]:
     """Every summary's values, with one stack and one host transfer per dtype (each read in its
-    own dtype, so a float64 bound is compared exactly)."""
-    by_dtype: dict[torch.dtype, list[tuple[int, int]]] = {}
-    for i, summary in enumerate(summaries):
-        for j, part in enumerate(summary):
-            by_dtype.setdefault(part.dtype, []).append((i, j))
-    out: list[list[Any]] = [[None] * len(summary) for summary in summaries]
-    for places in by_dtype.values():
+    own dtype, so a float64 bound is compared exactly). ``summaries`` is not empty."""
+    parts = [part for summary in summaries for part in summary]
+    dtype = parts[0].dtype
+    if all(part.dtype == dtype for part in parts):  # the usual case: one dtype, one transfer
         STATS["transfers"] += 1
-        values = torch.stack([summaries[i][j] for i, j in places]).tolist()
-        for (i, j), value in zip(places, values, strict=True):
-            out[i][j] = value
+        flat: list[Any] = torch.stack(parts).tolist()
+    else:
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, part in enumerate(parts):
+            by_dtype.setdefault(part.dtype, []).append(i)
+        flat = [None] * len(parts)
+        for places in by_dtype.values():
+            STATS["transfers"] += 1
+            values = torch.stack([parts[i] for i in places]).tolist()
+            for i, value in zip(places, values, strict=True):
+                flat[i] = value
+    out = []
+    start = 0
+    for summary in summaries:
+        out.append(flat[start : start + len(summary)])
+        start += len(summary)
     return out
 
 
@@ -430,14 +463,13 @@ def _defer(
     """Record the call's verdict on the device and return arguments that cannot fault."""
     __tracebackhide__ = True
     try:
-        requirements = check.extract(args, kwargs)
-        live = [r for r in requirements if not r.trivially_holds()]
+        live, on_host = _live(check.extract(args, kwargs))
         if not live:
             return args, kwargs
         STATS["calls"] += 1
         decided = None
-        if HOST_VERDICTS_AT_ONCE and all(r.tensor.is_cpu for r in live):
-            decided = next((r.explain() for r in live if not r.holds_now()), None)
+        if HOST_VERDICTS_AT_ONCE and on_host:
+            decided = _judged_on_host(live)
             if decided is None:
                 return args, kwargs
         safe_args, safe_kwargs = args, kwargs
@@ -611,7 +643,12 @@ def _capture(
     frames = _outer_frames()
     lines = [(f.f_code.co_filename, f.f_lineno) for f in frames]
     users = [i for i, (name, _) in enumerate(lines) if not _is_library(name)]
-    params = {id(v) for v in (*args, *kwargs.values()) if isinstance(v, torch.nn.Parameter)}
+    # a plain tensor first: Parameter's metaclass answers isinstance in Python (~0.2 us each)
+    params = {
+        id(v)
+        for v in (*args, *kwargs.values())
+        if isinstance(v, torch.Tensor) and isinstance(v, torch.nn.Parameter)
+    }
     namespaces: list[dict[str, Any]] = []
     if (
         params or modules
@@ -630,18 +667,40 @@ def _violation(
     user = where.users[0] if where.users else None
     outer = where.users[-1] if where.users else None
     library = 0 if where.lines and user != 0 else None
+    modules = [item for scope in where.namespaces for item in list(scope.items())]
+    owner = parameter_owner(where.params, modules)
+    fix = check.fix
+    if check.family == "loss":
+        owner = owner or _classifier(finding.limit, modules)
+        if check.name in _IGNORES and marks_void(finding.distinct):
+            fix = f"{VOID_FIX} {fix}"
     return Violation(
         op=display_name(check, func),
         finding=finding,
-        fix=check.fix,
-        owner=_owner(where.params, where.namespaces)
-        or (_classifier(finding.limit, where.namespaces) if check.family == "loss" else None),
+        fix=fix,
+        owner=owner,
         line=_describe(where.lines[user]) if user is not None else None,
         entry_line=_describe(where.lines[outer]) if outer is not None and outer != user else None,
         library_line=_describe(where.lines[library]) if library is not None else None,
         rank=_rank(),
         deferred=deferred,
     )
+
+
+# the losses that take an ignore_index
+_IGNORES = ("cross_entropy", "nll_loss")
+
+
+def _classifier(classes: int | None, modules: list[tuple[str, Any]]) -> str | None:
+    """'the classifier nn.Linear(768, 3) at model.classifier; config.num_labels = 3': the layer
+    whose outputs are the classes a loss's targets are checked against (as the panel says)."""
+    head = find_classifier(modules, classes) if classes is not None else None
+    if head is None:
+        return None
+    text = f"the classifier {describe_module(head.module)} at {head.path}"
+    if head.num_labels is not None:
+        text += f"; config.num_labels = {head.num_labels}"
+    return text
 
 
 def _raise(
@@ -685,29 +744,29 @@ def _is_internal(filename: str) -> bool:
 # --- where: frames, modules, rank -------------------------------------------------------------
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # all of nb_cudaguard
+_INTERNAL_DIRS = (_TORCH_DIR, _OWN_DIR)
 _LIBRARY_DIRS = tuple(
     {p for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_path(key))}
 )
 
 
 def _outer_frames() -> list[FrameType]:
-    """The calling frames outside torch and nb_cudaguard, innermost first."""
+    """The calling frames outside torch and nb_cudaguard, innermost first. A deferred check
+    walks them at every call: kept to one test per frame."""
     frames = []
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if _is_cell_runner(frame):
-            break  # beyond lies the cell that ran this one (%%cudacheck's own line)
-        if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR)):
+        code = frame.f_code
+        name = code.co_filename
+        if code.co_name == "run_code" and "IPython" in name:
+            break  # IPython's cell runner: beyond lies the cell that ran this one (%%cudacheck's)
+        if not name.startswith(_INTERNAL_DIRS):
             frames.append(frame)
         frame = frame.f_back
     return frames
 
 
-def _is_cell_runner(frame: FrameType) -> bool:
-    return frame.f_code.co_name == "run_code" and "IPython" in frame.f_code.co_filename
-
-
+@functools.lru_cache(maxsize=4096)  # asked for every frame of every deferred call
 def _is_library(filename: str) -> bool:
     return (
         filename.startswith(_LIBRARY_DIRS)
@@ -741,64 +800,6 @@ def _cell_name(filename: str) -> str | None:
 
 
 _OLD_CELL_NAME = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
-
-
-def _owner(params: set[int], namespaces: list[dict[str, Any]]) -> str | None:
-    """'nn.Embedding(30522, 768) at model.bert.embeddings.word_embeddings', for a parameter."""
-    if not params:
-        return None
-    seen: set[int] = set()
-    for scope in namespaces:
-        for var, value in list(scope.items()):
-            if not isinstance(value, torch.nn.Module) or id(value) in seen:
-                continue
-            seen.add(id(value))
-            for path, module in value.named_modules():
-                if any(id(p) in params for p in module._parameters.values()):
-                    return f"{_module_repr(module)} at {'.'.join(filter(None, (var, path)))}"
-    return None
-
-
-_HEAD_NAMES = ("classifier", "head", "fc", "score", "out", "logits", "proj", "cls")
-
-
-def _classifier(classes: int | None, namespaces: list[dict[str, Any]]) -> str | None:
-    """'the classifier nn.Linear(768, 3) at model.classifier; config.num_labels = 3': the layer
-    whose outputs are the classes a loss's targets are checked against (as the panel says)."""
-    if classes is None:
-        return None
-    seen: set[int] = set()
-    found: list[tuple[bool, str]] = []  # (has config.num_labels, text)
-    for scope in namespaces:
-        for var, value in list(scope.items()):
-            if not isinstance(value, torch.nn.Module) or id(value) in seen:
-                continue
-            seen.add(id(value))
-            heads = [
-                (path, m)
-                for path, m in value.named_modules()
-                if isinstance(m, torch.nn.Linear) and m.out_features == classes
-            ]
-            if not heads:
-                continue
-            named = [h for h in heads if any(n in h[0].rsplit(".", 1)[-1] for n in _HEAD_NAMES)]
-            path, module = (named or heads)[-1]
-            where = ".".join(filter(None, (var, path)))
-            text = f"the classifier {_module_repr(module)} at {where}"
-            labels = getattr(getattr(value, "config", None), "num_labels", None)
-            configured = isinstance(labels, int) and not isinstance(labels, bool)
-            if configured:
-                text += f"; config.num_labels = {labels}"
-            found.append((configured, text))
-    # a model with a config is the one being trained more often than a stray layer
-    found.sort(key=lambda item: not item[0])
-    return found[0][1] if found else None
-
-
-def _module_repr(module: torch.nn.Module) -> str:
-    cls = type(module)
-    prefix = "nn." if cls.__module__.startswith("torch.nn") else ""
-    return f"{prefix}{cls.__name__}({module.extra_repr()})"
 
 
 def _rank() -> int | None:

@@ -49,3 +49,48 @@ def test_unit_interval_accepts_its_ends_in_every_float_type(dtype: torch.dtype) 
 def test_a_huge_int64_is_compared_exactly() -> None:
     ids = torch.tensor([2**62 + 1])
     assert first_violation([IntRange("ids", ids, 0, 2**62 + 1, "")]) is not None
+
+
+def _reference(t: torch.Tensor, lo: int, hi: int, ignore: int | None) -> bool:
+    ok = (t >= lo) & (t < hi)
+    if ignore is not None:
+        ok |= t == ignore
+    return bool(ok.all())
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (5,), (64,), (65,), (3, 4), (4, 40), ()], ids=str)
+@pytest.mark.parametrize("ignore", [None, -100, 255, 3], ids=str)
+def test_the_host_verdict_and_the_device_summary_agree_with_the_definition(
+    shape: tuple[int, ...], ignore: int | None
+) -> None:
+    """Both ways to judge a range (values read where they are; the summary a GPU reads) against
+    its definition, with the ignore_index below the range, above it, inside it or absent, on
+    tensors read as a list and tensors reduced."""
+    generator = torch.Generator().manual_seed(len(shape) * 1000 + (ignore or 0))
+    lo, hi = 0, 21
+    for trial in range(60):
+        t = torch.randint(lo, hi, shape, generator=generator)
+        if t.numel():
+            flat = t.view(-1)
+            for _ in range(trial % 4):  # some ignores, some bad values, some both
+                where = int(torch.randint(0, t.numel(), (1,), generator=generator))
+                flat[where] = [ignore if ignore is not None else -1, -1, 21, 255, -100][trial % 5]
+        expected = _reference(t, lo, hi, ignore)
+        requirement = IntRange("target", t, lo, hi, "", ignore=ignore)
+        assert requirement.holds_now() == expected, (t, ignore)
+        fresh = IntRange("target", t, lo, hi, "", ignore=ignore)
+        values = [v.item() for v in fresh.summary()] if t.numel() else None
+        assert values is None or fresh.holds(values) == expected, (t, ignore)
+
+
+@pytest.mark.parametrize("mode", ["strict", "deferred"])
+def test_an_ignore_index_above_the_classes_is_no_violation_in_a_large_mask(mode: str) -> None:
+    import torch.nn.functional as F
+
+    from nb_cudaguard import guard
+
+    masks = torch.randint(0, 21, (2, 8, 8))
+    masks[:, 0] = 255  # void pixels, skipped by ignore_index=255
+    with guard(mode=mode):
+        loss = F.cross_entropy(torch.randn(2, 21, 8, 8), masks, ignore_index=255)
+    assert loss.isfinite()

@@ -127,3 +127,111 @@ def test_a_deferred_loss_message_names_the_classifier_too() -> None:
         F.cross_entropy(model(torch.tensor([[1, 2]])).mean(1), torch.tensor([5]))
     text = str(caught.value)
     assert "the classifier nn.Linear(in_features=8, out_features=3, bias=True) at " in text
+
+
+# --- the classifier: one finder for the guard's message and the panel's evidence --------------
+class Segmenter(nn.Module):
+    """A segmentation net as torchvision builds one: 1x1 convolutions inside the backbone, and
+    a 1x1 convolution as the per-pixel classifier (no Linear anywhere)."""
+
+    def __init__(self, classes: int = 21) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 1))
+        self.classifier = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, classes, 1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.backbone(images))
+
+
+def void_masks(classes: int = 21) -> torch.Tensor:
+    masks = torch.randint(0, classes, (2, 4, 4))
+    masks[:, 0, :] = 255  # an object border: "void" pixels
+    return masks
+
+
+def test_a_segmentation_loss_names_the_1x1_convolution_head_and_hints_ignore_index_255() -> None:
+    segmenter = Segmenter()
+    masks = void_masks()
+    text = message(lambda: F.cross_entropy(segmenter(torch.randn(2, 3, 4, 4)), masks))
+    assert "the classifier nn.Conv2d(16, 21, kernel_size=(1, 1), stride=(1, 1)) at " in text
+    assert "segmenter.classifier.1 (input.shape[1] = 21" in text
+    assert "How to fix it\n  255 is the label segmentation masks give 'void' pixels" in text
+    assert "`nn.CrossEntropyLoss(ignore_index=255)`" in text
+
+
+def test_a_deferred_segmentation_loss_hints_ignore_index_255_too() -> None:
+    segmenter = Segmenter()
+    with pytest.raises(GuardError) as caught, guard(mode="deferred"):
+        F.nll_loss(segmenter(torch.randn(2, 3, 4, 4)).log_softmax(1), void_masks())
+    assert "`nn.CrossEntropyLoss(ignore_index=255)`" in str(caught.value)
+
+
+def test_no_255_hint_where_255_is_not_among_the_bad_labels() -> None:
+    text = message(lambda: F.cross_entropy(torch.randn(2, 300), torch.tensor([255, 300])))
+    assert "300 at [1]" in text and "255" not in text.split("How to fix it")[1]
+    masks = void_masks()
+    masks[1, 1, 1] = 21
+    text = message(lambda: F.cross_entropy(torch.randn(2, 21, 4, 4), masks, ignore_index=255))
+    assert "21 at [1, 1, 1]" in text and "255" not in text.split("How to fix it")[1]
+
+
+class Backbone(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.fc = nn.Linear(8, 7)  # ImageNet-style head, replaced in use by the model's own
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class FineTuned(nn.Module):
+    def __init__(self, backbone: Backbone) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(8, 7)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def _segmentation() -> tuple[dict[str, object], str]:
+    return {"model": Segmenter(), "masks": void_masks()}, "F.cross_entropy(model(x), masks)"
+
+
+def _fine_tuned() -> tuple[dict[str, object], str]:
+    backbone = Backbone()
+    labels = torch.tensor([1, 7])
+    return {"backbone": backbone, "model": FineTuned(backbone), "labels": labels}, (
+        "F.cross_entropy(model(x), labels)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "inputs", "head"),
+    [
+        (_segmentation, torch.randn(2, 3, 4, 4), "model.classifier.1"),
+        (_fine_tuned, torch.randn(2, 4), "model.head"),
+    ],
+    ids=["1x1-convolution-head", "model-built-on-a-backbone"],
+)
+def test_the_guard_and_the_panel_name_the_same_classifier(
+    case: object, inputs: torch.Tensor, head: str
+) -> None:
+    from pytorch_texts import H100_TORCH_2_11, HEADLINE
+
+    from nb_cudaguard import diagnose
+
+    namespace, call = case()  # type: ignore[operator]
+    namespace.update(F=F, x=inputs)
+    with guard(), pytest.raises(GuardError) as caught:
+        exec(call, namespace)  # the namespace a notebook's cell runs in
+    owner = caught.value.violation.owner or ""
+    panel = diagnose(
+        HEADLINE,
+        device_output=H100_TORCH_2_11["segmentation-void-255"][0],
+        namespace=namespace,
+    )
+    assert panel is not None
+    assert f"the classifier `{head}` has" in panel.evidence[0]
+    assert owner.startswith("the classifier ") and owner.endswith(f" at {head}")

@@ -204,6 +204,32 @@ def test_in_a_real_kernel_the_traceback_names_the_cell_number_the_user_sees(kern
     assert f"your line: Cell In[{shown}], line 2" in traceback, traceback
 
 
+SEGMENTATION = """
+class Segmenter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1))
+        self.classifier = nn.Conv2d(8, 21, 1)
+
+    def forward(self, images):
+        return self.classifier(self.backbone(images))
+
+model = Segmenter()
+images = torch.randn(2, 3, 4, 4)
+masks = torch.randint(0, 21, (2, 4, 4))
+masks[:, 0, :] = 255
+"""
+
+
+def test_a_segmentation_mask_with_255_names_the_head_and_hints_ignore_index(ip: Any) -> None:
+    ip.run_cell(SEGMENTATION)
+    ip.run_cell("%%cudacheck\nloss = F.cross_entropy(model(images), masks)")
+    text = str(errors(ip)[0])
+    head = "nn.Conv2d(8, 21, kernel_size=(1, 1), stride=(1, 1))"
+    assert f"the classifier {head} at model.classifier (input.shape[1] = 21" in text
+    assert "pass `ignore_index=255`" in text
+
+
 def test_a_guard_error_is_not_diagnosed_as_a_cuda_error(ip: Any) -> None:
     from nb_cudaguard.notebook.extension import current_state
 
