@@ -113,6 +113,17 @@ def test_demo_01_fails_with_the_panel_at_the_failing_cell_and_papermill_markers(
     assert any("`labels` contains 3" in e for e in payload["evidence"])
 
 
+def test_demo_09_reports_the_launching_line_it_marks(tmp_path: Path):
+    """After the blocking restart the error is raised at the launching line: with CUDA, and in
+    the demo's simulation without it (no frame of the simulation names the ``with`` line)."""
+    source = DEMOS / "09_blocking_restart_workflow.ipynb"
+    result = run_cli(str(source), "-o", str(tmp_path / "out.ipynb"), "--json", "--no-progress")
+    assert result.returncode == 1, result.stderr
+    line = json.loads(result.stdout)["failure"]["line"]
+    assert "loss = F.cross_entropy(" in line["code"]
+    assert "the traceback stops here" in line["code"]
+
+
 def test_demo_02_stops_at_the_guarded_cell_without_a_panel(tmp_path: Path):
     out = tmp_path / "out.ipynb"
     result = run_cli(

@@ -23,6 +23,12 @@ import run as demo
 
 NOTEBOOKS = sorted((ROOT / "demo_notebooks").glob("*.ipynb"))
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# The line a frame points at: "----> 3     loss = ..." (IPython 7 to 9).
+ARROW = re.compile(r"^-+> ?\s*\d+ (.*)$", re.MULTILINE)
+# A frame in a notebook cell: IPython >= 8 "Cell In[4], line 3"; IPython 7 names the file
+# ipykernel compiled the cell to, or "<ipython-input-4-...>".
+CELL_FRAME = re.compile(r"Cell In ?\[\d+\]|\S*ipykernel_\d+\S*\.py|<ipython-input-")
 
 
 def expectation(path: Path) -> dict[str, str | None]:
@@ -46,6 +52,17 @@ def error_cells(notebook: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
         for cell in notebook.cells
         if any(o.get("output_type") == "error" for o in cell.get("outputs", []))
     ]
+
+
+def frames(cell: nbformat.NotebookNode) -> list[str]:
+    """The frames of the cell's traceback, as IPython rendered them: one entry per frame."""
+    (error,) = [o for o in cell.outputs if o.get("output_type") == "error"]
+    entries = [ANSI.sub("", entry) for entry in error["traceback"]]
+    return [entry for entry in entries if ARROW.search(entry)]
+
+
+def pointed_at(frame: str) -> str:
+    return ARROW.findall(frame)[-1].strip()
 
 
 def test_one_demo_per_cause_family():
@@ -84,6 +101,34 @@ def test_a_demo_says_when_its_gpu_failure_is_simulated(path: Path):
     printed = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
     if gpu_or_simulated.SIMULATED:
         assert "the GPU failure is simulated with PyTorch's exact texts" in printed
+
+
+@pytest.mark.parametrize("path", PANEL_DEMOS, ids=[p.stem for p in PANEL_DEMOS])
+def test_the_cuda_error_is_raised_from_the_users_line_without_helper_frames(path: Path):
+    """A simulated failure reads as a GPU's: no frame of the simulation (contextlib's, ours)
+    above the user's, nor at the ``with`` line (FIELD_NOTES §3 texts; issue 23)."""
+    shown = frames(error_cells(executed(path))[0])
+    assert not [f for f in shown if "gpu_or_simulated" in f or "contextlib" in f]
+    cells = [f for f in shown if CELL_FRAME.match(f)]
+    assert cells and cells[0] == shown[0], "the traceback starts in the failing cell"
+    assert not pointed_at(cells[-1]).startswith("with gpu_failure(")
+    if gpu_or_simulated.SIMULATED:
+        assert shown == cells, "the simulated error shows the user's own frames only"
+
+
+def test_after_the_blocking_restart_the_traceback_points_at_the_launching_line():
+    """Demo 09 is the run after the blocking restart: the innermost frame of the notebook's
+    is the line that launched the failing kernel, marked so in the notebook itself."""
+    (path,) = [p for p in PANEL_DEMOS if "blocking" in p.stem]
+    notebook = executed(path)
+    (launching,) = [
+        line.strip()
+        for cell in notebook.cells
+        for line in cell.source.splitlines()
+        if "the traceback stops here" in line
+    ]
+    cells = [f for f in frames(error_cells(notebook)[0]) if CELL_FRAME.match(f)]
+    assert pointed_at(cells[-1]) == launching
 
 
 def test_the_blocking_workflow_demo_gets_the_blocking_aware_panel():
