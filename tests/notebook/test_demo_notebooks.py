@@ -7,6 +7,7 @@ held here to tests/pytorch_texts.py, which keeps what a real H100 printed.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import ROOT, kernel_env
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from pytorch_texts import ASSERT_2_9, H100_TORCH_2_11
 
 sys.path.insert(0, str(ROOT / "demo_notebooks"))
@@ -131,6 +134,27 @@ def test_after_the_blocking_restart_the_traceback_points_at_the_launching_line()
     assert pointed_at(cells[-1]) == launching
 
 
+def test_the_demo_extra_brings_numpy_and_notebook():
+    """The README's demo command installs ``.[demo]`` only: without numpy every torch import
+    warns "Failed to initialize NumPy", and the executed copies open in JupyterLab or
+    Notebook 7. Asked of pip: the package's metadata as it builds it, for the extra."""
+    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
+    result = subprocess.run(
+        [*pip, "--no-deps", "--quiet", "--report", "-", f"{ROOT}[demo]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    (ours,) = json.loads(result.stdout)["install"]
+    demo_requires = {
+        canonicalize_name(r.name)
+        for r in map(Requirement, ours["metadata"]["requires_dist"])
+        if r.marker is not None and r.marker.evaluate({"extra": "demo"})
+    }
+    assert {"numpy", "notebook", "jupyterlab", "ipykernel", "nbclient"} <= demo_requires
+
+
 def test_the_blocking_workflow_demo_gets_the_blocking_aware_panel():
     (path,) = [p for p in PANEL_DEMOS if "blocking" in p.stem]
     failing = error_cells(executed(path))[0]
@@ -171,6 +195,7 @@ def test_the_runner_prints_one_clean_line_per_notebook_and_where_the_copies_are(
     assert "->" in lines[2] and "still alive" in lines[2]
     assert "Assertion" not in result.stdout, "device lines stay in the executed copies"
     assert "WARNING" not in result.stdout + result.stderr, "kernel warnings stay out"
+    assert "Warning" not in result.stderr, "nor any of the runner's own (torch's NumPy one)"
     assert any(line.startswith("Executed copies: ") for line in lines)
     assert (ROOT / "demo_notebooks" / "executed" / NOTEBOOKS[0].name).exists()
 
