@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,11 @@ def outputs_of(cell: nbformat.NotebookNode, kind: str) -> list[dict[str, Any]]:
     return [o for o in cell.get("outputs", []) if o["output_type"] == kind]
 
 
+def not_ours(stderr: str) -> list[str]:
+    """What stderr holds besides nb-cudaguard's own lines (the progress bar redraws with \\r)."""
+    return [line for line in re.split(r"[\r\n]+", stderr) if line and "nb-cudaguard" not in line]
+
+
 def test_a_notebook_that_succeeds_exits_0_and_keeps_its_cells(tmp_path: Path):
     source = write_notebook(
         tmp_path / "ok.ipynb", "%load_ext nb_cudaguard", "x = 6 * 7\nprint(x)", "x + 1"
@@ -67,6 +73,8 @@ def test_a_notebook_that_succeeds_exits_0_and_keeps_its_cells(tmp_path: Path):
     assert executed.cells[2].outputs[0]["data"]["text/plain"] == "43"
     assert [c.execution_count for c in executed.cells] == [1, 2, 3]
     assert "3/3 cells" in result.stderr  # the progress
+    # and nothing else: ipykernel >= 7.3's TCP warning was printed per kernel started
+    assert not_ours(result.stderr) == []
 
 
 def test_the_extension_is_loaded_even_when_the_notebook_does_not_load_it(tmp_path: Path):
