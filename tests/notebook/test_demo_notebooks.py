@@ -155,6 +155,15 @@ def test_the_demo_extra_brings_numpy_and_notebook():
     assert {"numpy", "notebook", "jupyterlab", "ipykernel", "nbclient"} <= demo_requires
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_a_demo_warns_of_nothing(path: Path):
+    """What its cells print to stderr is the device lines only: no warning from nb_cudaguard's
+    reading of the user's tensors, nor torch's at import (demo extra without numpy)."""
+    notebook = executed(path)
+    printed = [o for cell in notebook.cells for o in cell.get("outputs", [])]
+    assert "Warning" not in "".join(o.get("text", "") for o in printed if o.get("name") == "stderr")
+
+
 def test_the_blocking_workflow_demo_gets_the_blocking_aware_panel():
     (path,) = [p for p in PANEL_DEMOS if "blocking" in p.stem]
     failing = error_cells(executed(path))[0]
