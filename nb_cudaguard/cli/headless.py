@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import zmq
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -131,6 +132,18 @@ def _kernel_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def _encryption(client: NotebookClient) -> dict[str, str]:
+    """ipykernel >= 7.3 warns at every start over plain TCP; jupyter_client >= 8.9 gives the
+    kernel CurveZMQ keys where its kernelspec says it takes them (Jupyter Server's
+    ``KernelManager.transport_encryption``): the supported way, which also quiets the warning.
+    Older pairs neither warn nor know the setting; 'auto' asks libzmq for curve, so it must
+    have it."""
+    manager: Any = client.kernel_manager_class
+    if "transport_encryption" in manager.class_trait_names() and zmq.has("curve"):
+        return {"transport_encryption": "auto"}
+    return {}
+
+
 async def _execute(
     notebook: nbformat.NotebookNode,
     *,
@@ -148,7 +161,9 @@ async def _execute(
     started = False
     code_cells = [i for i, c in enumerate(notebook.cells) if c.cell_type == "code"]
     try:
-        async with client.async_setup_kernel(cwd=str(cwd), env=_kernel_env(env)):
+        async with client.async_setup_kernel(
+            cwd=str(cwd), env=_kernel_env(env), **_encryption(client)
+        ):
             kernel_client: Any = client.kc  # an AsyncKernelClient: its methods are coroutines
             reply = await kernel_client.execute_interactive(
                 _LOAD + (_CUDACHECK_ON if cudacheck else ""),

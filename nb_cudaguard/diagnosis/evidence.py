@@ -144,11 +144,13 @@ def collect(frames: Sequence[Mapping[str, Any]], namespace: Mapping[str, Any] | 
             elif _is_tokenizer(value):
                 found.tokenizers.append(value)
             elif _is_cpu_tensor(torch, value):
-                found.tensors.setdefault(name, value)
+                # detached (a view, no copy): torch warns when a tensor that requires grad
+                # becomes a Python number, under the user's cell
+                found.tensors.setdefault(name, value.detach())
             elif isinstance(value, Mapping) and len(value) < 64:
                 for key, item in list(value.items()):
                     if isinstance(key, str) and _is_cpu_tensor(torch, item):
-                        found.tensors.setdefault(f"{name}[{key!r}]", item)
+                        found.tensors.setdefault(f"{name}[{key!r}]", item.detach())
         except Exception:  # a strange object must not cost the diagnosis
             continue
     return found

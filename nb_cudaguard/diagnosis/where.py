@@ -7,17 +7,17 @@ cell (FIELD_NOTES §1). Pure: the caller hands in which cells launched CUDA work
 
 from __future__ import annotations
 
+import ast
 import linecache
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .classify import classify_line, logical_lines
 
-# The operations where an earlier kernel's error typically surfaces: copies and syncs only.
-_CANNOT_ASSERT = re.compile(
-    r"\.item\(|\.cpu\(|\.to\(|\.tolist\(|\.numpy\(|\bprint\(|\brepr\(|\bstr\(|\bfloat\(|\bint\("
-    r"|\bbool\(|synchronize\(|\.detach\(\)\.cpu|\.copy_\(|torch\.save\(|\bdisplay\("
+# The calls where an earlier kernel's error typically surfaces, by name: copies and syncs only.
+_COPY_OR_SYNC = frozenset(
+    {"item", "cpu", "to", "tolist", "numpy", "detach", "copy_", "synchronize", "save"}
+    | {"print", "repr", "str", "float", "int", "bool", "display"}
 )
 
 
@@ -42,6 +42,22 @@ def surfaced_at(error: BaseException) -> str | None:
     return line_text
 
 
+def _only_copies_or_waits(line: str) -> bool:
+    """Every call on the line copies or waits (``print(loss.item())``). One more call can launch
+    the failing kernel itself (``criterion(out, y.to(device))``, ``x.gather(1, i.to(device))``),
+    and a line that is part of a longer statement cannot be judged alone: neither is innocent."""
+    try:
+        tree = ast.parse(line)
+    except SyntaxError:
+        return False
+    names = [
+        call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+    ]
+    return bool(names) and all(name in _COPY_OR_SYNC for name in names)
+
+
 def where_sentence(
     error: BaseException,
     cell: int | None,
@@ -63,7 +79,7 @@ def where_sentence(
     here = f"cell [{cell}]" if cell is not None else "this cell"
     own = launched.get(cell) if cell is not None else None
     earlier = last_launching_cell(launched, before=cell)
-    innocent = line is not None and _CANNOT_ASSERT.search(line) is not None
+    innocent = line is not None and _only_copies_or_waits(line)
     if own is False and earlier is not None:
         return (
             f"It surfaced in {here} at `{line}`, in a cell that did no CUDA work of its own: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,11 @@ def outputs_of(cell: nbformat.NotebookNode, kind: str) -> list[dict[str, Any]]:
     return [o for o in cell.get("outputs", []) if o["output_type"] == kind]
 
 
+def not_ours(stderr: str) -> list[str]:
+    """What stderr holds besides nb-cudaguard's own lines (the progress bar redraws with \\r)."""
+    return [line for line in re.split(r"[\r\n]+", stderr) if line and "nb-cudaguard" not in line]
+
+
 def test_a_notebook_that_succeeds_exits_0_and_keeps_its_cells(tmp_path: Path):
     source = write_notebook(
         tmp_path / "ok.ipynb", "%load_ext nb_cudaguard", "x = 6 * 7\nprint(x)", "x + 1"
@@ -67,6 +73,8 @@ def test_a_notebook_that_succeeds_exits_0_and_keeps_its_cells(tmp_path: Path):
     assert executed.cells[2].outputs[0]["data"]["text/plain"] == "43"
     assert [c.execution_count for c in executed.cells] == [1, 2, 3]
     assert "3/3 cells" in result.stderr  # the progress
+    # and nothing else: ipykernel >= 7.3's TCP warning was printed per kernel started
+    assert not_ours(result.stderr) == []
 
 
 def test_the_extension_is_loaded_even_when_the_notebook_does_not_load_it(tmp_path: Path):
@@ -118,6 +126,17 @@ def test_demo_01_fails_with_the_panel_at_the_failing_cell_and_papermill_markers(
     payload = next(o["data"][MIME_TYPE] for o in outputs_of(failing, "display_data"))
     assert payload["cause"] == "label-out-of-range"
     assert any("`labels` contains 3" in e for e in payload["evidence"])
+
+
+def test_demo_09_reports_the_launching_line_it_marks(tmp_path: Path):
+    """After the blocking restart the error is raised at the launching line: with CUDA, and in
+    the demo's simulation without it (no frame of the simulation names the ``with`` line)."""
+    source = DEMOS / "09_blocking_restart_workflow.ipynb"
+    result = run_cli(str(source), "-o", str(tmp_path / "out.ipynb"), "--json", "--no-progress")
+    assert result.returncode == 1, result.stderr
+    line = json.loads(result.stdout)["failure"]["line"]
+    assert "loss = F.cross_entropy(" in line["code"]
+    assert "the traceback stops here" in line["code"]
 
 
 def test_demo_02_stops_at_the_guarded_cell_without_a_panel(tmp_path: Path):

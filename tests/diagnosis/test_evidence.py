@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import UserDict
 from dataclasses import dataclass
 
@@ -190,6 +191,18 @@ def test_bce_loss_on_logits_is_named_and_ranked_first():
     assert any("outside [0, 1]" in s for s in d.evidence)
     assert any("not a Sigmoid" in s for s in d.evidence)
     assert d.likely_causes[0].startswith("BCELoss applied to logits")
+
+
+def test_reading_a_tensor_that_requires_grad_warns_of_nothing():
+    # A model's outputs require grad: torch warns when one is turned into a Python number, and
+    # that warning lands under the user's failing cell (seen in demo 05).
+    outputs = nn.Linear(4, 1)(torch.ones(3, 4)).squeeze(1) * 10
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ns = {"criterion": nn.BCELoss(), "outputs": outputs}
+        d = diagnose(HEADLINE, device_output=BCE, namespace=ns)
+    assert any("`outputs` has values outside [0, 1]" in s for s in d.evidence)
+    assert [str(w.message) for w in caught] == []
 
 
 def test_nan_in_bce_input_is_named_and_its_range_is_not_made_up():

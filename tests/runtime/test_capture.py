@@ -320,10 +320,13 @@ def test_evidence_from_the_notebook_variables_reaches_the_panel(kernel):
         "model = nn.Sequential(nn.Linear(4, 8), nn.ReLU())\nmodel.classifier = nn.Linear(8, 3)\n"
         "labels = torch.tensor([1, 2, 3, 3])"
     )
+    # `item` raises as `.item()` does where an earlier kernel failed; compiled as a library's
+    # file, not a cell's, so the error surfaces at the cell's line that calls it
+    library = f"import torch\ndef item(t):\n    raise torch.AcceleratorError({ASSERT_TEXT!r})\n"
+    kernel.execute(f"item = {{}}\nexec(compile({library!r}, 'lib.py', 'exec'), item)\n")
     out = kernel.execute(
         f"import os\nos.write(2, {_device_lines(4)!r})\n"
-        f"loss_value = 0.0\nprint(float(loss_value)) or (_ for _ in ()).throw("
-        f"torch.AcceleratorError({ASSERT_TEXT!r}))"
+        "item, loss = item['item'], 0.0\nprint(float(item(loss)))"
     )
     panel = next(d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", ""))
     text = panel["text/plain"]

@@ -25,9 +25,11 @@ def _error_from_cell(shell, code: str) -> BaseException:
 
 @pytest.fixture
 def poisoned_item(shell, tmp_path, monkeypatch):
-    """A function from a library file that raises the CUDA error, as `.item()` does."""
+    """Functions from a library file that raise the CUDA error: ``item``, where an earlier
+    kernel's error surfaces, as `.item()` does; ``launch``, a call that launches kernels."""
+    raising = f"    raise torch.AcceleratorError({ASSERT_TEXT!r})\n"
     (tmp_path / "fake_lib_for_cells.py").write_text(
-        f"import torch\ndef launch(t):\n    raise torch.AcceleratorError({ASSERT_TEXT!r})\n"
+        f"import torch\ndef launch(*args):\n{raising}def item(*args):\n{raising}"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     shell.run_cell("import fake_lib_for_cells")
@@ -37,11 +39,11 @@ def poisoned_item(shell, tmp_path, monkeypatch):
 def test_error_at_an_operation_that_cannot_assert_points_to_the_last_launching_cell(
     shell, poisoned_item
 ):
-    error = _error_from_cell(shell, f"print({poisoned_item}(0))")
+    error = _error_from_cell(shell, "print(fake_lib_for_cells.item(0))")
     tracker = CellTracker(launched={3: True, 4: True, 5: False})
     sentence = where_sentence(error, 6, tracker.launched)
     assert sentence is not None
-    assert "cell [6] at `print(fake_lib_for_cells.launch(0))`" in sentence
+    assert "cell [6] at `print(fake_lib_for_cells.item(0))`" in sentence
     assert "cannot assert" in sentence
     assert "cell [4]" in sentence
 
@@ -60,6 +62,31 @@ def test_error_at_a_real_kernel_call_in_a_launching_cell_gets_no_guess(shell, po
     error = _error_from_cell(shell, f"loss = {poisoned_item}(0)")
     tracker = CellTracker(launched={2: True, 7: True})
     assert where_sentence(error, 7, tracker.launched) is None
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "loss = criterion(outputs, targets.to(device))",  # demo 05: BCELoss launches here
+        "picked = log_probs.gather(1, targets.to(device)[:, None])",  # demo 07
+        "print(model(x).item())",
+        "loss = criterion(\n    outputs, targets.to(device)\n)",  # not a statement alone
+    ],
+)
+def test_a_line_that_also_calls_an_op_that_can_assert_is_not_called_innocent(
+    shell, poisoned_item, code
+):
+    """The error raised at the line that launched the kernel (blocking mode, a simulation): the
+    copy on that line (``.to``, ``.item``) does not make it an innocent line."""
+    assert shell.run_cell(
+        "import types, torch\n"
+        f"criterion = model = {poisoned_item}\n"
+        f"log_probs = types.SimpleNamespace(gather={poisoned_item})\n"
+        "outputs = targets = x = torch.zeros(2)\n"
+        "device = 'cpu'"
+    ).success
+    error = _error_from_cell(shell, code)
+    assert where_sentence(error, 7, {2: True, 7: True}) is None
 
 
 def test_synced_error_says_it_was_launched_by_this_cell(shell, poisoned_item):
