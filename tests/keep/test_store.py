@@ -227,14 +227,18 @@ def test_a_full_restore_removes_the_files_a_partial_one_keeps_the_rest(profile):
     location, connection = profile
     store.save(notebook(), location, connection)
     fresh: dict[str, object] = {}
-    done = store.restore(fresh, location, connection, ["array", "scale"])
-    assert set(fresh) == {"array", "scale"}
+    done = store.restore(fresh, location, connection, ["tensor", "scale"])
+    assert set(fresh) == {"tensor", "scale"}
     assert "alias" in {k.name for k in done.remaining}
-    with pytest.raises(KeyError):
-        store.restore(fresh, location, connection, ["scale"])  # already restored
+    again = store.restore(fresh, location, connection, ["scale"])
+    assert [k.name for k in again.already] == ["scale"] and again.restored == ()
     store.restore(fresh, location, connection)
-    assert fresh["alias"] is not None
-    assert not store.keep_dir(location, connection).exists()
+    assert fresh["alias"] is fresh["array"]
+    directory = store.keep_dir(location, connection)
+    assert [p.name for p in directory.iterdir()] == [store.MANIFEST]  # the record only
+    record = store.read_manifest(location, connection)
+    assert record is not None and record.kept == ()
+    assert {k.name for k in record.restored} >= {"tensor", "scale", "alias", "array"}
 
 
 def test_what_an_earlier_restart_kept_and_nobody_restored_is_carried_into_the_next(profile):
@@ -316,8 +320,8 @@ def test_tensor_views_and_requires_grad_survive(profile):
 def test_the_file_is_checked_before_anything_is_unpickled(tmp_path):
     path = tmp_path / "x.bin"
     path.write_bytes(b"not a keep file at all, but long enough to have a trailer")
-    with pytest.raises(pickling.BadFile):
-        pickling.load(path)
+    with pytest.raises(pickling.BadFile), path.open("rb") as handle:
+        pickling.load(handle)
 
 
 def test_closures_and_odd_tensors_come_back(profile):
