@@ -61,16 +61,26 @@ def watch(profile_location: str, connection: str, created: float) -> bool:
 
 
 def kernel_process(connection: str) -> int | None:
-    """The pid of a process running with this connection file (a kernel whose launcher removed
-    the file early is still running), or None."""
+    """The pid of a kernel running with this connection file (one whose launcher removed the
+    file early is still running), or None. A kernel names it after ``-f`` (ipykernel's,
+    Colab's launcher, VS Code's ``--f=``); other processes that name it (a client) do not count."""
     import psutil
 
-    name = os.path.basename(connection)
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(Exception):
-            if any(name in arg for arg in process.info["cmdline"] or ()):
+            if connection in _connection_flags(process.info["cmdline"] or []):
                 return int(process.pid)
     return None
+
+
+def _connection_flags(argv: list[str]) -> set[str]:
+    found = set()
+    for index, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag in ("-f", "--f"):
+            value = value if equals else (argv[index + 1] if index + 1 < len(argv) else "")
+            found.add(os.path.realpath(os.path.abspath(value)) if value else "")
+    return found
 
 
 def run(
@@ -109,7 +119,7 @@ def run(
             return "expired"
         if not os.path.exists(connection):
             if kernel is None or not psutil.pid_exists(kernel):
-                kernel = kernel_process(connection)
+                kernel = kernel_process(os.path.realpath(os.path.abspath(connection)))
             if kernel is None:
                 store.discard_keep(profile_location, connection, ram=ram)
                 return "discarded"

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.utils.process import arg_split  # type: ignore[attr-defined]
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -281,7 +282,8 @@ class CudaGuardMagics(Magics):
         when the kernel is shut down (not by our own restart), and expire after a day; a save
         that fails never deletes what an earlier restart kept.
         """
-        args = parse_argstring(self.cudaguard, line)
+        # Intermixed: `restore --force labels` as well as `restore labels --force`.
+        args = self.cudaguard.parser.parse_intermixed_args(arg_split(line))
         flags = [flag for flag in FLAGS if getattr(args, flag)]
         if args.command is None:
             if args.value or flags:
