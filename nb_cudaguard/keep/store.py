@@ -34,7 +34,8 @@ the earlier keep as it was.
 
 **Restoring** brings back whole files: a name comes with every name it shares state with (they
 are one pickle graph, and restoring them apart would give each its own copy). A name the
-notebook has defined again is left as it is, unless ``force``.
+notebook has defined again is left as it is, unless ``force``, and so are the names that share
+state with it: a file comes back whole or not at all.
 """
 
 from __future__ import annotations
@@ -929,16 +930,16 @@ class Restored:
     """What a restore did. ``restored``: put into the namespace (the names asked for and those
     that came along); ``along``: restored without being asked for, because they share state
     with a name that was; ``skipped``: defined in the namespace already, left as they are (still
-    kept); ``apart``: (a restored name, the names it shares state with that are not those of its
-    pickle: left as the notebook made them, or restored before from another read);
-    ``already``: asked for, restored before."""
+    kept); ``held``: (a name not restored, the names in ``skipped`` it shares state with: names
+    that share state come back all together or not at all); ``already``: asked for, restored
+    before."""
 
     restored: tuple[Kept, ...]
     failed: tuple[tuple[str, str], ...]  # (name, why)
     remaining: tuple[Kept, ...]
     along: tuple[Kept, ...] = ()
     skipped: tuple[Kept, ...] = ()
-    apart: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    held: tuple[tuple[str, tuple[str, ...]], ...] = ()
     already: tuple[Kept, ...] = ()
     restored_at: float = 0.0  # when ``already`` were last restored
     read: int = 0  # bytes of the files read (what names share counted once)
@@ -991,23 +992,27 @@ def restore(
     chosen = [k for k in manifest.kept if k.name in wanted or (k.file and (k.file, k.ram) in files)]
     restored: list[Kept] = []
     skipped: list[Kept] = []
+    held: list[tuple[str, tuple[str, ...]]] = []
     failed: list[tuple[str, str]] = []
-    apart: list[tuple[str, tuple[str, ...]]] = []
-    by_file: dict[tuple[str, bool], list[Kept]] = {}
+    groups: dict[tuple[str, bool], list[Kept]] = {}  # one file: one pickle graph
     for item in chosen:
-        if not force and _defined(namespace, item):
-            skipped.append(item)
-        elif item.file is None:
+        groups.setdefault((item.file or f"module {item.name}", item.ram), []).append(item)
+    read = 0
+    for (file, in_ram), items in groups.items():
+        remade = [k for k in items if not force and _defined(namespace, k)]
+        if remade:  # the others would share state with what the notebook no longer has
+            skipped.extend(remade)
+            mates = tuple(k.name for k in remade)
+            held.extend((k.name, mates) for k in items if k not in remade)
+            continue
+        if items[0].file is None:
+            item = items[0]
             try:
                 namespace[item.name] = importlib.import_module(item.module or item.name)
                 restored.append(item)
             except Exception as error:
                 failed.append((item.name, f"import {item.module} failed: {error}"))
-        else:
-            by_file.setdefault((item.file, item.ram), []).append(item)
-    skipped_names = {k.name for k in skipped}
-    read = 0
-    for (file, in_ram), items in by_file.items():
+            continue
         path = path_of(file, in_ram)
         try:
             with open_private(path) as handle:
@@ -1019,18 +1024,9 @@ def restore(
         except FileNotFoundError:
             where = "in RAM (the machine restarted since?)" if in_ram else "in the profile"
             failed.extend((item.name, f"its file {where} is gone") for item in items)
-            continue
         except Exception as error:  # a class that no longer imports, a damaged file, ...
             text = str(error).splitlines()[0][:160] if str(error) else ""
             failed.extend((item.name, f"{type(error).__name__}: {text}") for item in items)
-            continue
-        mates = [k.name for k in (*manifest.kept, *manifest.restored) if k.file == file]
-        for item in items:
-            others = tuple(
-                m for m in mates if m != item.name and (m in skipped_names or m in before)
-            )
-            if others:
-                apart.append((item.name, others))
     done = {k.name for k in restored}
     remaining = tuple(k for k in manifest.kept if k.name not in done)
     along = tuple(k for k in restored if k.name not in wanted)
@@ -1063,7 +1059,7 @@ def restore(
         remaining,
         along,
         tuple(skipped),
-        tuple(apart),
+        tuple(held),
         already,
         manifest.restored_at,
         read,

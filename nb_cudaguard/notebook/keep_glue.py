@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..diagnosis.render import inline_html
 from ..keep.select import human_size
 from ..keep.snapshot import NotSnapshottable, Snapshots
-from ..keep.store import Manifest, Restored, StoreError
+from ..keep.store import Manifest, NotKept, Restored, StoreError
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -389,18 +389,15 @@ def restored_text(done: Restored, seconds: float, now: float | None = None) -> s
             f"Left as you made them in this kernel: {_names(names)} (`%cudaguard restore --force "
             f"{' '.join(names)}` puts the kept ones back over them)."
         )
-    skipped = {k.name for k in done.skipped}
-    for name, others in done.apart:
-        if all(o in skipped for o in others):
-            parts.append(
-                f"`{name}` shares state with the kept {_names(others)}, not with yours: the two "
-                f"do not share it now (`--force` restores them together)."
-            )
-        else:
-            parts.append(
-                f"`{name}` comes back with its own copy of what it shared with {_names(others)}, "
-                "restored before: they do not share it now."
-            )
+    held: dict[tuple[str, ...], list[str]] = {}
+    for name, mates in done.held:
+        held.setdefault(mates, []).append(name)
+    for mates, names in held.items():
+        parts.append(
+            f"Not restored either: {_names(names)}, which share state with {_names(mates)} and "
+            f"come back only with {'it' if len(mates) == 1 else 'them'} (with `--force`, all "
+            "together)."
+        )
     snapshots = [k for k in done.restored if k.kind == "snapshot"]
     for item in snapshots:
         if item.name.endswith("_state_dict"):
@@ -433,7 +430,7 @@ def restored_text(done: Restored, seconds: float, now: float | None = None) -> s
     return " ".join(parts) or "Nothing was restored."
 
 
-def not_kept_text(error: Any) -> str:
+def not_kept_text(error: NotKept) -> str:
     """``%cudaguard restore NAME`` for a NAME that was not kept: what was, and what was restored
     already."""
     text = f"not kept: {', '.join(error.unknown)}."

@@ -400,20 +400,21 @@ def test_a_name_comes_back_with_every_name_it_shares_state_with(profile):
     assert fresh["base"][10] == -2.0
 
 
-def test_a_name_defined_again_is_left_as_it_is_unless_forced(profile):
+def test_a_name_defined_again_is_left_and_so_is_what_shares_state_with_it(profile):
     location, connection = profile
     store.save(notebook(SHARED), location, connection, hidden={"__builtins__"})
     fresh: dict[str, object] = {"model": "mine", "unrelated": "mine too"}
     done = store.restore(fresh, location, connection)
     assert fresh["model"] == "mine" and fresh["unrelated"] == "mine too"
     assert {k.name for k in done.skipped} == {"model", "unrelated"}
-    assert {k.name for k in done.remaining} == {"model", "unrelated"}
-    # The restored optimizer holds the kept model's parameters, not those of "mine": said.
-    assert ("opt", ("model",)) in done.apart
+    # A restored `opt` would train the kept model, not "mine": the file comes back whole or not.
+    assert set(done.held) == {("opt", ("model",)), ("sched", ("model",))}
+    assert "opt" not in fresh and "base" in fresh
+    assert {k.name for k in done.remaining} == {"model", "opt", "sched", "unrelated"}
     forced = store.restore(fresh, location, connection, ["model"], force=True)
-    assert [k.name for k in forced.restored] == ["model"]
-    assert forced.apart == (("model", ("opt", "sched")),)  # restored before, from another read
-    assert fresh["model"] != "mine"
+    assert {k.name for k in forced.restored} == {"model", "opt", "sched"}
+    params = fresh["opt"].param_groups[0]["params"]
+    assert all(p is q for p, q in zip(params, fresh["model"].parameters(), strict=True))
 
 
 def test_a_save_whose_manifest_cannot_be_written_leaves_the_earlier_keep(profile):

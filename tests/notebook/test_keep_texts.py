@@ -77,7 +77,7 @@ def test_a_restored_snapshot_says_how_to_move_it_back():
     assert text.endswith("Still kept: `y` (`%cudaguard restore NAME`).")
 
 
-def test_a_restore_says_what_came_along_what_was_left_and_what_does_not_share_now():
+def test_a_restore_says_what_came_along_and_what_was_left_with_what_shares_with_it():
     model = Kept("model", "torch.nn.Linear", 10, "v1.bin")
     opt = Kept("opt", "torch.optim.Adam", 30, "v1.bin")
     labels = Kept("labels", "list, 3 items", 5, "v2.bin")
@@ -87,17 +87,17 @@ def test_a_restore_says_what_came_along_what_was_left_and_what_does_not_share_no
         (labels,),
         along=(model,),
         skipped=(labels,),
-        apart=(("opt", ("labels",)),),
+        held=(("mask", ("labels",)), ("weights", ("labels",))),
         read=32,
     )
     text = restored_text(done, 0.1)
     assert text.startswith("Restored `opt`, `model` (32 B) in 0.1 s.")
     assert "`model` came too: they share state" in text
+    assert "Left as you made them in this kernel: `labels` (`%cudaguard restore --force" in text
     assert (
-        "Left as you made them in this kernel: `labels` (`%cudaguard restore --force labels`"
-        in text
-    )
-    assert "`opt` shares state with the kept `labels`, not with yours" in text
+        "Not restored either: `mask`, `weights`, which share state with `labels` and come back "
+        "only with it (with `--force`, all together)."
+    ) in text
 
 
 def test_a_second_restore_says_what_was_restored_already():
