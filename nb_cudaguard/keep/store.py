@@ -652,8 +652,8 @@ def save(
     now = time.time() if now is None else now
     ram = ram_roots() if ram is None else list(ram)
     remove_expired(profile_location, now=now, ram=ram)
+    _remove_unfinished(profile_location, connection, ram)
     staging = _staging(keep_dir(profile_location, connection))
-    discard(staging)
     private_dir(staging)
     hidden_names = frozenset(hidden)
     values: list[tuple[str, Any]] = []
@@ -670,7 +670,6 @@ def save(
     places = None
     if final_ram is not None:
         staging_ram = _staging(final_ram)
-        discard(staging_ram)
         places = (staging_ram, final_ram) if _make_ram_dir(staging_ram) else None
     budget = _Budget(
         deadline=time.monotonic() + timeout,
@@ -711,6 +710,26 @@ def save(
         if places is not None:
             discard(places[0])
         raise
+
+
+def _remove_unfinished(
+    profile_location: str | os.PathLike[str], connection: str, roots: list[Path]
+) -> None:
+    """What an earlier save of this kernel left half done (its process ended while it wrote,
+    or while it swapped): one kernel saves one at a time, so nothing of it is in use."""
+    directory = keep_dir(profile_location, connection)
+    places = [directory.parent]
+    for root in roots:
+        base = _ram_base(root)
+        with contextlib.suppress(StoreError, OSError):
+            _private(base, directory=True)
+            places.append(base)
+    names = (directory.name, ram_dir(Path("/"), profile_location, connection).name)
+    for place in places:
+        for name in names:
+            for pattern in (f".{name}-new-*", f".{name}-earlier-*"):
+                for leftover in place.glob(pattern):
+                    discard(leftover)
 
 
 def _put_in_place(

@@ -202,6 +202,9 @@ def offer_text(manifest: Manifest, now: float | None = None) -> str:
         lines.append(f"  {item.name:<{width}}  {what}{size}{note}")
     if len(manifest.kept) > LISTED:
         lines.append(f"  ... and {len(manifest.kept) - LISTED} more")
+    together = _together(manifest)
+    if together:
+        lines.append(f"Restored together (they share objects or memory): {together}.")
     if manifest.skipped:
         lines.append("Not kept:")
         width = min(24, max(len(s.name) for s in manifest.skipped))
@@ -216,6 +219,15 @@ def offer_text(manifest: Manifest, now: float | None = None) -> str:
         "`%cudaguard restore --discard` deletes them."
     )
     return "\n".join(lines)
+
+
+def _together(manifest: Manifest) -> str:
+    """The names that come back only together, each group once: ``a``, ``b``; ``c``, ``d``."""
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for item in manifest.kept:
+        if item.file:
+            groups.setdefault((item.file, item.ram), []).append(item.name)
+    return "; ".join(", ".join(g) for g in groups.values() if len(g) > 1)
 
 
 def _ago(seconds: float) -> str:

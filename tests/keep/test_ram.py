@@ -276,3 +276,21 @@ def test_a_save_that_fails_leaves_nothing_in_ram(profile, ram, monkeypatch):
     with pytest.raises(OSError, match="disk is full"):
         store.save({"a": np.ones(10)}, location, connection, ram=[ram])
     assert not store.ram_dir(ram, location, connection).exists()
+
+
+def test_what_a_save_cut_short_left_is_removed_by_the_next(profile, ram):
+    # Its process ended while it wrote (the kernel killed mid-save): in RAM, that is memory.
+    location, connection = profile
+    store.save({"a": np.ones(10)}, location, connection, ram=[ram])
+    final = store.ram_dir(ram, location, connection)
+    left = [
+        final.with_name(f".{final.name}-new-999"),
+        store.keep_dir(location, connection).with_name(
+            f".{store.keep_dir(location, connection).name}-new-999"
+        ),
+    ]
+    for place in left:
+        place.mkdir(mode=0o700)
+        (place / "v0.bin").write_bytes(b"half written")
+    store.save({"b": 2}, location, connection, ram=[ram])
+    assert not any(place.exists() for place in left)

@@ -113,3 +113,13 @@ def test_a_name_not_kept_is_answered_with_what_was():
         "not kept: nonexistent. Kept: alpha, beta (`%cudaguard restore NAME ...`). "
         "Already restored: gamma."
     )
+
+
+def test_the_offer_says_which_names_come_back_together():
+    kept = (
+        Kept("model", "torch.nn.Linear", 10, "v1.bin"),
+        Kept("opt", "torch.optim.Adam", 30, "v1.bin"),
+        Kept("labels", "list, 3 items", 5, "v3.bin"),
+    )
+    text = offer_text(manifest(kept=kept), now=1008.0)
+    assert "Restored together (they share objects or memory): model, opt." in text
