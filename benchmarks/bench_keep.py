@@ -22,6 +22,12 @@ Restored arrays and tensors use the file's pages (mapped copy-on-write), read on
 the first full read of the data after the restore is timed too, and again after it. Prints
 medians (min-max), the parts the kernels measured themselves, and the added time (target: keep
 + restore adds <= 2 s to a plain restart).
+
+First, bytes written against bytes kept (issue 22): a model of ``--written-mb`` MB of weights and
+its Adam optimizer (twice that in moments) share the parameters; the kernel saves them as a
+restart does (``keep_before_restart``) while ``/proc/self/io`` counts the bytes it passes to
+``write(2)``; printed with the tensors' bytes and the files' size, then discarded.
+``--written-only`` stops there.
 """
 
 from __future__ import annotations
@@ -86,6 +92,43 @@ IN_RAM = "os.environ.pop('NB_CUDAGUARD_KEEP_RAM', None)"  # the default: /dev/sh
 IN_PROFILE = "os.environ['NB_CUDAGUARD_KEEP_RAM'] = ''"  # no RAM root: the profile's disk
 
 
+WRITTEN = """
+import time, torch
+from nb_cudaguard.notebook.keep_glue import discard, keep_before_restart, where_kept
+from nb_cudaguard.keep import store
+def _wchar():
+    with open("/proc/self/io") as io:
+        return int(dict(line.split(": ") for line in io.read().splitlines())["wchar"])
+model = torch.nn.Linear(4096, int({mb} * 1e6 / 4 / 4096))
+opt = torch.optim.Adam(model.parameters())
+model(torch.ones(2, 4096)).sum().backward(); opt.step()
+_tensors = sum(t.numel() * t.element_size() for t in
+               [*model.parameters(), *(v for s in opt.state.values() for v in s.values())])
+_conn, _prof = where_kept(get_ipython())
+_before, _start = _wchar(), time.perf_counter()
+keep_before_restart(get_ipython(), _conn, _prof)
+_seconds, _written = time.perf_counter() - _start, _wchar() - _before
+_m = store.read_manifest(_prof[0], _conn)
+print("tensors", _tensors, "written", _written, "on_disk", _m.total, "save_s", _seconds)
+discard(_conn, _prof)
+del model, opt
+"""
+
+
+def _written_vs_kept(server: JupyterServer, kid: str, mb: float, repeat: int) -> None:
+    rows = []
+    for _ in range(repeat):
+        out = _run(server, kid, WRITTEN.format(mb=mb))
+        rows.append({key: _number(out, key) for key in ("tensors", "written", "on_disk", "save_s")})
+    tensors = rows[0]["tensors"]
+    written = statistics.median(r["written"] for r in rows)
+    print(
+        f"model + Adam: {tensors / 1e9:.2f} GB of tensors; files {rows[0]['on_disk'] / 1e9:.2f} GB;"
+        f" written {written / 1e9:.2f} GB ({written / tensors:.2f}x), save "
+        f"{statistics.median(r['save_s'] for r in rows):.2f} s (median of {repeat})"
+    )
+
+
 def _number(text: str, key: str) -> float:
     return float(text.split(key)[-1].split()[0])
 
@@ -120,6 +163,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--gb", type=float, default=1.0)
+    parser.add_argument("--written-mb", type=float, default=400.0)
+    parser.add_argument("--written-only", action="store_true")
     args = parser.parse_args()
     make = MAKE.format(gb=args.gb)
     total: dict[str, list[float]] = {name: [] for name in CASES}
@@ -133,6 +178,9 @@ def main() -> None:
         try:
             kid = server.start_kernel()
             wait_for_new_process(server, kid, -1)
+            _written_vs_kept(server, kid, args.written_mb, min(args.repeat, 3))
+            if args.written_only:
+                return
             _run(server, kid, make)
             expected = _run(server, kid, CHECK)
             for round_ in range(args.repeat):

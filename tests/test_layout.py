@@ -126,6 +126,7 @@ def test_importing_the_package_and_every_pure_layer_loads_no_frontend_and_no_tor
         if m.startswith(
             (
                 "nb_cudaguard.diagnosis",
+                "nb_cudaguard.files",
                 "nb_cudaguard.runtime",
                 "nb_cudaguard.restart",
                 "nb_cudaguard.replay",

@@ -1,7 +1,7 @@
-"""Serialise one value to a file without touching CUDA, and read it back.
+"""Serialise values to one file without touching CUDA, each piece of memory once; read them back.
 
 The pickler is cloudpickle's (functions and classes defined in the notebook travel by value),
-with three changes:
+with these changes:
 
 - **CUDA is refused, never read.** After a sticky error every CUDA call re-raises, ``.cpu()``
   included (FIELD_NOTES §2), and on a healthy context a copy would still start work on the GPU.
@@ -9,25 +9,35 @@ with three changes:
   (``.device`` and ``.data_ptr()`` are host-side attributes); a module or optimizer with CUDA
   state therefore fails as a whole, with the reason. A ``substitutes`` map may stand in a CPU copy
   for a CUDA tensor (a snapshot taken while the context was good: ``snapshot.py``).
-- **Large buffers are written straight to the file.** Pickle protocol 5 hands contiguous numpy
-  arrays out of band (``PickleBuffer``); CPU tensors are reduced to a byte view of their storage
-  the same way, so neither is copied in memory on the way to the disk. Reading back fills one
-  ``bytearray`` per buffer that the array or tensor then uses as its memory.
+- **Memory is written once, beside the pickle, and comes back shared.** A numpy array (exactly
+  ``ndarray``, not of objects) and a CPU tensor's storage are not pickled: the pickle names the
+  address range of their memory (a ``_Region``), and the ranges are written after it, overlapping
+  ones merged into one block. So a view and its base, ``torch.from_numpy(a)`` and ``a``, a
+  tensor and ``t.numpy()`` are written once, and read back as views of the same block. Other
+  libraries' pickle protocol 5 buffers go the same way. Nothing is copied in memory on the way.
 - **Notebook functions keep the notebook as their globals.** cloudpickle gives a function defined
   in ``__main__`` a private copy of the globals it names (so ``def step(): model(x)`` would drag a
   copy of ``model`` along, or fail because ``model`` is on the GPU). Here such a function is
   rebuilt with the restoring namespace as its globals, as it was defined.
 
-File layout: ``MAGIC``, the out-of-band buffers (each at a 64-byte aligned offset), the pickle
-stream, then a trailer (each buffer's offset and length, the pickle's, the trailer's length,
-``MAGIC``) read from the end. Reading maps the file copy-on-write (``mmap``, ``ACCESS_COPY``):
-arrays and tensors use the mapped pages as their memory, with no copy and no zero-filled
-allocation; pages are read from the page cache on first touch (the file was just written), and
-stay valid after the file is removed.
+``KeepPickler.pickle`` pickles values once and says what they hold: the identities of shared
+objects and the memory ranges, which the store uses to write together what shares anything, and
+the file's exact size; it keeps the pickle itself in memory up to a size, so that a value that
+shares nothing is not pickled twice. ``write`` then writes the file.
+
+File layout: ``MAGIC``, the blocks (each at a 64-byte aligned offset), the pickle stream, then a
+trailer (each block's address when it was written, its length and offset; the out-of-band
+buffers' addresses and lengths; the pickle's offset and length; the trailer's length; ``MAGIC``)
+read from the end. Reading maps the file copy-on-write (``mmap``, ``ACCESS_COPY``): arrays and
+tensors use the mapped pages as their memory, with no copy and no zero-filled allocation; pages
+are read from the page cache on first touch (the file was just written), and stay valid after
+the file is removed.
 """
 
 from __future__ import annotations
 
+import bisect
+import ctypes
 import io
 import os
 import pickle
@@ -35,10 +45,12 @@ import struct
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-MAGIC = b"NBCGKEEP"
-ALIGN = 64  # buffers start at aligned offsets, so mapped arrays and tensors are aligned
+MAGIC = b"NBCGKEP3"
+ALIGN = 64  # blocks start at aligned offsets, so mapped arrays and tensors are aligned
+CHUNK = 64 * 1024**2  # a block is written in pieces this large: the deadline is checked between
 _U64 = struct.Struct("<Q")
 
 
@@ -114,15 +126,111 @@ def _make_function(
     return function
 
 
+# --- memory written beside the pickle ------------------------------------------------------------
+
+
+class _Region:
+    """A range of memory, pickled as its address and length and read back as a view of the block
+    that holds it."""
+
+    __slots__ = ("length", "start")
+
+    def __init__(self, start: int, length: int) -> None:
+        self.start, self.length = start, length
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _region, (self.start, self.length)
+
+
+class _Blocks:
+    """The blocks of the file being read: (address when written, length, its mapped bytes)."""
+
+    def __init__(self, blocks: list[tuple[int, int, memoryview]]) -> None:
+        self.blocks = sorted(blocks, key=lambda b: b[0])
+        self.starts = [b[0] for b in self.blocks]
+
+    def view(self, start: int, length: int) -> memoryview:
+        index = bisect.bisect_right(self.starts, start) - 1
+        if index >= 0:
+            begin, size, data = self.blocks[index]
+            if start + length <= begin + size:
+                return data[start - begin : start - begin + length]
+        raise BadFile(f"no block holds {length} bytes at {start:#x}")
+
+
+_loading: list[_Blocks] = []
+
+
+def _region(start: int, length: int) -> memoryview:
+    if not length:
+        return memoryview(bytearray())
+    if not _loading:
+        raise BadFile("a region outside a keep file")
+    return _loading[-1].view(start, length)
+
+
+def _merge(regions: dict[int, int]) -> list[tuple[int, int]]:
+    """Overlapping or touching ranges joined: (start, end) blocks, in address order."""
+    blocks: list[tuple[int, int]] = []
+    for start, end in sorted(regions.items()):
+        if blocks and start <= blocks[-1][1]:
+            blocks[-1] = (blocks[-1][0], max(blocks[-1][1], end))
+        else:
+            blocks.append((start, end))
+    return blocks
+
+
+def _bounds(array: Any) -> tuple[int, int, int]:
+    """(lowest address, highest address + 1, address of the first element) of an array's
+    memory, from its data pointer, shape and strides (numpy's ``byte_bounds``)."""
+    data = int(array.__array_interface__["data"][0])
+    low = high = data
+    for size, stride in zip(array.shape, array.strides, strict=True):
+        if stride < 0:
+            low += (size - 1) * stride
+        else:
+            high += (size - 1) * stride
+    return low, high + array.itemsize, data
+
+
+def _rebuild_array(
+    region: memoryview,
+    dtype: Any,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    writeable: bool,
+) -> Any:
+    import numpy
+
+    array = numpy.ndarray(shape, dtype, buffer=region, offset=offset, strides=strides)
+    if not writeable:
+        array.flags.writeable = False
+    return array
+
+
+def _memory_at(start: int, length: int) -> memoryview:
+    """``length`` bytes at ``start``, without a copy. Only ever called for ranges that arrays
+    and storages kept alive by the caller span."""
+    return memoryview((ctypes.c_char * length).from_address(start)).cast("B")
+
+
+def _buffer_address(raw: memoryview) -> int | None:
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return None
+    return int(numpy.frombuffer(raw, dtype=numpy.uint8).__array_interface__["data"][0])
+
+
 # --- tensors -------------------------------------------------------------------------------------
 
 
-def _storage_from_buffer(buffer: Any) -> Any:
+def _storage_from_region(region: memoryview) -> Any:
     import torch
 
-    if len(memoryview(buffer)) == 0:
+    if len(region) == 0:
         return torch.empty(0, dtype=torch.uint8).untyped_storage()
-    return torch.frombuffer(buffer, dtype=torch.uint8).untyped_storage()
+    return torch.frombuffer(region, dtype=torch.uint8).untyped_storage()
 
 
 def _rebuild_tensor(
@@ -142,16 +250,13 @@ def _rebuild_tensor(
 
 
 class _StorageBytes:
-    """One CPU storage as bytes; the same storage seen twice is one object (pickle's memo)."""
+    """One CPU storage as a region; the same storage seen twice is one object (pickle's memo)."""
 
-    def __init__(self, storage: Any) -> None:
-        self.storage = storage
+    def __init__(self, region: _Region) -> None:
+        self.region = region
 
-    def reduce(self) -> tuple[Any, ...]:
-        import torch
-
-        raw = torch.empty(0, dtype=torch.uint8).set_(self.storage).numpy()  # a view, no copy
-        return _storage_from_buffer, (pickle.PickleBuffer(raw),)  # type: ignore[arg-type]
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _storage_from_region, (self.region,)
 
 
 def _device_of(value: Any) -> str | None:
@@ -160,12 +265,77 @@ def _device_of(value: Any) -> str | None:
     return str(device) if isinstance(kind, str) and kind not in ("cpu", "meta") else None
 
 
+# --- pickling ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pickled:
+    """What pickling some values found, and their pickle where it was kept."""
+
+    stream: bytes | None  # None: not kept (over the size given to ``pickle``)
+    stream_size: int
+    regions: dict[int, int] = field(default_factory=dict)  # start -> end, of memory to write
+    buffers: list[tuple[int, int]] = field(default_factory=list)  # out-of-band, in order
+    identities: set[tuple[str, int]] = field(default_factory=set)  # of shared state
+    alive: list[Any] = field(default_factory=list)  # ids are compared while these live
+
+    def layout(self) -> tuple[list[tuple[int, int, int]], int]:
+        """The blocks as (start, length, offset in the file), and where the pickle starts."""
+        offset = len(MAGIC)
+        placed = []
+        for start, end in _merge(self.regions):
+            offset += -offset % ALIGN
+            placed.append((start, end - start, offset))
+            offset += end - start
+        return placed, offset
+
+    def trailer(self, blocks: list[tuple[int, int, int]], stream_at: int) -> bytes:
+        numbers = [len(blocks), *(n for b in blocks for n in b), len(self.buffers)]
+        numbers += [*(n for b in self.buffers for n in b), stream_at, self.stream_size]
+        trailer = b"".join(_U64.pack(n) for n in numbers)
+        return trailer + _U64.pack(len(trailer)) + MAGIC
+
+    @property
+    def size(self) -> int:
+        """The bytes of the file ``write`` makes."""
+        blocks, stream_at = self.layout()
+        return stream_at + self.stream_size + len(self.trailer(blocks, stream_at))
+
+    def memory(self) -> int:
+        """The bytes of memory written beside the pickle."""
+        return sum(end - start for start, end in _merge(self.regions))
+
+
+class _Sink(io.RawIOBase):
+    """Where the pickle goes: kept in memory up to ``keep`` bytes, counted beyond; ``check``
+    is told the running total (memory so far included), so the size cap and the deadline are
+    checked as the pickle grows, not only once it is whole."""
+
+    def __init__(self, keep: int, check: Callable[[int], None] | None, memory: list[int]) -> None:
+        self.kept: io.BytesIO | None = io.BytesIO()
+        self.keep, self.check, self.memory, self.size = keep, check, memory, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        count = memoryview(data).nbytes
+        self.size += count
+        if self.kept is not None:
+            if self.size <= self.keep:
+                self.kept.write(data)
+            else:
+                self.kept = None
+        if self.check is not None:
+            self.check(self.size + self.memory[0])
+        return count
+
+
 class KeepPickler:
-    """Pickles values one file at a time; see the module docstring.
+    """Pickles values, one file at a time; see the module docstring.
 
     ``substitutes`` maps a CUDA tensor's identity (``tensor_identity``) to a CPU tensor to write
-    instead. ``seen`` collects what identifies shared state (storages, mutable objects), so that
-    the caller can keep variables that share it together.
+    instead.
     """
 
     def __init__(
@@ -176,12 +346,11 @@ class KeepPickler:
         self.namespace = namespace
         self.substitutes = substitutes or {}
 
-    def dump(
-        self, value: Any, out: BinaryIO, *, check: Callable[[int], None] | None = None
-    ) -> tuple[int, set[tuple[str, int]], list[Any]]:
-        """Write ``value`` to ``out``; ``check(total bytes so far)`` may raise to stop. Returns
-        (bytes written, identities of shared state, objects to keep alive while those ids are
-        compared)."""
+    def pickle(
+        self, value: Any, *, keep: int = -1, check: Callable[[int], None] | None = None
+    ) -> Pickled:
+        """Pickle ``value``, keeping the pickle in memory if it is at most ``keep`` bytes (-1:
+        whatever its size); ``check(bytes so far)`` may raise to stop."""
         import cloudpickle
 
         torch = sys.modules.get("torch")
@@ -199,44 +368,31 @@ class KeepPickler:
         ndarray = getattr(numpy, "ndarray", None)
         namespace = self.namespace
         substitutes = self.substitutes
-        written = [0]
+        found = Pickled(None, 0)
+        memory = [0]  # bytes of the regions so far (overlaps counted twice: an upper bound)
         storages: dict[int, _StorageBytes] = {}
-        identities: set[tuple[str, int]] = set()
-        alive: list[Any] = []
-        out.write(MAGIC)
-        written[0] += len(MAGIC)
-        spans: list[tuple[int, int]] = []
 
-        def write(data: Any) -> None:
-            view = memoryview(data)
-            out.write(view)
-            written[0] += view.nbytes
-            if check is not None:
-                check(written[0])
+        def add_region(start: int, length: int, owner: Any) -> _Region:
+            end = start + length
+            if found.regions.get(start, -1) < end:
+                memory[0] += end - max(start, found.regions.get(start, start))
+                found.regions[start] = end
+            found.alive.append(owner)
+            return _Region(start, length)
 
         def buffer_callback(buffer: pickle.PickleBuffer) -> bool:
             try:
                 raw = buffer.raw()
             except BufferError:  # not contiguous: in band
                 return True
-            padding = -written[0] % ALIGN
-            if padding:
-                write(bytes(padding))
-            spans.append((written[0], raw.nbytes))
-            write(raw)
+            start = _buffer_address(raw) if raw.nbytes else None
+            if start is None:
+                return True
+            add_region(start, raw.nbytes, buffer)
+            found.buffers.append((start, raw.nbytes))
             return False
 
-        class _InBand(io.BytesIO):
-            """The pickle stream; held in memory until the buffers are out, so the size cap and
-            the deadline are checked as it grows, not only once it is whole."""
-
-            def write(self, data: Any) -> int:
-                count = super().write(data)
-                if check is not None:
-                    check(written[0] + self.tell())
-                return count
-
-        stream = _InBand()
+        sink = _Sink(sys.maxsize if keep < 0 else keep, check, memory)
 
         class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             def reducer_override(self, obj: Any) -> Any:
@@ -247,14 +403,14 @@ class KeepPickler:
                     device = _device_of(obj)
                     if device is not None:
                         raise NotOnCpu(f"holds GPU memory (a storage on {device})")
-                if kind is _StorageBytes:
-                    return obj.reduce()
                 if ndarray is not None and isinstance(obj, ndarray):
                     root = obj
                     while isinstance(getattr(root, "base", None), ndarray):
                         root = root.base
-                    identities.add(("obj", id(root)))
-                    alive.append(root)
+                    found.identities.add(("obj", id(root)))
+                    found.alive.append(root)
+                    if kind is ndarray and obj.size and not obj.dtype.hasobject:
+                        return _reduce_array(obj)
                 elif str(getattr(kind, "__module__", "")).startswith("torch.cuda"):
                     raise NotOnCpu(f"a CUDA object ({kind.__module__}.{kind.__qualname__})")
                 elif (
@@ -264,6 +420,17 @@ class KeepPickler:
                 ):
                     return _reduce_notebook_function(obj)
                 return super().reducer_override(obj)
+
+        def _reduce_array(array: Any) -> Any:
+            low, high, data = _bounds(array)
+            return _rebuild_array, (
+                add_region(low, high - low, array),
+                array.dtype,
+                array.shape,
+                array.strides,
+                data - low,
+                bool(array.flags.writeable),
+            )
 
         def _reduce_tensor(tensor: Any) -> Any:
             requires_grad = bool(tensor.requires_grad)
@@ -277,7 +444,7 @@ class KeepPickler:
                 if type(tensor) is not tensor_type:
                     return NotImplemented  # a Parameter: its reduction reaches .data, here
                 tensor = substitute
-            if type(tensor) is not tensor_type or numpy is None:
+            if type(tensor) is not tensor_type:
                 return NotImplemented  # Parameter & co.: their own reduction reaches .data here
             try:
                 if (
@@ -289,14 +456,17 @@ class KeepPickler:
                 ):
                     return NotImplemented
                 storage = tensor.untyped_storage()
-                pointer = storage.data_ptr()
+                pointer, length = storage.data_ptr(), storage.nbytes()
             except Exception:  # functional / fake / older torch: torch's own way (a copy)
                 return NotImplemented
-            holder = storages.get(pointer)
+            holder = storages.get(pointer) if length else None
             if holder is None:
-                holder = storages[pointer] = _StorageBytes(storage)
-                identities.add(("storage", pointer))
-            alive.append(tensor)
+                holder = _StorageBytes(
+                    add_region(pointer, length, tensor) if length else _Region(0, 0)
+                )
+                if length:
+                    storages[pointer] = holder
+            found.alive.append(tensor)
             return _rebuild_tensor, (
                 holder,
                 tensor.storage_offset(),
@@ -326,16 +496,50 @@ class KeepPickler:
                 state,
             )
 
-        pickler = _Pickler(stream, protocol=5, buffer_callback=buffer_callback)
+        pickler = _Pickler(sink, protocol=5, buffer_callback=buffer_callback)
         pickler.dump(value)
-        _collect_identities(pickler.memo.copy(), identities, alive)
-        data = stream.getbuffer()
-        start = written[0]
-        write(data)
-        numbers = [len(spans), *(n for span in spans for n in span), start, data.nbytes]
-        trailer = b"".join(_U64.pack(n) for n in numbers)
-        write(trailer + _U64.pack(len(trailer)) + MAGIC)
-        return written[0], identities, alive
+        _collect_identities(pickler.memo.copy(), found.identities, found.alive)
+        found.stream_size = sink.size
+        found.stream = None if sink.kept is None else sink.kept.getvalue()
+        return found
+
+    def write(
+        self,
+        pickled: Pickled,
+        out: BinaryIO,
+        *,
+        check: Callable[[int], None] | None = None,
+    ) -> int:
+        """Write the file of ``pickled`` (its pickle kept) to ``out``: the memory of its regions,
+        read where it lies, then the pickle and the trailer. Returns the bytes written."""
+        if pickled.stream is None:
+            raise ValueError("the pickle was not kept")
+        written = 0
+
+        def put(data: Any) -> None:
+            nonlocal written
+            written += out.write(data) or 0
+            if check is not None:
+                check(written)
+
+        blocks, stream_at = pickled.layout()
+        put(MAGIC)
+        for start, length, offset in blocks:
+            put(bytes(offset - written))
+            for piece in range(0, length, CHUNK):
+                put(_memory_at(start + piece, min(CHUNK, length - piece)))
+        put(bytes(stream_at - written))
+        put(pickled.stream)
+        put(pickled.trailer(blocks, stream_at))
+        return written
+
+    def dump(
+        self, value: Any, out: BinaryIO, *, check: Callable[[int], None] | None = None
+    ) -> Pickled:
+        """Pickle ``value`` and write its file to ``out``; returns what was found."""
+        pickled = self.pickle(value, check=check)
+        self.write(pickled, out, check=check)
+        return pickled
 
 
 _CONTAINERS = (dict, list, set, bytearray)
@@ -362,7 +566,7 @@ def _collect_identities(
         if isinstance(obj, _CONTAINERS):
             pass
         elif not hasattr(obj, "__dict__") or isinstance(
-            obj, (*_BY_NAME, enum.Enum, _StorageBytes, _NotebookGlobals)
+            obj, (*_BY_NAME, enum.Enum, _StorageBytes, _Region, _NotebookGlobals)
         ):
             continue
         identities.add(("obj", key))
@@ -387,34 +591,42 @@ class BadFile(ValueError):
     """Not a file this module wrote (or a truncated one)."""
 
 
-def load(path: Any, namespace: dict[str, Any] | None = None) -> Any:
-    """Read a value written by ``KeepPickler.dump``; notebook functions get ``namespace`` as their
-    globals. The file must have been checked as ours first: unpickling runs code."""
+def load(handle: BinaryIO, namespace: dict[str, Any] | None = None) -> Any:
+    """Read a value written by ``KeepPickler.write`` from ``handle`` (open for reading);
+    notebook functions get ``namespace`` as their globals. The file must have been checked as
+    ours first (``files.private.open_private``): unpickling runs code."""
     import mmap
 
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size < len(MAGIC) * 2 + 32:
-            raise BadFile("too short")
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    size = os.fstat(handle.fileno()).st_size
+    if size < len(MAGIC) * 2 + 32:
+        raise BadFile("too short")
+    mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     view = memoryview(mapped)
     if view[: len(MAGIC)] != MAGIC or view[size - len(MAGIC) :] != MAGIC:
-        raise BadFile("not a keep file")
+        raise BadFile("not a keep file of this version")
     trailer_length = _U64.unpack_from(view, size - len(MAGIC) - 8)[0]
     trailer_start = size - len(MAGIC) - 8 - trailer_length
-    if trailer_start < len(MAGIC):
+    if trailer_start < len(MAGIC) or trailer_length % 8:
         raise BadFile("bad trailer")
     numbers = [_U64.unpack_from(view, trailer_start + 8 * i)[0] for i in range(trailer_length // 8)]
-    count = numbers[0]
-    if len(numbers) != 2 * count + 3:
+    try:
+        count = numbers[0]
+        blocks = [tuple(numbers[1 + 3 * i : 4 + 3 * i]) for i in range(count)]
+        rest = numbers[1 + 3 * count :]
+        buffer_count = rest[0]
+        buffers = [(rest[1 + 2 * i], rest[2 + 2 * i]) for i in range(buffer_count)]
+        start, length = rest[1 + 2 * buffer_count :]
+    except (IndexError, ValueError):
+        raise BadFile("bad trailer") from None
+    spans = [(offset, length_) for _, length_, offset in blocks] + [(start, length)]
+    if any(len(b) != 3 for b in blocks) or any(o + n > trailer_start for o, n in spans):
         raise BadFile("bad trailer")
-    spans = [(numbers[1 + 2 * i], numbers[2 + 2 * i]) for i in range(count)]
-    start, length = numbers[-2], numbers[-1]
-    if any(o + n > trailer_start for o, n in [*spans, (start, length)]):
-        raise BadFile("bad trailer")
-    buffers = [view[o : o + n] for o, n in spans]
+    found = _Blocks([(b, n, view[o : o + n]) for b, n, o in blocks])
+    _loading.append(found)
     _restore_namespace.append(namespace if namespace is not None else _current_namespace())
     try:
-        return pickle.loads(view[start : start + length], buffers=buffers)
+        oob = [found.view(b, n) for b, n in buffers]
+        return pickle.loads(view[start : start + length], buffers=oob)
     finally:
         _restore_namespace.pop()
+        _loading.pop()

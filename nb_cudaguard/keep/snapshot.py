@@ -29,6 +29,7 @@ the module comes back on the CPU, whole, with the optimizer pointing at its para
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -156,8 +157,32 @@ class Snapshots:
             )
         self.names[name] = None
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str, namespace: dict[str, Any]) -> None:
+        """Stop snapshotting ``name``; the buffers only it used are freed now (with no name
+        left, all of them, pinned ones included)."""
         self.names.pop(name, None)
+        state = self.state
+        if not self.names:
+            self.state = _State()
+            self.streams.clear()
+            self.last_bytes = 0
+            return
+        state.good_names = tuple(n for n in state.good_names if n in self.names)
+        still: set[tuple[Any, ...]] = set()
+        for other in self.names:
+            with contextlib.suppress(Exception):  # host-side attributes only: safe when poisoned
+                still.update(tensor_identity(t) for t in tensors_of(namespace.get(other)))
+        first, second = ({k: v for k, v in slots.items() if k in still} for slots in state.sets)
+        state.sets = (first, second)
+
+    def held(self) -> int:
+        """Bytes of the CPU buffers held (both sets)."""
+        return sum(
+            slot.buffer.numel() * slot.buffer.element_size()
+            for slots in self.state.sets
+            for slot in slots.values()
+            if slot.buffer is not None
+        )
 
     def after_cell(self, namespace: dict[str, Any], cell: int | None) -> None:
         """Start this cell's copy of every name's tensors; a failure drops this copy only."""
@@ -267,6 +292,7 @@ class Snapshots:
         if state.failed:
             when += f", last copy dropped ({state.failed})"
         lines = [f"snapshots (%cudaguard keep): {', '.join(self.names)} ({when})"]
+        lines.append(f"snapshot buffers held: {self.held() / 1e6:.1f} MB")
         if self.costs:
             median = statistics.median(self.costs) * 1e3
             lines.append(

@@ -3,68 +3,95 @@
 Where: ``<profile>/nb_cudaguard/keep-<key>/`` with ``key = injection.kernel_key(connection
 file)``: the connection file survives a restart, so the new process of the same kernel finds it,
 and another kernel (another connection file) looks elsewhere; the manifest names the connection
-file too, and a mismatch is refused. The directory is 0700 and every file 0600; on reading, the
-directory and each file must be owned by this user with no group/other bits, or nothing is read
-(unpickling runs code). Leftovers expire after ``TTL_S``; a full restore removes the directory.
+file too, and a mismatch is refused. Every file and directory is made, written and read through
+``files.private`` (0700 directories, 0600 files, checked on the open descriptor: unpickling runs
+code). Leftovers expire after ``TTL_S``.
 
 Where RAM allows, the values' files go to a RAM-backed filesystem instead (``$XDG_RUNTIME_DIR``,
-``/dev/shm``): ``<root>/nb_cudaguard-<uid>/keep-<key>/``, with the same rules (0700, 0600, checked
-before reading). Writing a gigabyte there is a copy into memory, where on a disk filesystem it
-can be held up by the writeback of earlier dirty pages (measured in BENCHMARKS.md). Only what fits
-goes there: the filesystem's free space less ``RAM_MARGIN`` (a Docker ``/dev/shm`` has 64 MB) and
-at most ``RAM_SHARE`` of the memory available, since nothing reclaims it until it is restored,
-discarded or expired (the sweep of leftovers covers these directories too); the rest goes to
-the profile. The manifest always stays in the profile, so the new process finds it there.
+``/dev/shm``): ``<root>/nb_cudaguard-<uid>/keep-<key>/``, with the same rules. Writing a gigabyte
+there is a copy into memory, where on a disk filesystem it can be held up by the writeback of
+earlier dirty pages (measured in BENCHMARKS.md). Only what fits goes there: the filesystem's free
+space less ``RAM_MARGIN`` (a Docker ``/dev/shm`` has 64 MB) and at most ``RAM_SHARE`` of the
+memory available, since nothing reclaims it until it is restored, discarded, expired or the
+kernel is shut down (``lifetime.py``); the rest goes to the profile. The manifest always stays
+in the profile, so the new process finds it there.
 
-Each variable is written on its own, so a failure skips only that variable, with the reason.
-Variables that share state (an optimizer and its model's parameters, two names for one array)
-are then written together, so that they come back sharing it.
+**Saving.** Each variable is pickled on its own first (``pickling.KeepPickler.pickle``), so a
+failure costs only that variable, with the reason. What the pickles hold says which variables
+share state (the same objects, or overlapping memory: an optimizer and its model's parameters,
+a tensor made by ``torch.from_numpy`` and its array, a view and its base): those are written
+together into one file, one pickle graph, each piece of memory once; a variable that shares
+nothing is written from the pickle already made. A variable that holds nothing mutable is
+written at once. So every byte is written once, and what shared state comes back sharing it.
 
 The save runs in a worker thread under a deadline: what was written by then is kept, the rest is
 listed as not kept, and the caller (the restart) goes on. Nothing here blocks the cure.
+
+The new keep is written into a directory of its own and takes the earlier keep's place (a crash
+again before the restore: the earlier names not defined now are carried into it, linked, not
+copied) only once its manifest is written: a save that fails, the disk full included, leaves
+the earlier keep as it was.
+
+**Restoring** brings back whole files: a name comes with every name it shares state with (they
+are one pickle graph, and restoring them apart would give each its own copy). A name the
+notebook has defined again is left as it is, unless ``force``, and so are the names that share
+state with it: a file comes back whole or not at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
 import os
 import re
 import shutil
-import stat
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..restart.injection import _private_dir, kernel_key, state_dir
+from ..files.private import (
+    NotPrivate,
+    check_dir,
+    check_file,
+    create,
+    open_private,
+    private_dir,
+    read_private,
+    write_atomic,
+)
+from ..restart.injection import kernel_key, state_dir
 from . import pickling
 from .select import describe, importable_module, is_ipython_name, reason_not_to_try
 
-FORMAT = 2  # 2: files may be in RAM (``Kept.ram``, ``Manifest.ram``)
-READABLE = frozenset({1, 2})
+FORMAT = 3  # 3: one file per group of names that share state, memory written once
+READABLE = frozenset({3})
 TTL_S = 24 * 3600.0  # a day: a notebook left overnight still finds its state; older is a leftover
 TIMEOUT_S = 30.0  # the restart waits no longer than this for the save
-VARIABLE_CAP = 4 * 1024**3  # bytes per variable (or group)
+VARIABLE_CAP = 4 * 1024**3  # bytes per variable (a group of n variables: n times this)
 TOTAL_CAP = 16 * 1024**3
 FREE_SPACE_KEPT = 1024**3  # never fill the disk: this much stays free, and at most half of it used
 RAM_MARGIN = 64 * 1024**2  # left free on a RAM filesystem
 RAM_SHARE = 0.5  # of the memory available: the most a keep may hold in RAM
+KEEP_PICKLE = 16 * 1024**2  # a variable's pickle up to this is kept in memory until written...
+HELD_PICKLES = 256 * 1024**2  # ... while all those held stay under this
 MANIFEST = "manifest.json"
 _LOOKED_AT = 1000  # items of a list or dict looked at to guess its size
-_FILE_NAME = re.compile(r"^[vgc]\d+\.bin$")
+_FILE_NAME = re.compile(r"^[vc]\d+\.bin$")
 
 
 @dataclass(frozen=True)
 class Kept:
     name: str
     type: str
-    size: int
-    file: str | None  # None for a module (re-imported by name)
+    size: int  # its own pickle's size, what it holds shared or not
+    file: str | None  # None for a module (re-imported by name); names sharing a file share state
     kind: str = "value"  # value | module | snapshot
     module: str | None = None
     note: str = ""
@@ -90,6 +117,9 @@ class Manifest:
     format: int = FORMAT
     total: int = 0  # bytes on disk (names that share state share a file)
     ram: str | None = None  # the RAM directory holding the files marked ``ram``
+    written: int = 0  # bytes the save wrote (files carried from an earlier keep were linked)
+    restored: tuple[Kept, ...] = ()  # put back already (the files of those are gone)
+    restored_at: float = 0.0
 
     @property
     def size(self) -> int:
@@ -116,11 +146,23 @@ class Manifest:
             seconds=float(data.get("seconds", 0.0)),
             timed_out=bool(data.get("timed_out", False)),
             ram=None if data.get("ram") is None else str(data["ram"]),
+            written=int(data.get("written", 0)),
+            restored=tuple(Kept(**k) for k in data.get("restored", ())),
+            restored_at=float(data.get("restored_at", 0.0)),
         )
 
 
 class StoreError(Exception):
     """The store cannot be read: not ours, another kernel's, expired or damaged."""
+
+
+class NotKept(KeyError):
+    """Names asked for that were not kept; says what was (``kept``) and what was restored
+    already (``restored``)."""
+
+    def __init__(self, unknown: list[str], kept: list[str], restored: list[str]) -> None:
+        super().__init__(unknown)
+        self.unknown, self.kept, self.restored = unknown, kept, restored
 
 
 def keep_dir(profile_location: str | os.PathLike[str], connection: str) -> Path:
@@ -129,6 +171,19 @@ def keep_dir(profile_location: str | os.PathLike[str], connection: str) -> Path:
 
 def _kernel(connection: str) -> str:
     return os.path.realpath(os.path.abspath(connection))
+
+
+def _staging(directory: Path) -> Path:
+    """Where a save writes before its keep takes ``directory``'s place."""
+    return directory.with_name(f".{directory.name}-new-{os.getpid()}")
+
+
+def _private(path: Path, directory: bool) -> None:
+    """``files.private``'s check, as the store's error."""
+    try:
+        (check_dir if directory else check_file)(path)
+    except NotPrivate as error:
+        raise StoreError(str(error)) from None
 
 
 # --- the RAM place -------------------------------------------------------------------------------
@@ -190,15 +245,10 @@ def ram_room(root: Path, available: int | None) -> int:
 def _make_ram_dir(directory: Path) -> bool:
     """Create ``directory`` 0700 under a 0700 per-user base in a shared, world-writable root: the
     base must be a real directory of ours that nobody else can enter, or nothing goes there."""
-    base = directory.parent
     try:
-        with contextlib.suppress(FileExistsError):
-            base.mkdir(mode=0o700)
-        _check_private(base, directory=True)
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o700)
-        _check_private(directory, directory=True)
-    except (OSError, StoreError):
+        private_dir(directory.parent, tighten=False)
+        private_dir(directory, tighten=False)
+    except (OSError, NotPrivate):
         return False
     return True
 
@@ -224,9 +274,17 @@ class _Budget:
         return check
 
 
-def _private_file(path: Path) -> Any:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    return os.fdopen(os.open(path, flags, 0o600), "wb")
+@dataclass
+class _Entry:
+    """A variable pickled on its own, waiting to be written (alone or with those it shares
+    state with)."""
+
+    index: int
+    name: str
+    value: Any
+    pickled: pickling.Pickled
+    kind: str = "value"
+    note: str = ""
 
 
 class _Saver:
@@ -243,20 +301,23 @@ class _Saver:
         created: float,
         fallbacks: Mapping[str, Callable[[], tuple[str, Any]]],
         why_not: Mapping[str, str],
-        ram: Path | None = None,
+        ram: tuple[Path, Path] | None = None,
         ram_left: int = 0,
         disk_left: int | None = None,
     ) -> None:
-        self.ram = ram  # where values go while they fit in ``ram_left`` bytes
+        # ``ram``: (where values go while they fit in ``ram_left`` bytes, what it is called once
+        # the keep is in place)
+        self.ram = None if ram is None else ram[0]
+        self.ram_final = None if ram is None else ram[1]
         self.ram_left = ram_left if ram is not None else 0
         self.disk_left = budget.total_left if disk_left is None else disk_left
         self.fallbacks = fallbacks
-        self.extra_values: dict[str, Any] = {}
         self.why_not = why_not
         self.created = created
         self.directory = directory
         self.kernel = kernel
         self.values = values
+        self.order = {name: index for index, (name, _) in enumerate(values)}
         self.pickler = pickling.KeepPickler(namespace, substitutes)
         self.budget = budget
         self.variable_cap = variable_cap
@@ -269,6 +330,8 @@ class _Saver:
         self.error: BaseException | None = None
         self.started = time.monotonic()
         self.ipython_names = 0
+        self.written = 0
+        self.held = 0  # bytes of pickles kept in memory until their variable is written
 
     def manifest(self, timed_out: bool) -> Manifest:
         skipped = list(self.skipped)
@@ -282,16 +345,18 @@ class _Saver:
         for file, ram in {(k.file, k.ram) for k in self.kept if k.file}:
             with contextlib.suppress(OSError):
                 total += self._path(file, ram).stat().st_size
+        order = self.order
         return Manifest(
             self.kernel,
             self.created,
-            tuple(self.kept),
+            tuple(sorted(self.kept, key=lambda k: order.get(k.name, len(order)))),
             tuple(skipped),
             self.ipython_names,
             round(time.monotonic() - self.started, 3),
             timed_out,
             total=total,
-            ram=None if self.ram is None else str(self.ram),
+            ram=None if self.ram_final is None else str(self.ram_final),
+            written=self.written,
         )
 
     def _path(self, file: str, ram: bool) -> Path:
@@ -304,80 +369,140 @@ class _Saver:
             self.error = error
 
     def _run(self) -> None:
-        identities: dict[str, set[tuple[str, int]]] = {}
-        alive: list[Any] = []  # ids are compared only while their objects live
+        waiting: list[_Entry] = []
         for index, (name, value) in enumerate(self.values):
             if self.budget.cancelled.is_set():
                 return
-            entry, ids, keep_alive = self._write_one(index, name, value)
-            with self.lock:
-                if self.budget.cancelled.is_set():
-                    if isinstance(entry, Kept) and entry.file:
-                        self._remove(entry.file, entry.ram)
-                    return
-                self.done.add(name)
-                if isinstance(entry, Kept):
-                    self.kept.append(entry)
-                    self._spend(entry.size, entry.ram)
-                    identities[name] = ids
-                    alive.extend(keep_alive)
-                elif entry is not None:
-                    if name in self.why_not:
-                        entry = Skipped(entry.name, entry.type, self.why_not[name])
-                    self.skipped.append(entry)
-                    fallback = self.fallbacks.get(name)
-                    if fallback is not None:
-                        self._fall_back(index, name, fallback, identities, alive)
-        self._join_shared(identities)
-        del alive
+            entry = self._survey(index, name, value)
+            if entry is None:
+                continue
+            if entry.pickled.identities or entry.pickled.regions:
+                waiting.append(entry)
+            else:  # holds nothing another variable could share: written at once
+                self._write([entry])
+        for group in _groups(waiting):
+            if self.budget.cancelled.is_set():
+                return
+            self._write(group)
         with self.lock:
-            if not self.budget.cancelled.is_set():
-                write_manifest(self.directory, self.manifest(timed_out=False))
-                self.finished = True  # only once the manifest is there: else an error, below
+            self.finished = not self.budget.cancelled.is_set()
 
-    def _write_one(
-        self, index: int, name: str, value: Any
-    ) -> tuple[Kept | Skipped | None, set[tuple[str, int]], list[Any]]:
-        import types
+    def _survey(self, index: int, name: str, value: Any) -> _Entry | None:
+        """Pickle one variable; a module, or one that cannot be kept, is settled here."""
+        outcome = self._pickle_one(index, name, value)
+        fallback = None
+        with self.lock:
+            if self.budget.cancelled.is_set():
+                return None
+            if isinstance(outcome, _Entry):
+                self.held += len(outcome.pickled.stream or b"")
+                return outcome
+            self.done.add(name)
+            if isinstance(outcome, Kept):
+                self.kept.append(outcome)
+                return None
+            if name in self.why_not:
+                outcome = Skipped(outcome.name, outcome.type, self.why_not[name])
+            self.skipped.append(outcome)
+            fallback = self.fallbacks.get(name)
+        return None if fallback is None else self._fall_back(index, name, fallback)
 
+    def _pickle_one(self, index: int, name: str, value: Any) -> Kept | Skipped | _Entry:
         if isinstance(value, types.ModuleType):
             module = importable_module(value)
             if module is not None:
-                return Kept(name, "module", 0, None, "module", module), set(), []
+                return Kept(name, "module", 0, None, "module", module)
         why = reason_not_to_try(value)
         if why is not None:
-            return Skipped(name, describe(value), why), set(), []
-        file = f"v{index}.bin"
+            return Skipped(name, describe(value), why)
+        wrapper = {name: value}
+        keep = max(0, min(KEEP_PICKLE, HELD_PICKLES - self.held))
         try:
-            (size, ids, keep_alive), ram = self._dump(file, {name: value}, self.variable_cap)
+            pickled = self.pickler.pickle(
+                wrapper, keep=keep, check=self.budget.checker(self.variable_cap)
+            )
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise
-            return Skipped(name, describe(value), _reason(error)), set(), []
+            return Skipped(name, describe(value), _reason(error))
+        pickled.identities.discard(("obj", id(wrapper)))  # the file's own dict: shared by none
         kind = "snapshot" if name in self.notes else "value"
-        return (
-            Kept(name, describe(value), size, file, kind, note=self.notes.get(name, ""), ram=ram),
-            ids,
-            [keep_alive],
-        )
+        return _Entry(index, name, value, pickled, kind, self.notes.get(name, ""))
+
+    def _fall_back(
+        self, index: int, name: str, fallback: Callable[[], tuple[str, Any]]
+    ) -> _Entry | None:
+        """A snapshotted object that cannot be written whole: its state dict, under its own
+        name."""
+        try:
+            other, value = fallback()
+        except Exception:
+            return None
+        self.order.setdefault(other, index + 100000)
+        outcome = self._pickle_one(index + 100000, other, value)
+        if not isinstance(outcome, _Entry):
+            return None
+        note = f"the state dict of `{name}`, from its {self.notes.get(name, 'snapshot')}"
+        with self.lock:
+            self.held += len(outcome.pickled.stream or b"")
+        return replace(outcome, kind="snapshot", note=note)
+
+    def _write(self, group: list[_Entry]) -> None:
+        """Write ``group`` into one file: the pickle already made for a variable alone, else
+        one pickle of them all (what they share, once)."""
+        file = f"v{group[0].index}.bin"
+        alone = group[0].pickled if len(group) == 1 else None
+        source: pickling.Pickled | dict[str, Any]
+        if alone is not None and alone.stream is not None:
+            source, size = alone, alone.size
+        else:
+            source = {e.name: e.value for e in group}
+            size = sum(e.pickled.size for e in group)  # at most: what they share counts once
+        try:
+            written, ram = self._dump(file, source, size, self.variable_cap * len(group))
+        except BaseException as error:
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
+            reason = _reason(error)
+            if len(group) > 1:
+                names = ", ".join(f"`{e.name}`" for e in group)
+                reason += f" (with {names}: they share state, so they are kept together or not)"
+            with self.lock:
+                if not self.budget.cancelled.is_set():
+                    self.skipped.extend(Skipped(e.name, describe(e.value), reason) for e in group)
+                    self.done.update(e.name for e in group)
+            return
+        finally:
+            with self.lock:
+                self.held -= sum(len(e.pickled.stream or b"") for e in group)
+        with self.lock:
+            if self.budget.cancelled.is_set():
+                self._remove(file, ram)
+                return
+            self._spend(written, ram)
+            for e in group:
+                self.kept.append(
+                    Kept(e.name, describe(e.value), e.pickled.size, file, e.kind, None, e.note, ram)
+                )
+                self.done.add(e.name)
 
     def _dump(
-        self, file: str, values: dict[str, Any], cap: int
-    ) -> tuple[tuple[int, set[tuple[str, int]], list[Any]], bool]:
-        """Write ``values`` to ``file``: in RAM if they look like they fit (arrays and tensors
-        say their size), else, or if RAM runs out while writing, in the profile. Returns the
-        pickler's answer and whether the file is in RAM; raises what the pickler raised."""
-        if self.ram is not None and _estimate(values) <= self.ram_left:
+        self, file: str, source: pickling.Pickled | dict[str, Any], size: int, cap: int
+    ) -> tuple[int, bool]:
+        """Write ``source`` to ``file``: in RAM if it fits there (``size`` bytes), else, or if
+        RAM runs out while writing, in the profile. Returns the bytes written and whether the
+        file is in RAM; raises what writing raised."""
+        if self.ram is not None and size <= self.ram_left:
             limit = min(cap, self.budget.total_left)
             try:
-                return self._dump_to(self.ram / file, values, cap, self.ram_left), True
+                return self._dump_to(self.ram / file, source, cap, self.ram_left), True
             except pickling.TooLarge:
                 self._remove(file, True)
                 if self.ram_left >= min(limit, self.disk_left):
                     raise  # over its cap, or over what the profile has room for as well
             except OSError:  # the RAM filesystem filled up after all (ENOSPC)
                 self._remove(file, True)
-        return self._dump_to(self.directory / file, values, cap, self.disk_left), False
+        return self._dump_to(self.directory / file, source, cap, self.disk_left), False
 
     def _spend(self, size: int, ram: bool) -> None:
         self.budget.total_left -= size
@@ -387,77 +512,26 @@ class _Saver:
             self.disk_left -= size
 
     def _dump_to(
-        self, path: Path, values: dict[str, Any], cap: int, room: int | None
-    ) -> tuple[int, set[tuple[str, int]], list[Any]]:
+        self, path: Path, source: pickling.Pickled | dict[str, Any], cap: int, room: int | None
+    ) -> int:
+        check = self.budget.checker(cap, room)
+        reached = [0]
+
+        def counted(written: int) -> None:
+            reached[0] = written
+            check(written)
+
         try:
-            with _private_file(path) as out:
-                return self.pickler.dump(values, out, check=self.budget.checker(cap, room))
+            with create(path) as out:
+                if not isinstance(source, pickling.Pickled):
+                    source = self.pickler.pickle(source, check=check)
+                return self.pickler.write(source, out, check=counted)
         except BaseException:
             with contextlib.suppress(OSError):
                 path.unlink()
             raise
-
-    def _fall_back(
-        self,
-        index: int,
-        name: str,
-        fallback: Callable[[], tuple[str, Any]],
-        identities: dict[str, set[tuple[str, int]]],
-        alive: list[Any],
-    ) -> None:
-        """A snapshotted object that cannot be written whole: its state dict, under its own
-        name (called with the lock held: the worker is the only writer)."""
-        try:
-            other, value = fallback()
-        except Exception:
-            return
-        entry, ids, keep_alive = self._write_one(index + 100000, other, value)
-        if isinstance(entry, Kept):
-            note = f"the state dict of `{name}`, from its {self.notes.get(name, 'snapshot')}"
-            self.kept.append(
-                Kept(
-                    entry.name,
-                    entry.type,
-                    entry.size,
-                    entry.file,
-                    "snapshot",
-                    note=note,
-                    ram=entry.ram,
-                )
-            )
-            self._spend(entry.size, entry.ram)
-            identities[other] = ids
-            alive.extend(keep_alive)
-            self.extra_values[other] = value
-            self.done.add(other)
-
-    def _join_shared(self, identities: dict[str, set[tuple[str, int]]]) -> None:
-        groups = _groups(identities)
-        by_name = {k.name: k for k in self.kept}
-        for index, names in enumerate(g for g in groups if len(g) > 1):
-            if self.budget.cancelled.is_set():
-                return
-            values = {n: v for n, v in [*self.values, *self.extra_values.items()] if n in names}
-            file = f"g{index}.bin"
-            try:
-                (size, _, _), ram = self._dump(file, values, self.variable_cap * len(names))
-            except Exception:  # they stay apart: each comes back with its own copies
-                continue
-            with self.lock:
-                if self.budget.cancelled.is_set():
-                    self._remove(file, ram)
-                    return
-                self._spend(size, ram)
-                for old_file, old_ram in {(by_name[n].file, by_name[n].ram) for n in names}:
-                    if old_file:
-                        with contextlib.suppress(OSError):
-                            self._spend(-self._path(old_file, old_ram).stat().st_size, old_ram)
-                        self._remove(old_file, old_ram)
-                for name in names:
-                    old = by_name[name]
-                    self.kept[self.kept.index(old)] = Kept(
-                        old.name, old.type, old.size, file, old.kind, old.module, old.note, ram
-                    )
+        finally:
+            self.written += reached[0]
 
     def _remove(self, file: str, ram: bool = False) -> None:
         with contextlib.suppress(OSError):
@@ -485,26 +559,39 @@ def _estimate(values: dict[str, Any]) -> int:
     return total
 
 
-def _groups(identities: dict[str, set[tuple[str, int]]]) -> list[set[str]]:
-    """Names that share any identity, joined (union-find over the identities)."""
-    parent: dict[str, str] = {n: n for n in identities}
+def _groups(entries: list[_Entry]) -> list[list[_Entry]]:
+    """The entries that share state, joined (union-find): the same object in two pickles, or
+    memory ranges that overlap. In the order of their first variable."""
+    parent = list(range(len(entries)))
 
-    def root(n: str) -> str:
+    def root(n: int) -> int:
         while parent[n] != n:
             parent[n] = parent[parent[n]]
             n = parent[n]
         return n
 
-    owner: dict[tuple[str, int], str] = {}
-    for name, ids in identities.items():
-        for key in ids:
-            other = owner.setdefault(key, name)
-            if other != name:
-                parent[root(name)] = root(other)
-    groups: dict[str, set[str]] = {}
-    for name in identities:
-        groups.setdefault(root(name), set()).add(name)
-    return list(groups.values())
+    def join(a: int, b: int) -> None:
+        parent[root(a)] = root(b)
+
+    owner: dict[tuple[str, int], int] = {}
+    for index, entry in enumerate(entries):
+        for key in entry.pickled.identities:
+            join(index, owner.setdefault(key, index))
+    spans = sorted(
+        (start, end, index)
+        for index, entry in enumerate(entries)
+        for start, end in entry.pickled.regions.items()
+    )
+    reach, reacher = -1, -1
+    for start, end, index in spans:
+        if start < reach:
+            join(index, reacher)
+        if end > reach:
+            reach, reacher = end, index
+    groups: dict[int, list[_Entry]] = {}
+    for index, entry in enumerate(entries):
+        groups.setdefault(root(index), []).append(entry)
+    return sorted(groups.values(), key=lambda g: g[0].index)
 
 
 def _reason(error: BaseException) -> str:
@@ -535,8 +622,7 @@ def _ram_place(
         return None, 0
     fits = [(room, root) for room, root in rooms if room >= needed]
     room, root = fits[0] if fits else max(rooms, key=lambda pair: pair[0])
-    directory = ram_dir(root, profile_location, connection)
-    return (directory, room) if _make_ram_dir(directory) else (None, 0)
+    return ram_dir(root, profile_location, connection), room
 
 
 def save(
@@ -558,18 +644,17 @@ def save(
 ) -> Manifest:
     """Save the CPU state of ``namespace`` for the next process of this kernel; returns what was
     kept and what not. ``substitutes`` stand CPU copies in for CUDA tensors (snapshots); ``extra``
-    adds (name, value) pairs (a snapshot's state dict where its object could not be written);
-    ``notes`` says what a kept name is (``snapshot after cell [3]``); ``fallbacks`` give, for a
-    name that cannot be written, another (name, value) to write instead (a snapshot's state
-    dict); ``why_not`` replaces the reason a name was not kept. ``ram``: the RAM filesystems to
-    try (default ``ram_roots()``; empty: the profile only)."""
+    adds (name, value) pairs; ``notes`` says what a kept name is (``snapshot after cell [3]``);
+    ``fallbacks`` give, for a name that cannot be written, another (name, value) to write
+    instead (a snapshot's state dict); ``why_not`` replaces the reason a name was not kept.
+    ``ram``: the RAM filesystems to try (default ``ram_roots()``; empty: the profile only).
+    Raises where nothing could be kept; an earlier keep is then left as it was."""
     now = time.time() if now is None else now
     ram = ram_roots() if ram is None else list(ram)
     remove_expired(profile_location, now=now, ram=ram)
-    directory = keep_dir(profile_location, connection)
-    earlier = _set_aside(profile_location, connection, now)
-    discard_keep(profile_location, connection, ram=ram)
-    _private_dir(directory)
+    _remove_unfinished(profile_location, connection, ram)
+    staging = _staging(keep_dir(profile_location, connection))
+    private_dir(staging)
     hidden_names = frozenset(hidden)
     values: list[tuple[str, Any]] = []
     ipython_names = 0
@@ -579,15 +664,19 @@ def save(
         else:
             values.append((name, value))
     values.extend(extra)
-    free = shutil.disk_usage(directory).free
+    free = shutil.disk_usage(staging).free
     disk_room = max(0, (free - FREE_SPACE_KEPT) // 2)
-    place, ram_left = _ram_place(profile_location, connection, ram, _estimate(dict(values)))
+    final_ram, ram_left = _ram_place(profile_location, connection, ram, _estimate(dict(values)))
+    places = None
+    if final_ram is not None:
+        staging_ram = _staging(final_ram)
+        places = (staging_ram, final_ram) if _make_ram_dir(staging_ram) else None
     budget = _Budget(
         deadline=time.monotonic() + timeout,
-        total_left=min(total_cap, disk_room + ram_left),
+        total_left=min(total_cap, disk_room + (ram_left if places else 0)),
     )
     saver = _Saver(
-        directory,
+        staging,
         _kernel(connection),
         values,
         substitutes or {},
@@ -598,7 +687,7 @@ def save(
         now,
         fallbacks or {},
         why_not or {},
-        place,
+        places,
         ram_left,
         disk_room,
     )
@@ -606,140 +695,200 @@ def save(
     worker = threading.Thread(target=saver.run, name="nb_cudaguard-keep", daemon=True)
     worker.start()
     worker.join(timeout)
-    with saver.lock:
-        if not saver.finished:
-            if saver.error is not None:
-                _drop_aside(earlier)
-                discard_keep(profile_location, connection, ram=ram)  # nothing held in RAM
-                raise saver.error
-            budget.cancelled.set()  # the worker writes nothing more, removes what it was writing
-        manifest = saver.manifest(timed_out=not saver.finished)
-        if earlier is not None:
-            manifest = _carry_over(earlier, manifest, directory, {n for n, _ in values})
-        if earlier is not None or not saver.finished:
-            write_manifest(directory, manifest)
-        return manifest
-
-
-@dataclass(frozen=True)
-class _Earlier:
-    """An earlier keep, moved aside: its profile directory and RAM directory (if any)."""
-
-    aside: Path
-    ram_aside: Path | None
-    manifest: Manifest
-
-
-def _set_aside(
-    profile_location: str | os.PathLike[str], connection: str, now: float
-) -> _Earlier | None:
-    """What an earlier restart kept and nobody restored yet (a crash again before the restore):
-    moved aside, so that the names not defined now can be carried into the new keep."""
     try:
-        manifest = read_manifest(profile_location, connection, now=now)
-        ram = ram_of(manifest, profile_location, connection) if manifest is not None else None
-    except (StoreError, OSError):
-        return None
-    if manifest is None or not manifest.kept:
-        return None
+        with saver.lock:
+            if not saver.finished:
+                if saver.error is not None:
+                    raise saver.error
+                budget.cancelled.set()  # the worker writes no more, removes what it was writing
+            manifest = saver.manifest(timed_out=not saver.finished)
+        return _put_in_place(
+            profile_location, connection, manifest, staging, places, {n for n, _ in values}, ram
+        )
+    except BaseException:
+        discard(staging)
+        if places is not None:
+            discard(places[0])
+        raise
+
+
+def _remove_unfinished(
+    profile_location: str | os.PathLike[str], connection: str, roots: list[Path]
+) -> None:
+    """What an earlier save of this kernel left half done (its process ended while it wrote,
+    or while it swapped): one kernel saves one at a time, so nothing of it is in use."""
     directory = keep_dir(profile_location, connection)
-    aside = directory.with_name(f".{directory.name}-earlier-{os.getpid()}")
-    discard(aside)
+    places = [directory.parent]
+    for root in roots:
+        base = _ram_base(root)
+        with contextlib.suppress(StoreError, OSError):
+            _private(base, directory=True)
+            places.append(base)
+    names = (directory.name, ram_dir(Path("/"), profile_location, connection).name)
+    for place in places:
+        for name in names:
+            for pattern in (f".{name}-new-*", f".{name}-earlier-*"):
+                for leftover in place.glob(pattern):
+                    discard(leftover)
+
+
+def _put_in_place(
+    profile_location: str | os.PathLike[str],
+    connection: str,
+    manifest: Manifest,
+    staging: Path,
+    places: tuple[Path, Path] | None,
+    names_now: set[str],
+    roots: list[Path],
+) -> Manifest:
+    """Carry the earlier keep's names not defined now into the new one, write its manifest, and
+    only then put it in the earlier one's place. Raises, leaving the earlier keep as it was,
+    where any of that fails."""
+    directory = keep_dir(profile_location, connection)
+    earlier, earlier_ram = None, None
+    with contextlib.suppress(StoreError, OSError):
+        earlier = read_manifest(profile_location, connection, now=manifest.created)
+        earlier_ram = None if earlier is None else ram_of(earlier, profile_location, connection)
+    if earlier is not None and earlier.kept:
+        manifest = _carry_over(
+            earlier, directory, earlier_ram, manifest, staging, places, names_now
+        )
+    write_manifest(staging, manifest)
+    undo_ram = None
+    if places is not None:
+        undo_ram = _swap(places[1], places[0])
     try:
-        directory.rename(aside)
-    except OSError:
-        return None
-    ram_aside = None
-    if ram is not None:
-        ram_aside = ram.with_name(f".{ram.name}-earlier-{os.getpid()}")
-        discard(ram_aside)
-        try:
-            ram.rename(ram_aside)
-        except OSError:
-            ram_aside = None
-    return _Earlier(aside, ram_aside, manifest)
+        done = _swap(directory, staging)
+    except BaseException:
+        if undo_ram is not None:
+            undo_ram()
+        raise
+    done.commit()
+    if undo_ram is not None:
+        undo_ram.commit()
+    # This kernel's RAM directories elsewhere (the earlier keep's, under another root, or a
+    # save that never finished): nothing names them now.
+    others = {ram_dir(root, profile_location, connection) for root in roots}
+    others |= {earlier_ram} if earlier_ram is not None else set()
+    for other in others - {None if places is None else places[1]}:
+        if other is not None:
+            with contextlib.suppress(StoreError, OSError):
+                _private(other.parent, directory=True)
+                discard(other)
+    return manifest
+
+
+@dataclass
+class _Swap:
+    """``staging`` renamed into ``final``'s place, the earlier ``final`` set aside: undone by a
+    call, made final by ``commit`` (the earlier one removed)."""
+
+    final: Path
+    staging: Path
+    aside: Path | None
+
+    def __call__(self) -> None:
+        with contextlib.suppress(OSError):
+            self.final.rename(self.staging)
+            if self.aside is not None:
+                self.aside.rename(self.final)
+
+    def commit(self) -> None:
+        if self.aside is not None:
+            discard(self.aside)
+
+
+def _swap(final: Path, staging: Path) -> _Swap:
+    aside = None
+    if final.exists() or final.is_symlink():
+        aside = final.with_name(f".{final.name}-earlier-{os.getpid()}")
+        discard(aside)
+        final.rename(aside)
+    try:
+        staging.rename(final)
+    except BaseException:
+        if aside is not None:
+            aside.rename(final)
+        raise
+    return _Swap(final, staging, aside)
 
 
 def _carry_over(
-    earlier: _Earlier, manifest: Manifest, directory: Path, names_now: set[str]
+    earlier: Manifest,
+    directory: Path,
+    earlier_ram: Path | None,
+    manifest: Manifest,
+    staging: Path,
+    places: tuple[Path, Path] | None,
+    names_now: set[str],
 ) -> Manifest:
-    """Add the earlier keep's names that are not defined now (their files moved, not copied;
-    a file in RAM stays in RAM where this keep has a RAM directory on the same filesystem)."""
-    ram = None if manifest.ram is None else Path(manifest.ram)
+    """Add the earlier keep's names that are not defined now: their files linked into the new
+    keep (in RAM where they were in RAM and this keep's RAM directory is on the same
+    filesystem), else copied into the profile. Raises where a file cannot be carried."""
     carried: list[Kept] = []
-    moved: dict[tuple[str, bool], tuple[str, bool]] = {}
-    for item in earlier.manifest.kept:
+    linked: dict[tuple[str, bool], tuple[str, bool]] = {}
+    written = 0
+    for item in earlier.kept:
         if item.name in names_now:
             continue  # the notebook has a newer value, kept (or not) just now
         file, in_ram = item.file, item.ram
         if file is not None:
-            if (file, in_ram) not in moved:
-                new_name = f"c{len(moved)}.bin"
-                source = (earlier.ram_aside if in_ram else earlier.aside) or earlier.aside
+            if (file, in_ram) not in linked:
+                source = ((earlier_ram if in_ram else None) or directory) / file
                 try:
-                    _check_private(source / file, directory=False)
-                    moved[(file, in_ram)] = _move(source / file, new_name, directory, ram)
-                except (OSError, StoreError):
-                    continue
-            file, in_ram = moved[(file, in_ram)]
+                    _private(source, directory=False)
+                except (StoreError, FileNotFoundError):
+                    continue  # lost (a reboot emptied RAM) or not ours: nothing to carry
+                new_name = f"c{len(linked)}.bin"
+                linked[(file, in_ram)], copied = _link(source, new_name, staging, places)
+                written += copied
+            file, in_ram = linked[(file, in_ram)]
         note = item.note or "kept at an earlier restart"
+        mates = [
+            k.name for k in earlier.kept if k.file == item.file and k.file and k.name in names_now
+        ]
+        if mates:
+            names = ", ".join(f"`{m}`" for m in mates)
+            note += f"; it shares state with the {names} of then, not with the one kept now"
         carried.append(
             Kept(item.name, item.type, item.size, file, item.kind, item.module, note, in_ram)
         )
-    _drop_aside(earlier)
     if not carried:
         return manifest
     total = manifest.total
-    for file, in_ram in moved.values():
+    for file, in_ram in linked.values():
+        place = places[0] if in_ram and places is not None else staging
         with contextlib.suppress(OSError):
-            total += ((ram if in_ram and ram else directory) / file).stat().st_size
-    return replace(manifest, kept=(*manifest.kept, *carried), total=total)
+            total += (place / file).stat().st_size
+    return replace(
+        manifest, kept=(*manifest.kept, *carried), total=total, written=manifest.written + written
+    )
 
 
-def _move(source: Path, name: str, directory: Path, ram: Path | None) -> tuple[str, bool]:
-    """Move a kept file into this keep: renamed into RAM or the profile, whichever is on its
-    filesystem; else copied into the profile."""
-    for target, in_ram in ((ram, True), (directory, False)):
+def _link(
+    source: Path, name: str, staging: Path, places: tuple[Path, Path] | None
+) -> tuple[tuple[str, bool], int]:
+    """Link ``source`` into the new keep under ``name``: into RAM or the profile, whichever is
+    on its filesystem; else copied into the profile. Returns (name, in RAM) and the bytes
+    copied."""
+    for target, in_ram in ((None if places is None else places[0], True), (staging, False)):
         if target is not None:
-            with contextlib.suppress(OSError):
-                source.rename(target / name)
-                return name, in_ram
-    with source.open("rb") as data, _private_file(directory / name) as out:
+            try:
+                os.link(source, target / name)
+                return (name, in_ram), 0
+            except OSError as error:
+                if error.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+    with open_private(source) as data, create(staging / name) as out:
         shutil.copyfileobj(data, out, 16 * 1024**2)
-    source.unlink()
-    return name, False
-
-
-def _drop_aside(earlier: _Earlier | None) -> None:
-    if earlier is not None:
-        discard(earlier.aside)
-        if earlier.ram_aside is not None:
-            discard(earlier.ram_aside)
+        return (name, False), out.tell()
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
-    path = directory / MANIFEST
-    tmp = directory / f".{MANIFEST}.{os.getpid()}"
-    with contextlib.suppress(OSError):
-        tmp.unlink()
-    with _private_file(tmp) as out:
-        out.write(manifest.to_json().encode())
-    os.replace(tmp, path)
+    write_atomic(directory / MANIFEST, manifest.to_json())
 
 
 # --- reading -------------------------------------------------------------------------------------
-
-
-def _check_private(path: Path, directory: bool) -> None:
-    info = path.lstat()
-    if directory and not stat.S_ISDIR(info.st_mode):
-        raise StoreError(f"{path} is not a directory")
-    if not directory and not stat.S_ISREG(info.st_mode):
-        raise StoreError(f"{path} is not a regular file")
-    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
-        raise StoreError(f"{path} belongs to another user")
-    if os.name == "posix" and info.st_mode & 0o077:
-        raise StoreError(f"{path} can be read or written by other users")
 
 
 def read_manifest(
@@ -750,13 +899,15 @@ def read_manifest(
     directory = keep_dir(profile_location, connection)
     if not directory.exists():
         return None
-    _check_private(directory, directory=True)
-    path = directory / MANIFEST
-    if not path.exists():
-        return None  # a save still under way, or one that never finished
-    _check_private(path, directory=False)
+    _private(directory, directory=True)
     try:
-        manifest = Manifest.from_json(path.read_text(encoding="utf-8"))
+        text = read_private(directory / MANIFEST).decode("utf-8")
+    except FileNotFoundError:
+        return None  # a save that never finished
+    except NotPrivate as error:
+        raise StoreError(str(error)) from None
+    try:
+        manifest = Manifest.from_json(text)
     except (ValueError, KeyError, TypeError) as error:
         raise StoreError(f"the manifest is damaged ({error})") from None
     if manifest.kernel != _kernel(connection):
@@ -788,16 +939,40 @@ def ram_of(
     ):
         raise StoreError("the manifest names another kernel's RAM directory")
     with contextlib.suppress(FileNotFoundError):  # gone (a reboot): its values fail one by one
-        _check_private(ram.parent, directory=True)
-        _check_private(ram, directory=True)
+        _private(ram.parent, directory=True)
+        _private(ram, directory=True)
     return ram
 
 
 @dataclass(frozen=True)
 class Restored:
+    """What a restore did. ``restored``: put into the namespace (the names asked for and those
+    that came along); ``along``: restored without being asked for, because they share state
+    with a name that was; ``skipped``: defined in the namespace already, left as they are (still
+    kept); ``held``: (a name not restored, the names in ``skipped`` it shares state with: names
+    that share state come back all together or not at all); ``already``: asked for, restored
+    before."""
+
     restored: tuple[Kept, ...]
     failed: tuple[tuple[str, str], ...]  # (name, why)
     remaining: tuple[Kept, ...]
+    along: tuple[Kept, ...] = ()
+    skipped: tuple[Kept, ...] = ()
+    held: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    already: tuple[Kept, ...] = ()
+    restored_at: float = 0.0  # when ``already`` were last restored
+    read: int = 0  # bytes of the files read (what names share counted once)
+
+
+def _defined(namespace: dict[str, Any], item: Kept) -> bool:
+    """The notebook has ``item.name`` already (the same module, imported again, does not
+    count: putting it back changes nothing)."""
+    if item.name not in namespace:
+        return False
+    if item.kind == "module":
+        value = namespace[item.name]
+        return getattr(value, "__name__", None) != (item.module or item.name)
+    return True
 
 
 def restore(
@@ -805,10 +980,13 @@ def restore(
     profile_location: str | os.PathLike[str],
     connection: str,
     names: Iterable[str] | None = None,
+    *,
+    force: bool = False,
 ) -> Restored:
-    """Put the kept values (all, or ``names``) into ``namespace``; files of restored values are
-    removed, and the store with the last of them. Raises ``StoreError``, or ``KeyError`` naming
-    the names that were not kept."""
+    """Put the kept values (all, or ``names`` and the names they share state with) into
+    ``namespace``; a name ``namespace`` has already is left as it is unless ``force``. Files of
+    restored values are removed; the manifest stays, saying what was restored. Raises
+    ``StoreError``, or ``NotKept`` naming the names that were not kept."""
     import importlib
 
     manifest = read_manifest(profile_location, connection)
@@ -820,29 +998,45 @@ def restore(
     def path_of(file: str, in_ram: bool) -> Path:
         return (ram if in_ram and ram is not None else directory) / file
 
-    wanted = list(names) if names is not None else [k.name for k in manifest.kept]
-    known = {k.name for k in manifest.kept}
-    unknown = [n for n in wanted if n not in known]
+    known = {k.name: k for k in manifest.kept}
+    before = {k.name: k for k in manifest.restored}
+    wanted = list(dict.fromkeys(names)) if names is not None else list(known)
+    unknown = [n for n in wanted if n not in known and n not in before]
     if unknown:
-        raise KeyError(unknown)
-    chosen = [k for k in manifest.kept if k.name in wanted]
+        raise NotKept(unknown, list(known), list(before))
+    already = tuple(before[n] for n in wanted if n not in known)
+    if names is None and not known:
+        already = manifest.restored  # everything was
+    files = {(known[n].file, known[n].ram) for n in wanted if n in known and known[n].file}
+    chosen = [k for k in manifest.kept if k.name in wanted or (k.file and (k.file, k.ram) in files)]
     restored: list[Kept] = []
+    skipped: list[Kept] = []
+    held: list[tuple[str, tuple[str, ...]]] = []
     failed: list[tuple[str, str]] = []
-    by_file: dict[tuple[str, bool], list[Kept]] = {}
+    groups: dict[tuple[str, bool], list[Kept]] = {}  # one file: one pickle graph
     for item in chosen:
-        if item.file is None:
+        groups.setdefault((item.file or f"module {item.name}", item.ram), []).append(item)
+    read = 0
+    for (file, in_ram), items in groups.items():
+        remade = [k for k in items if not force and _defined(namespace, k)]
+        if remade:  # the others would share state with what the notebook no longer has
+            skipped.extend(remade)
+            mates = tuple(k.name for k in remade)
+            held.extend((k.name, mates) for k in items if k not in remade)
+            continue
+        if items[0].file is None:
+            item = items[0]
             try:
                 namespace[item.name] = importlib.import_module(item.module or item.name)
                 restored.append(item)
             except Exception as error:
                 failed.append((item.name, f"import {item.module} failed: {error}"))
-        else:
-            by_file.setdefault((item.file, item.ram), []).append(item)
-    for (file, in_ram), items in by_file.items():
+            continue
         path = path_of(file, in_ram)
         try:
-            _check_private(path, directory=False)
-            values = pickling.load(path, namespace)
+            with open_private(path) as handle:
+                read += os.fstat(handle.fileno()).st_size
+                values = pickling.load(handle, namespace)
             for item in items:
                 namespace[item.name] = values[item.name]
                 restored.append(item)
@@ -854,19 +1048,41 @@ def restore(
             failed.extend((item.name, f"{type(error).__name__}: {text}") for item in items)
     done = {k.name for k in restored}
     remaining = tuple(k for k in manifest.kept if k.name not in done)
-    if remaining:
+    along = tuple(k for k in restored if k.name not in wanted)
+    now = time.time()
+    if restored:
         still = {(k.file, k.ram) for k in remaining}
         for gone, in_ram in {(k.file, k.ram) for k in restored} - still:
             if gone:
                 with contextlib.suppress(OSError):
                     path_of(gone, in_ram).unlink()
-        total = sum(k.size for k in remaining)
-        write_manifest(directory, replace(manifest, kept=remaining, total=total))
-    else:
-        discard(directory)
-        if ram is not None:
+        total = 0
+        for left, in_ram in still:
+            if left:
+                with contextlib.suppress(OSError):
+                    total += path_of(left, in_ram).stat().st_size
+        record = replace(
+            manifest,
+            kept=remaining,
+            total=total,
+            restored=(*manifest.restored, *restored),
+            restored_at=now,
+            ram=manifest.ram if any(k.ram for k in remaining) else None,
+        )
+        write_manifest(directory, record)  # what was restored, for a second restore to say so
+        if ram is not None and record.ram is None:
             discard(ram)
-    return Restored(tuple(restored), tuple(failed), remaining)
+    return Restored(
+        tuple(restored),
+        tuple(failed),
+        remaining,
+        along,
+        tuple(skipped),
+        tuple(held),
+        already,
+        manifest.restored_at,
+        read,
+    )
 
 
 def discard(directory: Path) -> None:
@@ -905,16 +1121,16 @@ def discard_keep(
     ``ram``, default ``ram_roots()``, and the one its manifest names)."""
     directory = keep_dir(profile_location, connection)
     places = [ram_dir(root, profile_location, connection) for root in _roots(ram)]
-    with contextlib.suppress(StoreError, OSError, ValueError):
-        path = directory / MANIFEST
-        _check_private(path, directory=False)
+    with contextlib.suppress(StoreError, OSError, ValueError, NotPrivate):
         named = ram_of(
-            Manifest.from_json(path.read_text(encoding="utf-8")), profile_location, connection
+            Manifest.from_json(read_private(directory / MANIFEST).decode("utf-8")),
+            profile_location,
+            connection,
         )
         places += [named] if named is not None else []
     for place in places:
         with contextlib.suppress(StoreError, OSError):
-            _check_private(place.parent, directory=True)  # never follow a base someone else made
+            _private(place.parent, directory=True)  # never follow a base someone else made
             discard(place)
     discard(directory)
 
@@ -929,15 +1145,17 @@ def remove_expired(
     ram: Iterable[Path] | None = None,
 ) -> None:
     """Remove every kernel's keep directories older than ``TTL_S``, in the profile and in RAM
-    (under each of ``ram``, default ``ram_roots()``): leftovers of kernels that never came back."""
+    (under each of ``ram``, default ``ram_roots()``): leftovers of kernels that never came back,
+    and of saves that never finished."""
     now = time.time() if now is None else now
     place = state_dir(profile_location)
-    directories = [*place.glob("keep-*"), *place.glob(".keep-*-earlier-*")]
+    patterns = ("keep-*", ".keep-*-earlier-*", ".keep-*-new-*")
+    directories = [d for p in patterns for d in place.glob(p)]
     for root in _roots(ram):
         base = _ram_base(root)
         with contextlib.suppress(StoreError, OSError):
-            _check_private(base, directory=True)
-            directories += [*base.glob("keep-*"), *base.glob(".keep-*-earlier-*")]
+            _private(base, directory=True)
+            directories += [d for p in patterns for d in base.glob(p)]
     for directory in directories:
         with contextlib.suppress(OSError):
             info = directory.lstat()

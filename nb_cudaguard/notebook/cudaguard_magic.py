@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.utils.process import arg_split  # type: ignore[attr-defined]
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -114,23 +115,22 @@ def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
 
 
 def _restore(state: ExtensionState, args: argparse.Namespace) -> None:
-    from ..keep.store import StoreError
-    from .keep_glue import discard, restore, where_kept
+    from ..keep.store import NotKept, StoreError
+    from .keep_glue import discard, not_kept_text, restore, where_kept
 
     shell = state.shell
     connection, profile = where_kept(shell)
     if args.discard:
-        if args.value:
+        if args.value or args.force:
             raise UsageError("%cudaguard restore --discard deletes everything kept: no NAME")
-        print(f"nb_cudaguard: {discard(connection, profile)}")
+        print(f"nb_cudaguard: {discard(connection, profile, shell)}")
         return
     try:
-        text = restore(shell, connection, profile, args.value or None)
+        text = restore(shell, connection, profile, args.value or None, force=args.force)
     except StoreError as error:
         raise UsageError(f"nothing to restore: {error}") from None
-    except KeyError as error:
-        names = ", ".join(error.args[0])
-        raise UsageError(f"not kept: {names} (`%cudaguard restore` lists nothing else)") from None
+    except NotKept as error:
+        raise UsageError(not_kept_text(error)) from None
     print(f"nb_cudaguard: {text}")
 
 
@@ -162,6 +162,7 @@ FLAGS = {
     "no_blocking": "restart",
     "no_keep": "restart",
     "discard": "restore",
+    "force": "restore",
     "stop": "keep",
     "yes": "replay",
 }
@@ -174,6 +175,7 @@ LISTING = """\
   %cudaguard restart --no-blocking  a plain new kernel
   %cudaguard restart --no-keep      ... without keeping the CPU variables for the new kernel
   %cudaguard restore [NAME ...]     put back what the previous process kept (all, or NAMEs)
+  %cudaguard restore --force        ... also over names this kernel has defined again
   %cudaguard keep NAME ...          CPU snapshots of GPU objects after each cell (--stop ends)
   %cudaguard sync on|off            wait for each cell's GPU work at its end (errors surface there)
   %cudaguard repro [PATH]           write a script that replays the failing op on CPU
@@ -203,7 +205,9 @@ class CudaGuardMagics(Magics):
         "to rebuild what the failing cell uses and is missing now, then that cell, and ask; "
         "with --yes, run them (stopping at the first error). "
         "restore [NAME ...]: put back what the previous process of this kernel kept at the "
-        "restart (all, or the NAMEs); files are deleted once restored. "
+        "restart (all, or the NAMEs, each with the names it shares objects or memory with); a "
+        "name this kernel has defined again is left as it is (--force replaces it); files are "
+        "deleted once restored. "
         "keep NAME ...: copy these GPU objects' state (a module, an optimizer, tensors) to CPU "
         "buffers at the end of every successful cell, so that the restart after a CUDA error "
         "keeps the last good copy; without NAME, list them and their cost.",
@@ -229,6 +233,11 @@ class CudaGuardMagics(Magics):
         help="restart: do not save the CPU variables for the new kernel (they are by default).",
     )
     @argument("--discard", action="store_true", help="restore: delete what was kept instead.")
+    @argument(
+        "--force",
+        action="store_true",
+        help="restore: put the kept values back over names this kernel has defined again.",
+    )
     @argument("--stop", action="store_true", help="keep: stop the snapshots (of NAMEs, or all).")
     @line_magic
     def cudaguard(self, line: str) -> None:
@@ -247,7 +256,8 @@ class CudaGuardMagics(Magics):
             %cudaguard replay --yes           # ... and run them
             %cudaguard restart --no-keep      # do not keep the CPU variables
             %cudaguard restore                # in the new kernel: everything kept
-            %cudaguard restore df tokenizer   # ... or these names
+            %cudaguard restore df tokenizer   # ... or these names (and what shares with them)
+            %cudaguard restore --force labels # ... over the `labels` made again in this kernel
             %cudaguard restore --discard      # delete what was kept
             %cudaguard keep model optimizer   # CPU snapshots after each successful cell
             %cudaguard keep --stop            # no more snapshots
@@ -262,11 +272,18 @@ class CudaGuardMagics(Magics):
 
         Every restart we do keeps the CPU variables first (each on its own; GPU tensors, open
         files, generators, locks, sockets and anything over the size cap are listed as not
-        kept, with the reason; modules are imported again). `%load_ext nb_cudaguard` in the new
-        kernel offers them with a Restore button. Files are private to you and to this kernel,
-        deleted once restored, and expire after a day.
+        kept, with the reason; modules are imported again). Variables that share objects or
+        memory (an optimizer and its model, a scheduler and its optimizer, a tensor made by
+        ``torch.from_numpy`` and its array, a view and its base) are written together, each
+        byte once, and come back together and still sharing: restoring one restores the others.
+        A name this kernel has defined again is not overwritten without ``--force``; the output
+        says which were left. `%load_ext nb_cudaguard` in the new kernel offers them with a
+        Restore button. Files are private to you and to this kernel, deleted once restored or
+        when the kernel is shut down (not by our own restart), and expire after a day; a save
+        that fails never deletes what an earlier restart kept.
         """
-        args = parse_argstring(self.cudaguard, line)
+        # Intermixed: `restore --force labels` as well as `restore labels --force`.
+        args = self.cudaguard.parser.parse_intermixed_args(arg_split(line))
         flags = [flag for flag in FLAGS if getattr(args, flag)]
         if args.command is None:
             if args.value or flags:

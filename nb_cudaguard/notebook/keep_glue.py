@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..diagnosis.render import inline_html
 from ..keep.select import human_size
 from ..keep.snapshot import NotSnapshottable, Snapshots
-from ..keep.store import Manifest, Restored, StoreError
+from ..keep.store import Manifest, NotKept, Restored, StoreError
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -85,9 +85,30 @@ def keep_before_restart(
             fallbacks=fallbacks,
             why_not={n: f"holds GPU memory, and {why}" for n, why in missing.items()},
         )
+        if manifest.kept:
+            from ..keep.lifetime import watch
+
+            watch(profile[0], connection, manifest.created)  # gone with the kernel
     except BaseException as error:  # the restart goes on, whatever happened here
-        return f"Nothing was kept ({type(error).__name__}: {error})."
+        why = f"{type(error).__name__}: {error}"
+        return f"Nothing was kept ({why}).{_earlier_still(connection, profile)}"
     return kept_sentence(manifest)
+
+
+def _earlier_still(connection: str, profile: tuple[str, str]) -> str:
+    """After a save that failed: what an earlier restart kept, there still for the new kernel."""
+    from ..keep import store
+
+    try:
+        manifest = store.read_manifest(profile[0], connection)
+    except Exception:
+        return ""
+    if manifest is None or not manifest.kept:
+        return ""
+    return (
+        f" What an earlier restart kept is still there for the new kernel "
+        f"({_count(len(manifest.kept))}, {human_size(manifest.size)})."
+    )
 
 
 def _on_gpu(value: Any) -> bool:
@@ -157,8 +178,9 @@ def offer_restore(
     if manifest is None:
         return
     store.remove_unlisted(profile[0], connection, manifest)
-    if not manifest.kept:  # only reasons: said at the restart already
-        store.discard_keep(profile[0], connection)
+    if not manifest.kept:
+        if not manifest.restored:  # only reasons: said at the restart already
+            store.discard_keep(profile[0], connection)
         return
     display(restore_offer(shell, connection, profile, manifest))
 
@@ -180,6 +202,9 @@ def offer_text(manifest: Manifest, now: float | None = None) -> str:
         lines.append(f"  {item.name:<{width}}  {what}{size}{note}")
     if len(manifest.kept) > LISTED:
         lines.append(f"  ... and {len(manifest.kept) - LISTED} more")
+    together = _together(manifest)
+    if together:
+        lines.append(f"Restored together (they share objects or memory): {together}.")
     if manifest.skipped:
         lines.append("Not kept:")
         width = min(24, max(len(s.name) for s in manifest.skipped))
@@ -194,6 +219,15 @@ def offer_text(manifest: Manifest, now: float | None = None) -> str:
         "`%cudaguard restore --discard` deletes them."
     )
     return "\n".join(lines)
+
+
+def _together(manifest: Manifest) -> str:
+    """The names that come back only together, each group once: ``a``, ``b``; ``c``, ``d``."""
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for item in manifest.kept:
+        if item.file:
+            groups.setdefault((item.file, item.ram), []).append(item.name)
+    return "; ".join(", ".join(g) for g in groups.values() if len(g) > 1)
 
 
 def _ago(seconds: float) -> str:
@@ -258,7 +292,7 @@ class RestoreOffer:
         )
 
     def _restore(self, _button: Any) -> None:
-        self.restore_button.disabled = self.discard_button.disabled = True
+        self.disable()
         try:
             text = restore(self.shell, self.connection, self.profile)
             self._say(text)
@@ -266,8 +300,11 @@ class RestoreOffer:
             self._say(f"Could not restore: {error}", color="#e65100")
 
     def _discard(self, _button: Any) -> None:
+        self.disable()
+        self._say(discard(self.connection, self.profile, self.shell))
+
+    def disable(self) -> None:
         self.restore_button.disabled = self.discard_button.disabled = True
-        self._say(discard(self.connection, self.profile))
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {
@@ -277,13 +314,30 @@ class RestoreOffer:
         }
 
 
+# The offers shown in each shell: once nothing is left to restore (a restore or a discard, by a
+# button or a command), their buttons are disabled, so that none restores over what is there.
+_offers: dict[int, list[RestoreOffer]] = {}
+
+
+def _settle_offers(shell: InteractiveShell, text: str, nothing_left: bool) -> None:
+    if not nothing_left:
+        return
+    for offer in _offers.pop(id(shell), []):
+        with contextlib.suppress(Exception):  # a closed comm: nothing to update
+            if not offer.restore_button.disabled:
+                offer.disable()
+                offer._say(text)
+
+
 def restore_offer(
     shell: InteractiveShell, connection: str, profile: tuple[str, str], manifest: Manifest
 ) -> RestoreOffer | _Note:
     try:
-        return RestoreOffer(shell, connection, profile, manifest)
+        offer = RestoreOffer(shell, connection, profile, manifest)
     except Exception:  # no ipywidgets, or no comm support: the command still works
         return _Note(offer_text(manifest).removeprefix("nb_cudaguard: "))
+    _offers.setdefault(id(shell), []).append(offer)
+    return offer
 
 
 def restore(
@@ -291,24 +345,71 @@ def restore(
     connection: str | None,
     profile: tuple[str, str] | None,
     names: Iterable[str] | None = None,
+    force: bool = False,
 ) -> str:
-    """Put what was kept (all, or ``names``) into the namespace; the sentence saying what came
-    back and what to do with GPU snapshots. Raises ``StoreError`` / ``KeyError``."""
+    """Put what was kept (all, or ``names`` and what shares state with them) into the namespace,
+    leaving the names defined here again as they are unless ``force``; the sentence saying what
+    came back, what not, and what to do with GPU snapshots. Raises ``StoreError`` /
+    ``store.NotKept``."""
     if connection is None or profile is None:
         raise StoreError("this is not a Jupyter kernel: nothing is kept here")
     from ..keep import store
 
     started = time.perf_counter()
-    done = store.restore(shell.user_ns, profile[0], connection, names)
-    return restored_text(done, time.perf_counter() - started)
+    done = store.restore(shell.user_ns, profile[0], connection, names, force=force)
+    text = restored_text(done, time.perf_counter() - started)
+    _settle_offers(shell, text, nothing_left=not done.remaining)
+    return text
 
 
-def restored_text(done: Restored, seconds: float) -> str:
+def restored_names(shell: InteractiveShell) -> tuple[str, ...]:
+    """The names restores have put back into this kernel from what its previous process kept,
+    in order (the keep's record; empty where there is none). What a replay must not build
+    again."""
+    from ..keep import store
+
+    connection, profile = where_kept(shell)
+    if connection is None or profile is None:
+        return ()
+    try:
+        manifest = store.read_manifest(profile[0], connection)
+    except Exception:
+        return ()
+    return () if manifest is None else tuple(k.name for k in manifest.restored)
+
+
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(f"`{n}`" for n in items)
+
+
+def restored_text(done: Restored, seconds: float, now: float | None = None) -> str:
     parts = []
     if done.restored:
-        names = ", ".join(f"`{k.name}`" for k in done.restored)
-        size = sum(k.size for k in done.restored)
-        parts.append(f"Restored {names} ({human_size(size)}) in {seconds:.1f} s.")
+        size = done.read or sum(k.size for k in done.restored)
+        parts.append(
+            f"Restored {_names(k.name for k in done.restored)} ({human_size(size)}) "
+            f"in {seconds:.1f} s."
+        )
+    if done.along:
+        parts.append(
+            f"{_names(k.name for k in done.along)} came too: they share state (the same objects "
+            "or memory) with what you asked for, and come back only together."
+        )
+    if done.skipped:
+        names = [k.name for k in done.skipped]
+        parts.append(
+            f"Left as you made them in this kernel: {_names(names)} (`%cudaguard restore --force "
+            f"{' '.join(names)}` puts the kept ones back over them)."
+        )
+    held: dict[tuple[str, ...], list[str]] = {}
+    for name, mates in done.held:
+        held.setdefault(mates, []).append(name)
+    for mates, names in held.items():
+        parts.append(
+            f"Not restored either: {_names(names)}, which share state with {_names(mates)} and "
+            f"come back only with {'it' if len(mates) == 1 else 'them'} (with `--force`, all "
+            "together)."
+        )
     snapshots = [k for k in done.restored if k.kind == "snapshot"]
     for item in snapshots:
         if item.name.endswith("_state_dict"):
@@ -329,19 +430,43 @@ def restored_text(done: Restored, seconds: float) -> str:
             )
     for name, why in done.failed:
         parts.append(f"`{name}` could not be restored: {why}.")
+    if done.already:
+        age = max(0.0, (time.time() if now is None else now) - done.restored_at)
+        verb = "was" if len(done.already) == 1 else "were"
+        parts.append(f"{_names(k.name for k in done.already)} {verb} already restored {_ago(age)}.")
     if done.remaining:
-        rest = ", ".join(f"`{k.name}`" for k in done.remaining)
+        rest = _names(k.name for k in done.remaining)
         parts.append(f"Still kept: {rest} (`%cudaguard restore NAME`).")
+    elif done.already and not done.restored:
+        parts.append("Nothing else is kept.")
     return " ".join(parts) or "Nothing was restored."
 
 
-def discard(connection: str | None, profile: tuple[str, str] | None) -> str:
+def not_kept_text(error: NotKept) -> str:
+    """``%cudaguard restore NAME`` for a NAME that was not kept: what was, and what was restored
+    already."""
+    text = f"not kept: {', '.join(error.unknown)}."
+    if error.kept:
+        text += f" Kept: {', '.join(error.kept)} (`%cudaguard restore NAME ...`)."
+    if error.restored:
+        text += f" Already restored: {', '.join(error.restored)}."
+    if not error.kept:
+        text += " Nothing else is kept."
+    return text
+
+
+def discard(
+    connection: str | None, profile: tuple[str, str] | None, shell: InteractiveShell | None = None
+) -> str:
     if connection is None or profile is None:
         return "Nothing is kept here."
     from ..keep import store
 
     store.discard_keep(profile[0], connection)  # in the profile and in RAM
-    return "Deleted what the previous process kept."
+    text = "Deleted what the previous process kept."
+    if shell is not None:
+        _settle_offers(shell, text, nothing_left=True)
+    return text
 
 
 # --- snapshots -----------------------------------------------------------------------------------
@@ -377,7 +502,7 @@ class SnapshotHook:
 
     def stop(self, names: Iterable[str] | None = None) -> None:
         for name in list(self.snapshots.names) if names is None else names:
-            self.snapshots.remove(name)
+            self.snapshots.remove(name, self.shell.user_ns)
         if not self.snapshots.names:
             self.close()
 
@@ -400,6 +525,7 @@ def snapshot_hook(shell: InteractiveShell, is_poisoned: Any) -> SnapshotHook:
 
 def close(shell: InteractiveShell) -> None:
     """At unload: the snapshot hook goes, and its buffers with it."""
+    _offers.pop(id(shell), None)
     hook = _sessions.pop(id(shell), None)
     if hook is not None:
         hook.close()

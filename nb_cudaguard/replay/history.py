@@ -19,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..restart.injection import _private_dir, _write_atomic, kernel_key, state_dir
+from ..files.private import NotPrivate, check_dir, private_dir, read_private, write_atomic
+from ..restart.injection import kernel_key, state_dir
 
 FORMAT = 1
 TTL_S = 24 * 3600.0  # a record nobody read within a day is a leftover
@@ -88,8 +88,8 @@ def save_cells(
         "cells": [[c.source, c.count, c.failed] for c in cells],
     }
     path = cells_path(profile_location, kernel_key(connection_path))
-    _private_dir(path.parent)
-    _write_atomic(path, json.dumps(data))
+    private_dir(path.parent)
+    write_atomic(path, json.dumps(data))
     return path
 
 
@@ -113,10 +113,6 @@ def process_started() -> float | None:
         return None
 
 
-def _private(info: os.stat_result) -> bool:
-    return os.name != "posix" or (info.st_uid == os.geteuid() and not info.st_mode & 0o077)
-
-
 def load_cells(
     profile_location: str | os.PathLike[str],
     connection_path: str,
@@ -135,22 +131,14 @@ def load_cells(
     started = process_started() if started is None else started
     image_started = _IMAGE_STARTED if image_started is None else image_started
     try:
-        directory = os.lstat(path.parent)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        check_dir(path.parent)
+        raw = read_private(path).decode("utf-8")
     except FileNotFoundError:
         return None, "no cells were saved for this kernel"
-    except OSError as error:
-        return None, f"cannot read the saved cells ({error.strerror})"
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or not _private(info) or not _private(directory):
-            return None, f"{path} is not private to this user: not read"
-        with os.fdopen(fd, encoding="utf-8") as handle:
-            fd = -1
-            raw = handle.read()
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    except NotPrivate as error:
+        return None, f"{path} is not private to this user ({error}): not read"
+    except (OSError, UnicodeDecodeError) as error:
+        return None, f"cannot read the saved cells ({getattr(error, 'strerror', None) or error})"
     try:
         saved = _parse(json.loads(raw), connection_path)
     except (ValueError, TypeError, KeyError, IndexError) as error:

@@ -28,11 +28,11 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..files.private import make_dirs, private_dir, write_atomic
 from ..runtime.blocking import BLOCKING
 
 # Only these variables, with only these values, are ever set from a pending file.
@@ -65,39 +65,6 @@ def startup_path(startup_dir: str | os.PathLike[str], key: str) -> Path:
     return Path(startup_dir) / f"{STARTUP_PREFIX}{key}.py"
 
 
-def _private_dir(path: Path, tighten: bool = True) -> None:
-    """``path`` and every directory created on the way to it are 0700; with ``tighten``, an
-    existing ``path`` (ours) is made 0700 again."""
-    missing = []
-    for parent in (path, *path.parents):
-        if parent.exists():
-            break
-        missing.append(parent)
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
-            directory.mkdir(mode=0o700)
-    if tighten and os.name == "posix" and path.stat().st_mode & 0o077:
-        path.chmod(0o700)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """A private (0600) file that readers see either whole or not at all: written with
-    jupyter_core's ``secure_write``, then renamed into place."""
-    from jupyter_core.paths import secure_write
-
-    tmp = path.with_name(f".tmp-{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
-    try:
-        with secure_write(str(tmp)) as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def validate_env(env: object) -> dict[str, str]:
     if not isinstance(env, dict) or not env:
         raise ValueError("env must be a non-empty mapping")
@@ -127,13 +94,13 @@ def write_pending(
         "after_cell": after_cell,
     }
     data_path = pending_path(profile_location, key)
-    _private_dir(data_path.parent)
+    private_dir(data_path.parent)
     remove_expired(profile_location, startup_dir, now=created)
-    _write_atomic(data_path, json.dumps(data))
+    write_atomic(data_path, json.dumps(data))
     # Data first, then the startup file: a startup file never finds a half-armed state.
     script = startup_path(startup_dir, key)
-    _private_dir(script.parent, tighten=False)  # IPython's own directory: created, never changed
-    _write_atomic(script, startup_text())
+    make_dirs(script.parent)  # IPython's own directory: created, never changed
+    write_atomic(script, startup_text())
     return data_path, script
 
 

@@ -80,7 +80,9 @@ def test_values_go_to_ram_where_there_is_room_and_come_back(profile, ram):
     done = store.restore(fresh, location, connection)
     assert done.failed == ()
     assert np.array_equal(fresh["a"], data["a"]) and fresh["n"] == 3
-    assert not where.exists() and not store.keep_dir(location, connection).exists()
+    # The RAM is given back; the profile keeps only the record of what was restored.
+    assert not where.exists()
+    assert [p.name for p in store.keep_dir(location, connection).iterdir()] == [store.MANIFEST]
 
 
 def test_the_ram_files_are_private_to_the_user(profile, ram):
@@ -274,3 +276,21 @@ def test_a_save_that_fails_leaves_nothing_in_ram(profile, ram, monkeypatch):
     with pytest.raises(OSError, match="disk is full"):
         store.save({"a": np.ones(10)}, location, connection, ram=[ram])
     assert not store.ram_dir(ram, location, connection).exists()
+
+
+def test_what_a_save_cut_short_left_is_removed_by_the_next(profile, ram):
+    # Its process ended while it wrote (the kernel killed mid-save): in RAM, that is memory.
+    location, connection = profile
+    store.save({"a": np.ones(10)}, location, connection, ram=[ram])
+    final = store.ram_dir(ram, location, connection)
+    left = [
+        final.with_name(f".{final.name}-new-999"),
+        store.keep_dir(location, connection).with_name(
+            f".{store.keep_dir(location, connection).name}-new-999"
+        ),
+    ]
+    for place in left:
+        place.mkdir(mode=0o700)
+        (place / "v0.bin").write_bytes(b"half written")
+    store.save({"b": 2}, location, connection, ram=[ram])
+    assert not any(place.exists() for place in left)

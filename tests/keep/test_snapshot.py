@@ -6,7 +6,7 @@ import pytest
 import torch
 from pytorch_texts import ASSERT_2_9
 
-from nb_cudaguard.keep.snapshot import NotSnapshottable, Snapshots
+from nb_cudaguard.keep.snapshot import NotSnapshottable, Snapshots, tensors_of
 
 
 def train_step(model, optimizer):
@@ -130,3 +130,21 @@ def test_the_status_names_the_last_good_cell_and_the_cost(notebook):
 def test_something_without_tensors_cannot_be_snapshotted():
     with pytest.raises(NotSnapshottable, match="holds no tensors"):
         Snapshots().add("n", 3)
+
+
+def test_stopping_a_name_frees_the_buffers_only_it_used(notebook):
+    snapshots = Snapshots()
+    snapshots.add("model", notebook["model"])
+    snapshots.add("optimizer", notebook["optimizer"])
+    train_step(notebook["model"], notebook["optimizer"])
+    snapshots.after_cell(notebook, 1)
+    train_step(notebook["model"], notebook["optimizer"])
+    snapshots.after_cell(notebook, 2)  # both buffer sets in use now
+    every = {id(t): t for name in notebook for t in tensors_of(notebook[name])}.values()
+    assert snapshots.held() == 2 * sum(t.numel() * t.element_size() for t in every)
+    parameters = sum(p.numel() * 4 for p in notebook["model"].parameters())
+    snapshots.remove("optimizer", notebook)
+    assert snapshots.held() == 2 * parameters
+    assert snapshot_of(snapshots, notebook["model"])  # the model's last good snapshot stays
+    snapshots.remove("model", notebook)
+    assert snapshots.held() == 0 and snapshots.for_keep() == ({}, {}, {})

@@ -227,14 +227,18 @@ def test_a_full_restore_removes_the_files_a_partial_one_keeps_the_rest(profile):
     location, connection = profile
     store.save(notebook(), location, connection)
     fresh: dict[str, object] = {}
-    done = store.restore(fresh, location, connection, ["array", "scale"])
-    assert set(fresh) == {"array", "scale"}
+    done = store.restore(fresh, location, connection, ["tensor", "scale"])
+    assert set(fresh) == {"tensor", "scale"}
     assert "alias" in {k.name for k in done.remaining}
-    with pytest.raises(KeyError):
-        store.restore(fresh, location, connection, ["scale"])  # already restored
+    again = store.restore(fresh, location, connection, ["scale"])
+    assert [k.name for k in again.already] == ["scale"] and again.restored == ()
     store.restore(fresh, location, connection)
-    assert fresh["alias"] is not None
-    assert not store.keep_dir(location, connection).exists()
+    assert fresh["alias"] is fresh["array"]
+    directory = store.keep_dir(location, connection)
+    assert [p.name for p in directory.iterdir()] == [store.MANIFEST]  # the record only
+    record = store.read_manifest(location, connection)
+    assert record is not None and record.kept == ()
+    assert {k.name for k in record.restored} >= {"tensor", "scale", "alias", "array"}
 
 
 def test_what_an_earlier_restart_kept_and_nobody_restored_is_carried_into_the_next(profile):
@@ -316,8 +320,8 @@ def test_tensor_views_and_requires_grad_survive(profile):
 def test_the_file_is_checked_before_anything_is_unpickled(tmp_path):
     path = tmp_path / "x.bin"
     path.write_bytes(b"not a keep file at all, but long enough to have a trailer")
-    with pytest.raises(pickling.BadFile):
-        pickling.load(path)
+    with pytest.raises(pickling.BadFile), path.open("rb") as handle:
+        pickling.load(handle)
 
 
 def test_closures_and_odd_tensors_come_back(profile):
@@ -348,3 +352,102 @@ def test_closures_and_odd_tensors_come_back(profile):
     assert torch.equal(new["transposed"], torch.arange(6.0).reshape(2, 3).t())
     assert new["transposed"].stride() == (1, 3)
     assert torch.equal(new["ints"], torch.arange(5))
+
+
+# --- state shared between names: one pickle graph, each byte written once --------------------
+
+
+SHARED = """
+import numpy as np, torch
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 4))
+opt = torch.optim.Adam(model.parameters())
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+model(torch.ones(2, 64)).sum().backward(); opt.step(); sched.step()
+base = np.arange(10_000.0)
+as_tensor = torch.from_numpy(base[100:])
+back = as_tensor[:50].numpy()
+window = base[10:20]
+unrelated = np.ones(1000)
+"""
+
+
+def test_what_shares_state_is_written_once_into_one_file(profile):
+    location, connection = profile
+    manifest = store.save(notebook(SHARED), location, connection, hidden={"__builtins__"})
+    files = {k.name: k.file for k in manifest.kept}
+    assert files["model"] == files["opt"] == files["sched"]
+    assert files["base"] == files["as_tensor"] == files["back"] == files["window"]
+    assert len({files["model"], files["base"], files["unrelated"]}) == 3
+    sizes = {k.name: k.size for k in manifest.kept}
+    # The file holds what they share once: less than their pickles alone add up to.
+    assert manifest.total < sizes["model"] + sizes["opt"] + sizes["sched"]
+    assert manifest.written == manifest.total  # nothing was written twice
+
+
+def test_a_name_comes_back_with_every_name_it_shares_state_with(profile):
+    location, connection = profile
+    store.save(notebook(SHARED), location, connection, hidden={"__builtins__"})
+    fresh: dict[str, object] = {}
+    done = store.restore(fresh, location, connection, ["opt"])
+    assert {k.name for k in done.along} == {"model", "sched"}
+    params = fresh["opt"].param_groups[0]["params"]
+    assert all(p is q for p, q in zip(params, fresh["model"].parameters(), strict=True))
+    assert fresh["sched"].optimizer is fresh["opt"]
+    store.restore(fresh, location, connection, ["back"])
+    fresh["base"][120] = -1.0
+    assert fresh["as_tensor"][20] == -1.0 and fresh["back"][20] == -1.0
+    fresh["window"][0] = -2.0
+    assert fresh["base"][10] == -2.0
+
+
+def test_a_name_defined_again_is_left_and_so_is_what_shares_state_with_it(profile):
+    location, connection = profile
+    store.save(notebook(SHARED), location, connection, hidden={"__builtins__"})
+    fresh: dict[str, object] = {"model": "mine", "unrelated": "mine too"}
+    done = store.restore(fresh, location, connection)
+    assert fresh["model"] == "mine" and fresh["unrelated"] == "mine too"
+    assert {k.name for k in done.skipped} == {"model", "unrelated"}
+    # A restored `opt` would train the kept model, not "mine": the file comes back whole or not.
+    assert set(done.held) == {("opt", ("model",)), ("sched", ("model",))}
+    assert "opt" not in fresh and "base" in fresh
+    assert {k.name for k in done.remaining} == {"model", "opt", "sched", "unrelated"}
+    forced = store.restore(fresh, location, connection, ["model"], force=True)
+    assert {k.name for k in forced.restored} == {"model", "opt", "sched"}
+    params = fresh["opt"].param_groups[0]["params"]
+    assert all(p is q for p, q in zip(params, fresh["model"].parameters(), strict=True))
+
+
+def test_a_save_whose_manifest_cannot_be_written_leaves_the_earlier_keep(profile):
+    import resource
+
+    location, connection = profile
+    store.save(notebook("epochs = 12\n"), location, connection, hidden={"__builtins__"})
+    many = notebook("\n".join(f"name_{i} = {i}" for i in range(60)))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    # A real write error (EFBIG): the values' files are small, the manifest of 60 names is not.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
+    try:
+        with pytest.raises(OSError):
+            store.save(many, location, connection, hidden={"__builtins__"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    fresh: dict[str, object] = {}
+    store.restore(fresh, location, connection)
+    assert fresh == {"epochs": 12}
+    assert [p.name for p in store.state_dir(location).iterdir()] == [
+        store.keep_dir(location, connection).name
+    ]
+
+
+def test_a_carried_name_says_its_partner_of_then_is_not_the_one_kept_now(profile):
+    location, connection = profile
+    first = notebook(
+        "import torch\nmodel = torch.nn.Linear(2, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), 0.1)\n"
+    )
+    store.save(first, location, connection, hidden={"__builtins__"})
+    second = notebook("import torch\nmodel = torch.nn.Linear(2, 2)\n")
+    manifest = store.save(second, location, connection, hidden={"__builtins__"})
+    notes = {k.name: k.note for k in manifest.kept}
+    assert "kept at an earlier restart" in notes["opt"]
+    assert "shares state with the `model` of then, not with the one kept now" in notes["opt"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nb_cudaguard.keep.store import Kept, Manifest, Restored, Skipped
-from nb_cudaguard.notebook.keep_glue import kept_sentence, offer_text, restored_text
+from nb_cudaguard.keep.store import Kept, Manifest, NotKept, Restored, Skipped
+from nb_cudaguard.notebook.keep_glue import kept_sentence, not_kept_text, offer_text, restored_text
 
 GPU_REASON = (
     "holds GPU memory (a tensor on cuda:0, shape [4, 3]): GPU memory is never read here "
@@ -75,3 +75,51 @@ def test_a_restored_snapshot_says_how_to_move_it_back():
     assert "`opt.load_state_dict(opt.state_dict())` moves its state to them" in text
     assert "`x` could not be restored: ModuleNotFoundError" in text
     assert text.endswith("Still kept: `y` (`%cudaguard restore NAME`).")
+
+
+def test_a_restore_says_what_came_along_and_what_was_left_with_what_shares_with_it():
+    model = Kept("model", "torch.nn.Linear", 10, "v1.bin")
+    opt = Kept("opt", "torch.optim.Adam", 30, "v1.bin")
+    labels = Kept("labels", "list, 3 items", 5, "v2.bin")
+    done = Restored(
+        (opt, model),
+        (),
+        (labels,),
+        along=(model,),
+        skipped=(labels,),
+        held=(("mask", ("labels",)), ("weights", ("labels",))),
+        read=32,
+    )
+    text = restored_text(done, 0.1)
+    assert text.startswith("Restored `opt`, `model` (32 B) in 0.1 s.")
+    assert "`model` came too: they share state" in text
+    assert "Left as you made them in this kernel: `labels` (`%cudaguard restore --force" in text
+    assert (
+        "Not restored either: `mask`, `weights`, which share state with `labels` and come back "
+        "only with it (with `--force`, all together)."
+    ) in text
+
+
+def test_a_second_restore_says_what_was_restored_already():
+    alpha, beta = Kept("alpha", "int", 28, "v1.bin"), Kept("beta", "int", 28, "v2.bin")
+    done = Restored((), (), (), already=(alpha, beta), restored_at=1000.0)
+    text = restored_text(done, 0.0, now=1130.0)
+    assert text == "`alpha`, `beta` were already restored 2 min ago. Nothing else is kept."
+
+
+def test_a_name_not_kept_is_answered_with_what_was():
+    error = NotKept(["nonexistent"], ["alpha", "beta"], ["gamma"])
+    assert not_kept_text(error) == (
+        "not kept: nonexistent. Kept: alpha, beta (`%cudaguard restore NAME ...`). "
+        "Already restored: gamma."
+    )
+
+
+def test_the_offer_says_which_names_come_back_together():
+    kept = (
+        Kept("model", "torch.nn.Linear", 10, "v1.bin"),
+        Kept("opt", "torch.optim.Adam", 30, "v1.bin"),
+        Kept("labels", "list, 3 items", 5, "v3.bin"),
+    )
+    text = offer_text(manifest(kept=kept), now=1008.0)
+    assert "Restored together (they share objects or memory): model, opt." in text
