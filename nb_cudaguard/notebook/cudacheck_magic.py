@@ -191,7 +191,8 @@ class CudaCheckMagics(Magics):
     def _run_guarded(self, cell: str, options: dict[str, Any]) -> None:
         from ..input_guard.scope import guard
 
-        with guard(**options), self._counted_as(_calling_cell(self.ip, sys._getframe(1))):
+        entered = guard(**options, namespace=self.ip.user_ns)
+        with entered, self._counted_as(_calling_cell(self.ip, sys._getframe(1))):
             result = self.ip.run_cell(cell)
         if result.error_before_exec is not None or result.error_in_exec is not None:
             raise CellStopped("the cell stopped at the error above.")
@@ -246,7 +247,7 @@ class CudaCheckMagics(Magics):
         if active():
             self._cell_guards.append(None)
             return
-        entered = guard(**self._session)
+        entered = guard(**self._session, namespace=self.ip.user_ns)
         entered.__enter__()
         self._cell_guards.append(entered)
 

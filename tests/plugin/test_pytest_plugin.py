@@ -120,6 +120,27 @@ def test_strict_runs_each_test_under_the_guard(pytester: pytest.Pytester):
     strict.stdout.fnmatch_lines(["*GuardIndexError*"])
 
 
+def test_a_name_the_test_module_bound_to_a_torch_op_is_checked(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        test_early=textwrap.dedent(
+            """
+            import torch
+            from torch import gather
+
+            def test_bad_index():
+                gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))
+
+            def test_put_back_after_the_test():
+                assert gather is torch.gather
+            """
+        )
+    )
+    strict = pytester.runpytest("--cudaguard=strict", "-p", "no:cacheprovider")
+    strict.assert_outcomes(failed=1, passed=1)
+    strict.stdout.fnmatch_lines(["*GuardError: torch.gather: index out of range*"])
+
+
+@pytest.mark.usefixtures("device_path")  # pytester runs in this process
 def test_deferred_fails_the_test_before_its_optimizer_step(pytester: pytest.Pytester):
     pytester.makepyfile(
         test_guarded=textwrap.dedent(
