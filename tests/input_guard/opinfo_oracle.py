@@ -210,7 +210,7 @@ def cuda_asserts(name: str, sample: Sample) -> bool:
     flat = [int(v) for v in offsets.reshape(-1).tolist()]
     include_last = bool(sample.kwargs.get("include_last_offset", False))
     ends = flat[1:] if include_last else [*flat[1:], indices.numel()]
-    begins = [0, *flat[1 : len(ends)]]
+    begins = [0, *flat[1:]][: len(ends)]
     return any(end < begin for begin, end in zip(begins, ends, strict=True))
 
 
