@@ -370,7 +370,9 @@ class _Entries:
                 if wrapper is None or wrapper.__wrapped__ is not func:
                     wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
                     self.made[(owner, attr)] = wrapper
-                self._patch(owner, attr, wrapper)
+                own = owner.__dict__.get(attr, _ABSENT)
+                setattr(owner, attr, wrapper)
+                self.installed.append((owner, attr, own, wrapper))
                 self._as_builtin(table, func, wrapper)
                 self.by_op[id(func)] = wrapper
         except BaseException:
@@ -427,6 +429,7 @@ class _Entries:
         # CPython leaves sq_item filled after the delattr (type_slots.py); torch's tables built
         # meanwhile may hold our wrappers (torch_caches.py)
         self.slots.put_back()
+        self.slots.forget()
         torch_caches.forget_built_since(self.tables)
 
 

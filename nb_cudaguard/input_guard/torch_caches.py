@@ -33,11 +33,22 @@ CACHES = (
 )
 
 
+_FOUND: dict[tuple[str, str], Any] = {}  # the cached functions, once their module is imported
+
+
 def _cache(module: str, path: str) -> Any:
-    found: Any = sys.modules.get(module)
+    found = _FOUND.get((module, path))
+    if found is not None:
+        return found
+    found = sys.modules.get(module)
+    if found is None:
+        return None
     for name in path.split("."):
         found = getattr(found, name, None)
-    return found if hasattr(found, "cache_clear") and hasattr(found, "cache_info") else None
+    if not (hasattr(found, "cache_clear") and hasattr(found, "cache_info")):
+        return None
+    _FOUND[(module, path)] = found
+    return found
 
 
 def _filled(cache: Any) -> bool:

