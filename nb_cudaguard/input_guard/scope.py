@@ -36,8 +36,11 @@ so weights are never updated from a bad batch), at a ``.item()``/``.tolist()`` t
 synchronises on anyway, and when the block ends. The first violation is then raised with the
 same message as in strict mode.
 
-On host memory both modes let the call run first (``TRUST_HOST_OPS``): PyTorch's CPU op rejects
-the same values itself, before it computes anything, so the rules only run when it raises.
+On host memory there is nothing to defer: in both modes a violation is raised at the call, where
+PyTorch's CPU op raises its own error (code that catches it behaves as without the guard), and
+the message quotes that error. Where the CPU op rejects every value the CUDA kernel asserts on
+(``ops.CPU_CHECKS``), draws no random number and the tensors are below ``HOST_FIRST_LINE``
+elements, the call runs first and the rules only run when it raises (``TRUST_HOST_OPS``).
 
 Module import needs torch: ``nb_cudaguard`` imports this lazily.
 """
@@ -1057,7 +1060,8 @@ def guard(
     raises before its kernel launches (on a GPU: one synchronisation per checked call).
     ``mode="deferred"``: no synchronisation per call; the call runs on clamped (safe) values and
     the first violation is raised before the next ``optimizer.step()``, at the next ``.item()``
-    or ``.tolist()``, or when the block ends, whichever comes first.
+    or ``.tolist()``, or when the block ends, whichever comes first (tensors in host memory:
+    at the bad call, as PyTorch's CPU op raises there).
 
     ``only``/``skip``: op names (``"cross_entropy"``, ``"getitem"``) or families (``"loss"``,
     ``"embedding"``, ``"sampling"``, ``"gather_scatter"``, ``"index"``, ``"one_hot"``,
