@@ -349,3 +349,17 @@ def test_a_name_bound_to_a_torch_op_before_the_guard_is_checked_and_put_back(
     ip.run_cell("%cudacheck off")
     assert any(isinstance(error, GuardError) for error in errors(ip))
     assert ip.user_ns["gather"] is torch.gather
+
+
+def test_a_list_of_0d_tensors_becomes_a_tensor_in_guarded_cells_and_after(ip: Any) -> None:
+    make = "made = torch.tensor([torch.tensor(1.5), torch.nn.Parameter(torch.tensor(2.5))])"
+    for before, cell in (
+        ("", "%%cudacheck\n" + make),
+        ("%cudacheck on", make),
+        ("%cudacheck off", make),
+    ):
+        ip.user_ns.pop("made", None)
+        ip.run_cell(before)
+        result = ip.run_cell(cell)
+        assert result.success, result.error_in_exec
+        assert ip.user_ns["made"].tolist() == [1.5, 2.5]

@@ -233,3 +233,27 @@ def test_on_a_gpu_the_real_assert_is_named_and_the_next_gpu_test_does_not_run(
             "test_gpu_suite.py::test_a_real_device_side_assert; see its report.",
         ]
     )
+
+
+@pytest.mark.parametrize("mode", ["strict", "deferred"])
+def test_torch_behaves_as_bare_inside_and_after_each_guarded_test(
+    pytester: pytest.Pytester, mode: str
+):
+    pytester.makepyfile(
+        test_bare_torch=textwrap.dedent(
+            """
+            import torch
+
+            def scalars():
+                return [torch.tensor(1.5), torch.nn.Parameter(torch.tensor(2.5))]
+
+            def test_inside():
+                assert torch.tensor(scalars()).tolist() == [1.5, 2.5]
+
+            def test_after():
+                assert torch.tensor(scalars()).tolist() == [1.5, 2.5]
+            """
+        )
+    )
+    result = pytester.runpytest(f"--cudaguard={mode}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
