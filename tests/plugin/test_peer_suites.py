@@ -87,9 +87,14 @@ def test_the_plugin_adds_no_failure_to_peer_suites(
     where, expected = bare
     got = outcomes(where, mode, f"--cudaguard={mode}")
     assert got.keys() == expected.keys()
-    worse = {
-        test: outcome
-        for test, outcome in got.items()
-        if outcome in ("failure", "error") and expected[test] not in ("failure", "error")
-    }
+    worse = failing_only(got, expected)
+    if worse:  # a test of theirs may flake (unseeded values near a bound): both runs again
+        again = outcomes(where, f"{mode}-again", f"--cudaguard={mode}")
+        bare_again = outcomes(where, "bare-again")
+        worse &= failing_only(again, bare_again)
     assert not worse, f"{len(worse)} tests fail only under --cudaguard={mode}: {sorted(worse)}"
+
+
+def failing_only(got: dict[str, str], bare: dict[str, str]) -> set[str]:
+    failed = ("failure", "error")
+    return {test for test, outcome in got.items() if outcome in failed and bare[test] not in failed}
