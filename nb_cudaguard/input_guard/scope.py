@@ -240,7 +240,7 @@ def _guarded_call(
 # cross_entropy: 4.8 s) and the rules cost nothing beside it. Tests turn this off to run every
 # check itself on CPU, as a GPU's calls do.
 TRUST_HOST_OPS = True
-HOST_FIRST_LINE = 1 << 20  # elements; benchmarks/bench_guard.py --line measures where it sits
+HOST_FIRST_LINE = 1 << 20  # elements; benchmarks/bench_host_line.py measures where it sits
 
 
 def _runs_on_host(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
