@@ -397,6 +397,14 @@ class _Entries:
                 renamed.append((name, value, wrapper))
         return renamed
 
+    def unbind_all(self, namespace: dict[str, Any]) -> None:
+        """Names bound to a wrapper inside the block (``from torch import gather`` in a guarded
+        cell) name torch's op again, as they would have without the guard."""
+        ours = {id(wrapper) for wrapper in self.by_op.values()}
+        for name, value in list(namespace.items()):
+            if id(value) in ours:
+                namespace[name] = value.__wrapped__
+
     def _patch(self, owner: Any, attr: str, new: Any) -> None:
         own = owner.__dict__.get(attr, _ABSENT)
         setattr(owner, attr, new)
@@ -1007,6 +1015,8 @@ class Guard:
             if self.namespace is not None:
                 _unbind_early(self.namespace, self._renamed)
                 self._renamed = []
+                if not configs and here:  # the last guard of this thread: no wrapper stays
+                    _ENTRIES.unbind_all(self.namespace)
             _note_compiled_regions()
             try:
                 if self.config.deferred:

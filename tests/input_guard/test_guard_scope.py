@@ -209,6 +209,17 @@ def test_a_name_rebound_inside_the_guard_is_left_as_the_user_set_it() -> None:
         gather = torch.gather
 
 
+def test_a_name_bound_inside_the_guard_names_torchs_op_after_it() -> None:
+    namespace: dict[str, Any] = {}
+    with guard(namespace=namespace):
+        exec("from torch import gather; take = torch.Tensor.take", {"torch": torch}, namespace)
+        assert namespace["gather"] is not torch.gather.__wrapped__  # type: ignore[attr-defined]
+        with guard(namespace=namespace):
+            pass  # an inner guard leaves the outer one's names as they are
+        assert namespace["gather"] is torch.gather
+    assert namespace["gather"] is torch.gather and namespace["take"] is torch.Tensor.take
+
+
 def test_the_namespace_given_is_the_one_seen() -> None:
     namespace = {"gather": torch.gather}
     with guard(namespace=namespace), pytest.raises(GuardError):
