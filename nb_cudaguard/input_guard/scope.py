@@ -327,8 +327,11 @@ class _Entries:
     ``torch._C.TensorBase``). An attribute someone else replaced meanwhile is left to them.
     """
 
-    def __init__(self, plan: Callable[[], list[tuple[Any, str, OpCheck | None]]]) -> None:
+    def __init__(
+        self, plan: Callable[[], list[tuple[Any, str, OpCheck | None]]], tables: bool = True
+    ) -> None:
         self.plan = plan
+        self.keeps_tables = tables  # whether to keep torch's tables free of these wrappers
         self.lock = threading.Lock()
         self.users = 0
         # (owner, attribute, torch's own object or _ABSENT, our wrapper)
@@ -340,6 +343,7 @@ class _Entries:
         self.slots = SequenceSlots(torch.Tensor)
         self.tables: frozenset[tuple[str, str]] = frozenset()
         self.by_op: dict[int, Any] = {}  # id(torch's op) -> its wrapper, while installed
+        self.wrapper_ids: set[int] = set()
 
     def acquire(self) -> None:
         with self.lock:
@@ -356,8 +360,9 @@ class _Entries:
     def _install(self) -> None:
         if self.planned is None:  # what torch has does not change: planned once per process
             self.planned = self.plan()
-        torch_caches.build_builtin_table()
-        self.tables = torch_caches.built()
+        if self.keeps_tables:
+            torch_caches.build_builtin_table()
+            self.tables = torch_caches.built()
         jit = sys.modules.get("torch.jit._builtins")
         table = getattr(jit, "_builtin_table", None)
         dunders = any(attr in type_slots.DUNDERS for _, attr, _ in self.planned)
@@ -378,6 +383,7 @@ class _Entries:
                 self.installed.append((owner, attr, own, wrapper))
                 self._as_builtin(table, func, wrapper)
                 self.by_op[id(func)] = wrapper
+                self.wrapper_ids.add(id(wrapper))
         except BaseException:
             self._uninstall()
             raise
@@ -389,10 +395,12 @@ class _Entries:
         """Names in ``namespace`` bound to torch's own op before the guard started (``from
         torch import gather``) now name its wrapper; returns (name, op, wrapper) to undo."""
         wrappers = self.by_op
+        # one pass at C speed over what may be a notebook's thousand names
+        found = [(name, value) for name, value in namespace.items() if id(value) in wrappers]
         renamed = []
-        for name, value in list(namespace.items()):
-            wrapper = wrappers.get(id(value))
-            if wrapper is not None and wrapper.__wrapped__ is value:
+        for name, value in found:
+            wrapper = wrappers[id(value)]
+            if wrapper.__wrapped__ is value:
                 namespace[name] = wrapper
                 renamed.append((name, value, wrapper))
         return renamed
@@ -400,10 +408,10 @@ class _Entries:
     def unbind_all(self, namespace: dict[str, Any]) -> None:
         """Names bound to a wrapper inside the block (``from torch import gather`` in a guarded
         cell) name torch's op again, as they would have without the guard."""
-        ours = {id(wrapper) for wrapper in self.by_op.values()}
-        for name, value in list(namespace.items()):
-            if id(value) in ours:
-                namespace[name] = value.__wrapped__
+        ours = self.wrapper_ids
+        found = [(name, value) for name, value in namespace.items() if id(value) in ours]
+        for name, value in found:
+            namespace[name] = value.__wrapped__
 
     def _patch(self, owner: Any, attr: str, new: Any) -> None:
         own = owner.__dict__.get(attr, _ABSENT)
@@ -425,7 +433,7 @@ class _Entries:
                 table.pop(key, None)
         self.builtin_ids = []
         installed, self.installed = self.installed, []
-        self.by_op = {}
+        self.by_op, self.wrapper_ids = {}, set()
         for owner, attr, own, wrapper in reversed(installed):
             if owner.__dict__.get(attr) is not wrapper:
                 print(
@@ -441,7 +449,8 @@ class _Entries:
         # meanwhile may hold our wrappers (torch_caches.py)
         self.slots.put_back()
         self.slots.forget()
-        torch_caches.forget_built_since(self.tables)
+        if self.keeps_tables:
+            torch_caches.forget_built_since(self.tables)
 
 
 _ABSENT = object()
@@ -467,7 +476,8 @@ _SYNC_POINTS = ("item", "tolist")
 # The checked ops, while any guard is active; .item()/.tolist(), while a deferred one is (only
 # it leaves verdicts to read there; an optimizer calls .item() once per parameter).
 _ENTRIES = _Entries(lambda: _plan(entry_points()))
-_SYNC_ENTRIES = _Entries(lambda: [(torch.Tensor, attr, None) for attr in _SYNC_POINTS])
+# installed only while _ENTRIES is, whose own start and end keep torch's tables
+_SYNC_ENTRIES = _Entries(lambda: [(torch.Tensor, attr, None) for attr in _SYNC_POINTS], False)
 
 
 def _plan(entries: list[tuple[Any, str, OpCheck]]) -> list[tuple[Any, str, OpCheck | None]]:
