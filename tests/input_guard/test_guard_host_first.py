@@ -28,6 +28,13 @@ CPU_TAKES_CUDA_ASSERTS = {
         torch.tensor([0, -1]),
         include_last_offset=True,
     ),
+    # found by the OpInfo oracle: a difference of offsets overflowed, a comparison does not
+    "embedding_bag offsets [0, 3, int64 min], include_last_offset": lambda: F.embedding_bag(
+        torch.tensor([0, 1, 1, 0, 1, 4]),
+        torch.randn(5, 2, dtype=torch.float64),
+        torch.tensor([0, 3, -(2**63)]),
+        include_last_offset=True,
+    ),
     "torch.embedding_bag offsets [0, 2, 1], mode=max": lambda: torch.embedding_bag(
         torch.randn(5, 2), torch.tensor([0, 1, 2]), torch.tensor([0, 2, 1]), mode=2
     ),
