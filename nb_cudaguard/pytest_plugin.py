@@ -81,18 +81,20 @@ def _guard_factory(mode: str) -> Any:
         from .input_guard.scope import guard
     except ImportError as error:
         raise pytest.UsageError(f"--cudaguard={mode} needs torch ({error})") from None
-    return lambda: guard(mode=mode)
+    return lambda namespace: guard(mode=mode, namespace=namespace)
 
 
 class GuardEachTest:
-    """Runs every test body under the input guard."""
+    """Runs every test body under the input guard; names the test module bound to torch's ops
+    at import (``from torch import gather``) are checked too."""
 
     def __init__(self, make_guard: Any) -> None:
         self.make_guard = make_guard
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, None]:
-        with self.make_guard():
+        module = getattr(item, "module", None)
+        with self.make_guard(vars(module) if module is not None else {}):
             yield
 
 

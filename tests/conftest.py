@@ -72,6 +72,16 @@ def cpu_op_first(guard_checks_first: None, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.fixture
+def device_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deferred guard as a CUDA tensor meets it, on CPU tensors: verdicts left on the device
+    and read later. Host memory itself has nothing to defer (its violations raise at the call)."""
+    from nb_cudaguard.input_guard import scope
+
+    monkeypatch.setattr(scope, "TRUST_HOST_OPS", False)
+    monkeypatch.setattr(scope, "HOST_VERDICTS_AT_ONCE", False)
+
+
+@pytest.fixture
 def shell() -> Iterator[Any]:
     """A real InteractiveShell, with nb_cudaguard unloaded again afterwards."""
     from IPython.testing.globalipapp import get_ipython

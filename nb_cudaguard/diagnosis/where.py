@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -233,7 +234,7 @@ def where_in_text(text: str) -> str | None:
     frame = user[-1]
     if frame.code is None:
         return f"It surfaced in {frame.place}."
-    if _CANNOT_ASSERT.search(frame.code):
+    if _only_copies_or_waits(frame.code):
         return (
             f"It surfaced at `{frame.code}` ({frame.place}), an operation that only copies or "
             "waits and cannot assert: the failing kernel was launched earlier."

@@ -50,6 +50,7 @@ class Violation:
     library_line: str | None = None  # the innermost non-torch frame, where it is not the user's
     rank: int | None = None
     deferred: bool = False  # found when the deferred verdicts were read, after the call ran
+    cpu_error: str | None = None  # PyTorch's own error for these values on CPU, where it has one
 
 
 class GuardError(RuntimeError):
@@ -113,6 +114,8 @@ def format_violation(v: Violation) -> str:
     if v.owner or f.source:
         origin = v.owner + (f" ({f.source})" if f.source else "") if v.owner else f.source
         lines.append(f"  The bound comes from {origin}.")
+    if v.cpu_error:
+        lines.append(f"  PyTorch's own error on CPU: {v.cpu_error}")
     lines += ["", "Where"]
     if v.line:
         lines.append(f"  your line: {v.line}")

@@ -450,10 +450,71 @@ class OpCheck:
     fix: str
     index_error: bool = False  # PyTorch's CPU check raises IndexError here
     nothing_to_check: Callable[[Args], bool] | None = None  # a quick test of the arguments
-    # PyTorch's CPU op rejects exactly the values this check rejects, before it computes
-    # anything (test_guard_opinfo.py compares them case by case); not so for ctc_loss targets
-    cpu_rejects: bool = True
+    # Every argument a requirement of this op can name ("index 1" counts as "index"), and those
+    # whose values PyTorch's CPU kernel rejects wherever the CUDA kernel asserts (CPU_CHECKS).
+    states: frozenset[str] = frozenset()
     writes: Callable[[Args, Kwargs], bool] | None = None  # changes an argument before checking
+    random: bool = False  # draws random numbers: judged before it runs, never after
+
+    @property
+    def cpu_checks(self) -> frozenset[str]:
+        return CPU_CHECKS.get(self.name, frozenset())
+
+    @property
+    def cpu_rejects(self) -> bool:
+        """May the CPU op run first, its check only when it raises? Only where it rejects
+        everything the CUDA kernel asserts on, for every requirement, and draws nothing."""
+        return bool(self.states) and self.states <= self.cpu_checks and not self.random
+
+
+# The requirements (op -> argument) whose values the CPU kernel rejects wherever the CUDA kernel
+# asserts, read from PyTorch's aten/src/ATen/native/*.cpp against cuda/*.cu (torch 2.13):
+# - class targets: LossNLL.cpp TORCH_CHECK_INDEX(t >= 0 && t < n_classes) vs cuda/Loss.cu and
+#   NLLLoss2d.cu CUDA_KERNEL_ASSERT, ignore_index skipped by both; LossMultiMargin.cpp
+#   "target out of range" vs MultiMarginLoss.cu; Loss.cpp checks input and target of
+#   binary_cross_entropy in [0, 1] as cuda/Loss.cu asserts;
+# - ids: embedding and embedding_bag go through index_select / EmbeddingBag.cpp's
+#   "Expected idx >= 0 && idx < num_embeddings" vs Indexing.cu / EmbeddingBag.cu asserts;
+# - indices: ScatterGatherKernel.cpp "index .. is out of bounds for dimension" vs
+#   ScatterGatherKernel.cu; IndexKernel.cpp (x[idx], index_put, take, put, index_fill) and
+#   TensorAdvancedIndexing.cpp (index_select, index_add, index_copy) TORCH_CHECK_INDEX vs
+#   IndexKernel.cu / Indexing.cu asserts;
+# - one_hot: Onehot.cpp compares min and max on the host for CPU tensors, CUDA asserts in scatter;
+# - repeat_interleave: Repeat.cpp checks negative counts and the sum against output_size
+#   (compute_cpu) as Repeat.cu asserts them;
+# - max_unpool: MaxUnpooling.cpp "Found an invalid max index" for any index outside the plane,
+#   MaxUnpooling.cu asserts the same after truncating it to int (fewer, never more).
+# Left out: embedding_bag offsets (the CPU op accepts decreasing offsets with mode="max" and a
+# negative last offset with include_last_offset; EmbeddingBag.cu asserts end >= begin), ctc_loss
+# targets (LossCTC.cpp reads them unchecked, as does LossCTC.cu), and the random ops (they would
+# draw before the check; bernoulli, multinomial, poisson are judged first).
+CPU_CHECKS: dict[str, frozenset[str]] = {
+    "cross_entropy": frozenset({"target"}),
+    "nll_loss": frozenset({"target"}),
+    "multi_margin_loss": frozenset({"target"}),
+    "binary_cross_entropy": frozenset({"input", "target"}),
+    "embedding": frozenset({"input"}),
+    "embedding_bag": frozenset({"input"}),
+    **dict.fromkeys(
+        (
+            "gather",
+            "scatter",
+            "index_select",
+            "index_add",
+            "index_copy",
+            "index_fill",
+            "index_put",
+            "getitem",
+            "setitem",
+            "take",
+            "put",
+        ),
+        frozenset({"index"}),
+    ),
+    "one_hot": frozenset({"tensor"}),
+    "repeat_interleave": frozenset({"repeats"}),
+    **dict.fromkeys(("max_unpool1d", "max_unpool2d", "max_unpool3d"), frozenset({"indices"})),
+}
 
 
 FIX_CLASSES = (
@@ -487,6 +548,7 @@ FIX_CTC = (
 # The "_nn." entries (torch._C._nn) and torch.ctc_loss / torch.embedding / torch.embedding_bag
 # are what the functional forms call inside, with the same leading arguments: checked there
 # only when the outer function was not (a reference to it taken before the guard started).
+_INDEX = frozenset({"index"})
 CHECKS: tuple[OpCheck, ...] = (
     OpCheck(
         "cross_entropy",
@@ -495,14 +557,24 @@ CHECKS: tuple[OpCheck, ...] = (
         _cross_entropy,
         FIX_CLASSES,
         True,
+        states=frozenset({"target"}),
     ),
-    OpCheck("nll_loss", "loss", ("F.nll_loss", "_nn.nll_loss_nd"), _nll_loss, FIX_CLASSES, True),
+    OpCheck(
+        "nll_loss",
+        "loss",
+        ("F.nll_loss", "_nn.nll_loss_nd"),
+        _nll_loss,
+        FIX_CLASSES,
+        True,
+        states=frozenset({"target"}),
+    ),
     OpCheck(
         "multi_margin_loss",
         "loss",
         ("F.multi_margin_loss", "_nn.multi_margin_loss"),
         _multi_margin,
         FIX_CLASSES,
+        states=frozenset({"target"}),
     ),
     OpCheck(
         "binary_cross_entropy",
@@ -510,14 +582,35 @@ CHECKS: tuple[OpCheck, ...] = (
         ("F.binary_cross_entropy", "_nn.binary_cross_entropy"),
         _binary_cross_entropy,
         FIX_BCE,
+        states=frozenset({"input", "target"}),
     ),
     OpCheck(
-        "ctc_loss", "loss", ("F.ctc_loss", "torch.ctc_loss"), _ctc_loss, FIX_CTC, cpu_rejects=False
+        "ctc_loss",
+        "loss",
+        ("F.ctc_loss", "torch.ctc_loss"),
+        _ctc_loss,
+        FIX_CTC,
+        states=frozenset({"targets"}),
     ),
     OpCheck(
-        "embedding", "embedding", ("F.embedding",), _embedding, FIX_EMBEDDING, True, writes=_renorms
+        "embedding",
+        "embedding",
+        ("F.embedding",),
+        _embedding,
+        FIX_EMBEDDING,
+        True,
+        states=frozenset({"input"}),
+        writes=_renorms,
     ),
-    OpCheck("embedding", "embedding", ("torch.embedding",), _torch_embedding, FIX_EMBEDDING, True),
+    OpCheck(
+        "embedding",
+        "embedding",
+        ("torch.embedding",),
+        _torch_embedding,
+        FIX_EMBEDDING,
+        True,
+        states=frozenset({"input"}),
+    ),
     # IndexError for ids, as on CPU; the CPU's offsets errors are RuntimeErrors or IndexErrors
     # depending on mode, and GuardIndexError is both
     OpCheck(
@@ -527,6 +620,7 @@ CHECKS: tuple[OpCheck, ...] = (
         _embedding_bag,
         FIX_EMBEDDING,
         True,
+        states=frozenset({"input", "offsets"}),
         writes=_renorms,
     ),
     OpCheck(
@@ -536,6 +630,7 @@ CHECKS: tuple[OpCheck, ...] = (
         lambda args, kwargs: _embedding_bag(args, kwargs, inner=True),
         FIX_EMBEDDING,
         True,
+        states=frozenset({"input", "offsets"}),
     ),
     OpCheck(
         "multinomial",
@@ -543,18 +638,35 @@ CHECKS: tuple[OpCheck, ...] = (
         ("torch.multinomial", "Tensor.multinomial"),
         _multinomial,
         FIX_PROBS,
+        states=frozenset({"input"}),
+        random=True,
     ),
     OpCheck(
-        "bernoulli", "sampling", ("torch.bernoulli", "Tensor.bernoulli"), _bernoulli, FIX_PROBS
+        "bernoulli",
+        "sampling",
+        ("torch.bernoulli", "Tensor.bernoulli"),
+        _bernoulli,
+        FIX_PROBS,
+        states=frozenset({"input"}),
+        random=True,
     ),
-    OpCheck("bernoulli", "sampling", ("Tensor.bernoulli_",), _bernoulli_, FIX_PROBS),
+    OpCheck(
+        "bernoulli",
+        "sampling",
+        ("Tensor.bernoulli_",),
+        _bernoulli_,
+        FIX_PROBS,
+        states=frozenset({"p"}),
+        random=True,
+    ),
     OpCheck(
         "poisson",
         "sampling",
         ("torch.poisson",),
         _poisson,
         "Poisson rates must be >= 0 and not NaN.",
-        cpu_rejects=False,  # not in PyTorch's op database: nothing compares the two
+        states=frozenset({"input"}),
+        random=True,
     ),
     OpCheck(
         "gather",
@@ -562,6 +674,7 @@ CHECKS: tuple[OpCheck, ...] = (
         ("torch.gather", "Tensor.gather"),
         _dim_index(negative_ok=False),
         FIX_INDEX + " gather does not accept negative indices.",
+        states=_INDEX,
     ),
     OpCheck(
         "scatter",
@@ -579,6 +692,7 @@ CHECKS: tuple[OpCheck, ...] = (
         ),
         _dim_index(negative_ok=False),
         FIX_INDEX + " scatter does not accept negative indices.",
+        states=_INDEX,
     ),
     OpCheck(
         "index_select",
@@ -587,6 +701,7 @@ CHECKS: tuple[OpCheck, ...] = (
         _dim_index(negative_ok=False),
         FIX_INDEX,
         True,
+        states=_INDEX,
     ),
     OpCheck(
         "index_add",
@@ -595,6 +710,7 @@ CHECKS: tuple[OpCheck, ...] = (
         _dim_index(negative_ok=False),
         FIX_INDEX,
         True,
+        states=_INDEX,
     ),
     OpCheck(
         "index_copy",
@@ -603,6 +719,7 @@ CHECKS: tuple[OpCheck, ...] = (
         _dim_index(negative_ok=False),
         FIX_INDEX,
         True,
+        states=_INDEX,
     ),
     OpCheck(
         "index_fill",
@@ -611,6 +728,7 @@ CHECKS: tuple[OpCheck, ...] = (
         _dim_index(negative_ok=True),
         FIX_INDEX,
         True,
+        states=_INDEX,
     ),
     OpCheck(
         "index_put",
@@ -619,17 +737,31 @@ CHECKS: tuple[OpCheck, ...] = (
         _index_put,
         FIX_INDEX,
         True,
+        states=_INDEX,
     ),
-    OpCheck("getitem", "index", ("Tensor.__getitem__",), _getitem, FIX_INDEX, True, plain_index),
-    OpCheck("setitem", "index", ("Tensor.__setitem__",), _getitem, FIX_INDEX, True, plain_index),
-    OpCheck("take", "index", ("torch.take", "Tensor.take"), _take, FIX_INDEX, True),
-    OpCheck("put", "index", ("torch.put", "Tensor.put", "Tensor.put_"), _take, FIX_INDEX, True),
+    *(
+        OpCheck(
+            name, "index", (f"Tensor.__{name}__",), _getitem, FIX_INDEX, True, plain_index, _INDEX
+        )
+        for name in ("getitem", "setitem")
+    ),
+    OpCheck("take", "index", ("torch.take", "Tensor.take"), _take, FIX_INDEX, True, states=_INDEX),
+    OpCheck(
+        "put",
+        "index",
+        ("torch.put", "Tensor.put", "Tensor.put_"),
+        _take,
+        FIX_INDEX,
+        True,
+        states=_INDEX,
+    ),
     OpCheck(
         "one_hot",
         "one_hot",
         ("F.one_hot",),
         _one_hot,
         "Labels must be 0 .. num_classes-1 (or pass num_classes=-1 to infer it).",
+        states=frozenset({"tensor"}),
     ),
     OpCheck(
         "repeat_interleave",
@@ -637,6 +769,7 @@ CHECKS: tuple[OpCheck, ...] = (
         ("torch.repeat_interleave", "Tensor.repeat_interleave"),
         _repeat_interleave,
         "Repeat counts must be >= 0 and, with output_size, add up to it exactly.",
+        states=frozenset({"repeats"}),
     ),
     *(
         OpCheck(
@@ -646,6 +779,7 @@ CHECKS: tuple[OpCheck, ...] = (
             _max_unpool(n),
             "Pass the indices returned by the matching max_pool call (return_indices=True) "
             "with the same kernel_size, stride and padding.",
+            states=frozenset({"indices"}),
         )
         for n in (1, 2, 3)
     ),

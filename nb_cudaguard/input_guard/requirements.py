@@ -342,12 +342,13 @@ class Offsets:
 
     def summary(self) -> Summary:
         t = self.tensor.detach().reshape(-1).to(torch.int64)
-        step = (t[1:] - t[:-1]).min() if t.numel() > 1 else t.new_zeros(())
-        return t[0], step, t[-1]
+        # compared, not subtracted: a difference overflows for offsets near the int64 limits
+        decreases = torch.lt(t[1:], t[:-1]).sum()
+        return t[0], decreases, t[-1]
 
     def holds(self, values: list[Any]) -> bool:
-        first, smallest_step, last = values
-        return bool(first == 0 and smallest_step >= 0 and last <= self.n_indices)
+        first, decreases, last = values
+        return bool(first == 0 and decreases == 0 and last <= self.n_indices)
 
     def holds_now(self) -> bool:
         return self.holds([_item(v) for v in self.summary()])

@@ -11,15 +11,20 @@ inside a check), calls the bare op at once.
 References taken before the guard started: modules look their functions up at each call
 (``nn.CrossEntropyLoss`` calls ``F.cross_entropy``), and the functional losses, embeddings and
 ``ctc_loss`` are also wrapped at the op they call inside (``torch._C._nn.cross_entropy_loss``,
-``torch.embedding``...), so ``from torch.nn.functional import cross_entropy`` at the top of a
-notebook is still checked. Not seen: a ``torch`` function or ``Tensor`` method bound before the
-guard (``from torch import gather``, ``take = torch.Tensor.take``), ``F.one_hot`` and
-``F.max_unpool*d`` bound before it. Code compiled by TorchScript or ``torch.compile`` is not
-checked: TorchScript compiles torch's own ops inside a guard as outside, and a wrapper traced by
-``torch.compile`` calls the op itself (where dynamo first met torch inside a guard, it may not
-know that op and break the graph there). A ``TorchFunctionMode`` would see early references
-too, but it is called for every torch call of a step (~360), at about 1.1 us each: more than
-the guard's whole budget.
+``torch.embedding``...). Names bound to a checked op in the namespace the guard is given
+(``from torch import gather``, ``take = torch.Tensor.take``: the notebook's namespace for
+``%%cudacheck``, the caller's globals for ``guard()``, the test module's for the pytest plugin)
+name its wrapper while the guard is active and torch's op again after it. Not seen: such a
+reference in a function's local variables, or inside a container. Code compiled by TorchScript
+or ``torch.compile`` is not checked: both compile torch's own op where they meet its wrapper
+(``__prepare_scriptable__``, ``_torchdynamo_inline``), so a compiled model runs as compiled,
+without a graph break, and the guard says once that compiled regions are not checked. A
+``TorchFunctionMode`` would see every reference, but it is called for every torch call of a
+step (~360), at about 1.1 us each: more than the guard's whole budget.
+
+Whatever is installed leaves torch as it was, inside the block and after it: the C slots that
+setting ``Tensor.__getitem__`` fills (``type_slots.py``), and torch's tables of its own
+functions built meanwhile (``torch_caches.py``).
 
 Two modes. ``strict`` reads each checked call's verdict back at once (on a GPU, one host
 synchronisation per checked call) and raises before the kernel launches. ``deferred`` never
@@ -31,8 +36,11 @@ so weights are never updated from a bad batch), at a ``.item()``/``.tolist()`` t
 synchronises on anyway, and when the block ends. The first violation is then raised with the
 same message as in strict mode.
 
-On host memory both modes let the call run first (``TRUST_HOST_OPS``): PyTorch's CPU op rejects
-the same values itself, before it computes anything, so the rules only run when it raises.
+On host memory there is nothing to defer: in both modes a violation is raised at the call, where
+PyTorch's CPU op raises its own error (code that catches it behaves as without the guard), and
+the message quotes that error. Where the CPU op rejects every value the CUDA kernel asserts on
+(``ops.CPU_CHECKS``), draws no random number and the tensors are below ``HOST_FIRST_LINE``
+elements, the call runs first and the rules only run when it raises (``TRUST_HOST_OPS``).
 
 Module import needs torch: ``nb_cudaguard`` imports this lazily.
 """
@@ -40,6 +48,7 @@ Module import needs torch: ``nb_cudaguard`` imports this lazily.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import linecache
@@ -63,9 +72,11 @@ from ..diagnosis.bounds import (
     marks_void,
     parameter_owner,
 )
+from . import torch_caches, type_slots
 from .errors import Finding, GuardError, GuardIndexError, Violation
 from .ops import NAMES, OpCheck, display_name, entry_points
 from .requirements import Requirement, Slot, Summary
+from .type_slots import SequenceSlots
 
 MODES = ("strict", "deferred")
 # Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
@@ -170,6 +181,9 @@ def _dressed_as(wrapper: Any, func: Any) -> Any:
         with contextlib.suppress(AttributeError, TypeError):
             setattr(wrapper, attr, getattr(func, attr))
     wrapper.__wrapped__ = func
+    # torch.compile traces torch's own op where it meets the wrapper (its way of seeing through
+    # its own wrappers): no graph break, and its tables list torch's objects, never ours
+    wrapper._torchdynamo_inline = func
     if isinstance(func, FunctionType):
         # torch.jit.script compiles what this returns (F.cross_entropy's own source)
         wrapper.__prepare_scriptable__ = lambda: func
@@ -195,17 +209,23 @@ def _guarded_call(
                 return func(*args, **kwargs)
             except TypeError:
                 raise  # torch's parser refused the arguments: there is no value to judge
-            except Exception:
+            except Exception as error:
                 finding = _inspect(check, args, kwargs)
                 if finding is None:
                     raise  # the op's own complaint, about something the guard does not check
-                if not config.deferred:
-                    _raise(check, func, finding, args, kwargs, replacing=True)
-            # deferred: the violation waits like any other, and the call runs on safe values
+                # in both modes: on host memory the op raised here, so the guard does too
+                _raise(check, func, finding, args, kwargs, cpu_error=error, replacing=True)
         if not config.deferred:
             finding = _inspect(check, args, kwargs)
             if finding is not None and _accepts(func, args, kwargs):
-                _raise(check, func, finding, args, kwargs)
+                _raise(
+                    check,
+                    func,
+                    finding,
+                    args,
+                    kwargs,
+                    cpu_error=_host_error(check, func, args, kwargs),
+                )
             return func(*args, **kwargs)
         waiting = len(state.pending)
         args, kwargs = _defer(check, func, args, kwargs)
@@ -219,12 +239,16 @@ def _guarded_call(
         state.busy = False
 
 
-# A call whose tensors are all in host memory runs first and is checked only when the op raises:
-# PyTorch's CPU op rejects exactly what the guard would (``OpCheck.cpu_rejects``) before it
-# computes anything, so a valid call costs one wrapper, and a bad one still ends in the guard's
-# message. Not for in-place calls (an ``out=``, ``x.scatter_``, ``max_norm``): those may write
-# before they raise. Tests turn this off to run every check itself on CPU, as a GPU's calls do.
+# A call whose tensors are all in host memory runs first and is checked only when the op raises,
+# where PyTorch's CPU op rejects every value the CUDA kernel asserts on, for each requirement of
+# the op (``ops.CPU_CHECKS``): a valid call costs one wrapper, and a bad one still ends in the
+# guard's message. Not for in-place calls (an ``out=``, ``x.scatter_``, ``max_norm``): those may
+# write before they raise; not for random ops (they would draw first); not past ``HOST_FIRST_LINE``
+# elements in one tensor, where the op would compute for long before it raises (an 8192 x 32000
+# cross_entropy: 4.8 s) and the rules cost nothing beside it. Tests turn this off to run every
+# check itself on CPU, as a GPU's calls do.
 TRUST_HOST_OPS = True
+HOST_FIRST_LINE = 1 << 20  # elements; benchmarks/bench_host_line.py measures where it sits
 
 
 def _runs_on_host(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -236,15 +260,41 @@ def _runs_on_host(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 def _on_host(values: Iterable[Any]) -> bool:
+    """Every tensor in host memory, none of them past HOST_FIRST_LINE elements."""
     for value in values:
         if isinstance(value, torch.Tensor):
-            if not value.is_cpu:
+            if not value.is_cpu or value.numel() > HOST_FIRST_LINE:
                 return False
         elif type(value) is tuple or type(value) is list:  # x[idx, mask], index_put's indices
             for item in value:
-                if isinstance(item, torch.Tensor) and not item.is_cpu:
+                if isinstance(item, torch.Tensor) and (
+                    not item.is_cpu or item.numel() > HOST_FIRST_LINE
+                ):
                     return False
     return True
+
+
+def _host_error(
+    check: OpCheck, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> BaseException | None:
+    """On the failing path: PyTorch's own error for these values in host memory, run on copies
+    of the tensors (so nothing is written), where that is quick and draws no random number. Its
+    words go into the guard's message, so code that matches PyTorch's text still matches."""
+    if check.random or not (_on_host(args) and _on_host(kwargs.values())):
+        return None
+    try:
+        func(*_copies(args), **{key: _copies(value) for key, value in kwargs.items()})
+    except Exception as error:
+        return error
+    return None
+
+
+def _copies(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if type(value) in (list, tuple):
+        return type(value)(_copies(v) for v in value)
+    return value
 
 
 def _accepts(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -285,8 +335,11 @@ class _Entries:
     ``torch._C.TensorBase``). An attribute someone else replaced meanwhile is left to them.
     """
 
-    def __init__(self, plan: Callable[[], list[tuple[Any, str, OpCheck | None]]]) -> None:
+    def __init__(
+        self, plan: Callable[[], list[tuple[Any, str, OpCheck | None]]], tables: bool = True
+    ) -> None:
         self.plan = plan
+        self.keeps_tables = tables  # whether to keep torch's tables free of these wrappers
         self.lock = threading.Lock()
         self.users = 0
         # (owner, attribute, torch's own object or _ABSENT, our wrapper)
@@ -294,6 +347,11 @@ class _Entries:
         self.builtin_ids: list[int] = []  # our entries in TorchScript's table of builtins
         self.made: dict[tuple[Any, str], Any] = {}
         self.planned: list[tuple[Any, str, OpCheck | None]] | None = None
+        # x[idx]: torch.Tensor's C slots as found (type_slots.py), torch's tables as found
+        self.slots = SequenceSlots(torch.Tensor)
+        self.tables: frozenset[tuple[str, str]] = frozenset()
+        self.by_op: dict[int, Any] = {}  # id(torch's op) -> its wrapper, while installed
+        self.wrapper_ids: set[int] = set()
 
     def acquire(self) -> None:
         with self.lock:
@@ -310,11 +368,17 @@ class _Entries:
     def _install(self) -> None:
         if self.planned is None:  # what torch has does not change: planned once per process
             self.planned = self.plan()
+        if self.keeps_tables:
+            torch_caches.build_builtin_table()
+            self.tables = torch_caches.built()
         jit = sys.modules.get("torch.jit._builtins")
         table = getattr(jit, "_builtin_table", None)
+        dunders = any(attr in type_slots.DUNDERS for _, attr, _ in self.planned)
         try:
+            if dunders:
+                self.slots.take()
+                self._patch(torch.Tensor, "__init_subclass__", _new_subclass_hook(self.slots))
             for owner, attr, check in self.planned:
-                own = owner.__dict__.get(attr, _ABSENT)
                 func = getattr(owner, attr)
                 # the same wrapper for the same op every time: cheaper per cell, and a reference
                 # taken inside one guard is the wrapper of the next
@@ -322,12 +386,45 @@ class _Entries:
                 if wrapper is None or wrapper.__wrapped__ is not func:
                     wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
                     self.made[(owner, attr)] = wrapper
+                own = owner.__dict__.get(attr, _ABSENT)
                 setattr(owner, attr, wrapper)
                 self.installed.append((owner, attr, own, wrapper))
                 self._as_builtin(table, func, wrapper)
+                self.by_op[id(func)] = wrapper
+                self.wrapper_ids.add(id(wrapper))
         except BaseException:
             self._uninstall()
             raise
+        finally:
+            if dunders:
+                self.slots.put_back()
+
+    def bind_early(self, namespace: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        """Names in ``namespace`` bound to torch's own op before the guard started (``from
+        torch import gather``) now name its wrapper; returns (name, op, wrapper) to undo."""
+        wrappers = self.by_op
+        # one pass at C speed over what may be a notebook's thousand names
+        found = [(name, value) for name, value in namespace.items() if id(value) in wrappers]
+        renamed = []
+        for name, value in found:
+            wrapper = wrappers[id(value)]
+            if wrapper.__wrapped__ is value:
+                namespace[name] = wrapper
+                renamed.append((name, value, wrapper))
+        return renamed
+
+    def unbind_all(self, namespace: dict[str, Any]) -> None:
+        """Names bound to a wrapper inside the block (``from torch import gather`` in a guarded
+        cell) name torch's op again, as they would have without the guard."""
+        ours = self.wrapper_ids
+        found = [(name, value) for name, value in namespace.items() if id(value) in ours]
+        for name, value in found:
+            namespace[name] = value.__wrapped__
+
+    def _patch(self, owner: Any, attr: str, new: Any) -> None:
+        own = owner.__dict__.get(attr, _ABSENT)
+        setattr(owner, attr, new)
+        self.installed.append((owner, attr, own, new))
 
     def _as_builtin(self, table: Any, func: Any, wrapper: Any) -> None:
         """TorchScript compiles ``torch.gather`` as the aten op it is: it finds it by identity
@@ -344,6 +441,7 @@ class _Entries:
                 table.pop(key, None)
         self.builtin_ids = []
         installed, self.installed = self.installed, []
+        self.by_op, self.wrapper_ids = {}, set()
         for owner, attr, own, wrapper in reversed(installed):
             if owner.__dict__.get(attr) is not wrapper:
                 print(
@@ -355,14 +453,51 @@ class _Entries:
                 delattr(owner, attr)
             else:
                 setattr(owner, attr, own)
+        # CPython leaves sq_item filled after the delattr (type_slots.py); torch's tables built
+        # meanwhile may hold our wrappers (torch_caches.py)
+        self.slots.put_back()
+        self.slots.forget()
+        if self.keeps_tables:
+            torch_caches.forget_built_since(self.tables)
 
 
 _ABSENT = object()
+
+
+def _new_subclass_hook(slots: SequenceSlots) -> classmethod[Any, Any, None]:
+    """``torch.Tensor.__init_subclass__`` while the guard is active: a subclass created then
+    (a module imported inside the block) gets the sequence slots it would get without the guard,
+    at once (CPython filled them because ``__getitem__`` was a Python function at its creation)."""
+    own = torch.Tensor.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type[torch.Tensor], /, **kwargs: Any) -> None:
+        if own is not None:
+            own.__get__(None, cls)(**kwargs)
+        else:
+            super(torch.Tensor, cls).__init_subclass__(**kwargs)
+        slots.put_back_one(cls)
+
+    return classmethod(__init_subclass__)
+
+
 _SYNC_POINTS = ("item", "tolist")
 # The checked ops, while any guard is active; .item()/.tolist(), while a deferred one is (only
 # it leaves verdicts to read there; an optimizer calls .item() once per parameter).
-_ENTRIES = _Entries(lambda: [*entry_points()])
-_SYNC_ENTRIES = _Entries(lambda: [(torch.Tensor, attr, None) for attr in _SYNC_POINTS])
+_ENTRIES = _Entries(lambda: _plan(entry_points()))
+# installed only while _ENTRIES is, whose own start and end keep torch's tables
+_SYNC_ENTRIES = _Entries(lambda: [(torch.Tensor, attr, None) for attr in _SYNC_POINTS], False)
+
+
+def _plan(entries: list[tuple[Any, str, OpCheck]]) -> list[tuple[Any, str, OpCheck | None]]:
+    """Every entry point, less ``x[idx]`` where the slots it changes cannot be put back."""
+    if type_slots.supported():
+        return [*entries]
+    print(
+        "nb_cudaguard: x[index] and x[index] = value are not checked on this Python "
+        f"({sys.implementation.name}): the guard cannot restore what wrapping them changes",
+        file=sys.stderr,
+    )
+    return [e for e in entries if e[1] not in type_slots.DUNDERS]
 
 
 def _inspect(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Finding | None:
@@ -448,12 +583,12 @@ class _Pending:
     summaries: list[Summary]
     versions: list[int]
     where: _Where
-    decided: Finding | None = None  # host memory: judged at the call, raised at the flush
 
 
-# Tensors in host memory are judged at the call itself: reading them is no synchronisation, so
-# only a violation is kept for later (raised where a device verdict would be), and a valid call
-# costs what it costs in strict mode. Tests turn this off to run the device path on CPU.
+# Tensors in host memory are judged at the call itself, and a violation is raised there: reading
+# them is no synchronisation, and the CPU op would raise its own error at that very call (code
+# that catches it, ``except IndexError``, behaves as without the guard). Tests turn this off to
+# run the device path on CPU.
 HOST_VERDICTS_AT_ONCE = True
 
 
@@ -467,11 +602,12 @@ def _defer(
         if not live:
             return args, kwargs
         STATS["calls"] += 1
-        decided = None
         if HOST_VERDICTS_AT_ONCE and on_host:
-            decided = _judged_on_host(live)
-            if decided is None:
-                return args, kwargs
+            finding = _judged_on_host(live)
+            if finding is not None and _accepts(func, args, kwargs):
+                error = _host_error(check, func, args, kwargs)
+                _raise(check, func, finding, args, kwargs, cpu_error=error)
+            return args, kwargs
         safe_args, safe_kwargs = args, kwargs
         for r in live:
             replaced = _with_safe(r, safe_args, safe_kwargs)
@@ -480,13 +616,9 @@ def _defer(
             safe_args, safe_kwargs = replaced
         else:
             where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
-            if decided is not None:
-                entry = _Pending(check, func, [], [], [], where, decided)
-            else:
-                summaries = [r.summary() for r in live]
-                versions = [r.tensor._version for r in live]
-                entry = _Pending(check, func, live, summaries, versions, where)
-            _STATE.pending.append(entry)
+            summaries = [r.summary() for r in live]
+            versions = [r.tensor._version for r in live]
+            _STATE.pending.append(_Pending(check, func, live, summaries, versions, where))
             if len(_STATE.pending) >= MAX_PENDING:
                 flush()
             return safe_args, safe_kwargs
@@ -559,9 +691,6 @@ def _raise_first(entries: list[_Pending]) -> None:
     summaries = [s for e in entries for s in e.summaries]
     values = iter(_read(summaries) if summaries else [])
     for entry in entries:
-        if entry.decided is not None:
-            violation = _violation(entry.check, entry.func, entry.decided, entry.where, True)
-            raise _dressed(_error(entry.check)(violation))
         for requirement, version in zip(entry.requirements, entry.versions, strict=True):
             if requirement.holds(next(values)):
                 continue
@@ -709,13 +838,18 @@ def _raise(
     finding: Finding,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    cpu_error: BaseException | None = None,
     replacing: bool = False,
 ) -> None:
-    """``replacing``: the CPU op raised first, and the guard's error stands in for its own
+    """``cpu_error``: PyTorch's own error for these values on CPU, quoted in the message.
+    ``replacing``: the CPU op raised first, and the guard's error stands in for its own
     (which is then not shown beside it); an error the user's code was handling stays shown."""
     __tracebackhide__ = True
     where = _capture(args, kwargs, modules=check.family == "loss")
-    error = _dressed(_error(check)(_violation(check, func, finding, where)))
+    violation = _violation(check, func, finding, where)
+    if cpu_error is not None:
+        violation = dataclasses.replace(violation, cpu_error=str(cpu_error).strip())
+    error = _dressed(_error(check)(violation))
     if replacing:
         raise error from None
     raise error
@@ -824,12 +958,16 @@ class Guard:
     closed or collected.
     """
 
-    def __init__(self, config: GuardConfig, sync: bool = False) -> None:
+    def __init__(
+        self, config: GuardConfig, sync: bool = False, namespace: dict[str, Any] | None = None
+    ) -> None:
         self.config = config
         self.sync = sync
+        self.namespace = namespace  # where early references to torch's ops are seen too
         self._entered = False
         self._configs: list[GuardConfig] = []
         self._thread = 0
+        self._renamed: list[tuple[str, Any, Any]] = []  # (name, torch's op, our wrapper)
 
     def __enter__(self) -> Guard:
         if self._entered:
@@ -841,6 +979,8 @@ class Guard:
         except BaseException:
             _ENTRIES.release()
             raise
+        if self.namespace is not None:
+            self._renamed = _ENTRIES.bind_early(self.namespace)
         # the list itself: a generator's guard may be closed from another thread
         self._configs = _STATE.configs
         self._thread = threading.get_ident()
@@ -883,11 +1023,43 @@ class Guard:
                     break
             if not configs and here:
                 _STATE.pending.clear()
+            if self.namespace is not None:
+                _unbind_early(self.namespace, self._renamed)
+                self._renamed = []
+                if not configs and here:  # the last guard of this thread: no wrapper stays
+                    _ENTRIES.unbind_all(self.namespace)
+            _note_compiled_regions()
             try:
                 if self.config.deferred:
                     _hook_off()
             finally:
                 _ENTRIES.release()
+
+
+_NOTED: set[str] = set()
+
+
+def _note_compiled_regions() -> None:
+    """Once per process where torch.compile has compiled something: its regions run unchecked."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if "compiled" in _NOTED or not isinstance(counters, dict):
+        return
+    if counters.get("stats", {}).get("unique_graphs", 0):
+        _NOTED.add("compiled")
+        print(
+            "nb_cudaguard: code compiled by torch.compile is not checked by the guard (it runs "
+            "torch's ops as compiled); to check its inputs, run it uncompiled once.",
+            file=sys.stderr,
+        )
+
+
+def _unbind_early(namespace: dict[str, Any], renamed: list[tuple[str, Any, Any]]) -> None:
+    """Each name back to torch's own op, where it still names our wrapper (one the user bound
+    to something else meanwhile is theirs)."""
+    for name, op, wrapper in renamed:
+        if namespace.get(name) is wrapper:
+            namespace[name] = op
 
 
 def _synchronize() -> None:
@@ -901,6 +1073,7 @@ def guard(
     skip: Iterable[str] | str | None = None,
     sync: bool = False,
     mode: str = "strict",
+    namespace: dict[str, Any] | None = None,
 ) -> Guard:
     """Check the inputs of assert-prone torch calls in a ``with`` block before they run.
 
@@ -908,14 +1081,20 @@ def guard(
     raises before its kernel launches (on a GPU: one synchronisation per checked call).
     ``mode="deferred"``: no synchronisation per call; the call runs on clamped (safe) values and
     the first violation is raised before the next ``optimizer.step()``, at the next ``.item()``
-    or ``.tolist()``, or when the block ends, whichever comes first.
+    or ``.tolist()``, or when the block ends, whichever comes first (tensors in host memory:
+    at the bad call, as PyTorch's CPU op raises there).
 
     ``only``/``skip``: op names (``"cross_entropy"``, ``"getitem"``) or families (``"loss"``,
     ``"embedding"``, ``"sampling"``, ``"gather_scatter"``, ``"index"``, ``"one_hot"``,
     ``"repeat_interleave"``, ``"unpool"``). ``sync``: synchronise CUDA when the block ends
     without an error, so an asynchronous error from an unchecked op is reported there.
     A bad input raises :class:`nb_cudaguard.GuardError` before its kernel runs.
+
+    ``namespace``: where names bound to torch's ops before the block (``from torch import
+    gather``) are checked too, and put back as the block ends; default: the caller's globals.
     """
+    if namespace is None:
+        namespace = sys._getframe(1).f_globals
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     config = GuardConfig(
@@ -923,7 +1102,7 @@ def guard(
         skip=parse_names(skip) or frozenset(),
         deferred=mode == "deferred",
     )
-    return Guard(config, sync=sync)
+    return Guard(config, sync=sync, namespace=namespace)
 
 
 def active() -> bool:

@@ -139,8 +139,15 @@ class CudaCheckMagics(Magics):
         train): no synchronisation per call; the bad call runs on clamped values (its output is
         garbage, the context stays healthy) and the error, naming the bad call's line, comes
         before the next ``optimizer.step()`` (weights are never updated from a bad batch), at
-        the next ``.item()``, or at the end of the cell. In scripts and DDP ranks use
+        the next ``.item()``, or at the end of the cell. Tensors in host memory have nothing to
+        defer: there the error comes from the bad call itself in both modes, where PyTorch's
+        CPU op raises its own (whose words the message quotes). In scripts and DDP ranks use
         ``with nb_cudaguard.guard():`` (``mode="deferred"`` for the second).
+
+        Names the notebook bound to a checked op before (``from torch import gather``) are
+        checked too, and name torch's op again after the cell. Not checked: code compiled by
+        ``torch.compile`` (it runs as compiled, without a graph break; the guard says so once)
+        or TorchScript. Nothing of the guard stays in torch after the cell.
 
         Usage::
 
@@ -191,7 +198,8 @@ class CudaCheckMagics(Magics):
     def _run_guarded(self, cell: str, options: dict[str, Any]) -> None:
         from ..input_guard.scope import guard
 
-        with guard(**options), self._counted_as(_calling_cell(self.ip, sys._getframe(1))):
+        entered = guard(**options, namespace=self.ip.user_ns)
+        with entered, self._counted_as(_calling_cell(self.ip, sys._getframe(1))):
             result = self.ip.run_cell(cell)
         if result.error_before_exec is not None or result.error_in_exec is not None:
             raise CellStopped("the cell stopped at the error above.")
@@ -246,7 +254,7 @@ class CudaCheckMagics(Magics):
         if active():
             self._cell_guards.append(None)
             return
-        entered = guard(**self._session)
+        entered = guard(**self._session, namespace=self.ip.user_ns)
         entered.__enter__()
         self._cell_guards.append(entered)
 

@@ -181,21 +181,37 @@ def variants(sample: Sample) -> Iterator[tuple[str, Sample]]:
                 yield f"{label}[{position}]={shown!r}", Sample(*put(sample, new))
 
 
-def undefined(name: str, sample: Sample) -> bool:
-    """Inputs on which the CPU op is no oracle: it reads out of bounds itself.
+def cuda_asserts(name: str, sample: Sample) -> bool:
+    """Values the CPU op takes but the CUDA kernel asserts on, as that kernel states it.
 
-    ``embedding_bag`` with negative or decreasing offsets: depending on mode and
-    ``include_last_offset`` the CPU op raises (RuntimeError or IndexError), returns, or reports
-    a value it read from outside the input ("Index -1 of input takes value 7232166166", torch
-    2.13). The guard rejects them all (GuardIndexError, both classes).
+    ``embedding_bag``'s offsets: EmbeddingBag.cu takes bag ``b`` from ``begin = offsets[b]``
+    (0 for the first bag, whatever ``offsets[0]`` says) to ``end = offsets[b + 1]`` (the number
+    of indices after the last offset, unless ``include_last_offset``) and asserts
+    ``end >= begin``. Depending on mode and ``include_last_offset`` the CPU op raises, returns,
+    or reports a value it read from outside the input ("Index -1 of input takes value
+    7232166166", torch 2.13); the guard must reject them all (GuardIndexError, both classes).
     """
     if "embedding_bag" not in name and "EmbeddingBag" not in name:
         return False
     offsets = sample.kwargs.get("offsets", sample.args[1] if len(sample.args) > 1 else None)
+    # op_db's samples put the weight first: the indices are the integer tensor beside it
+    indices = next(
+        (
+            t
+            for t in (sample.input, *sample.args)
+            if isinstance(t, torch.Tensor) and t is not offsets and not t.is_floating_point()
+        ),
+        None,
+    )
     if not isinstance(offsets, torch.Tensor) or offsets.numel() == 0:
         return False
-    flat = offsets.reshape(-1)
-    return bool((flat < 0).any() or (flat[1:] < flat[:-1]).any())
+    if indices is None or indices.dim() != 1:
+        return False
+    flat = [int(v) for v in offsets.reshape(-1).tolist()]
+    include_last = bool(sample.kwargs.get("include_last_offset", False))
+    ends = flat[1:] if include_last else [*flat[1:], indices.numel()]
+    begins = [0, *flat[1:]][: len(ends)]
+    return any(end < begin for begin, end in zip(begins, ends, strict=True))
 
 
 def _outcome(call: Callable[[], Any]) -> BaseException | None:
@@ -206,8 +222,12 @@ def _outcome(call: Callable[[], Any]) -> BaseException | None:
     return None
 
 
-def compare(function: Callable[..., Any], sample: Sample, guard_factory: Any) -> str | None:
-    """None when the guarded call raises exactly as the bare one (same class), else why not."""
+def compare(
+    function: Callable[..., Any], sample: Sample, guard_factory: Any, device_asserts: bool = False
+) -> str | None:
+    """None when the guarded call raises exactly as the bare one (same class), else why not;
+    ``device_asserts``: the CUDA kernel asserts on these values, so the guard must raise even
+    where the CPU op does not."""
 
     def bare() -> Any:
         return function(_clone(sample.input), *_clone(sample.args), **_clone(sample.kwargs))
@@ -221,6 +241,10 @@ def compare(function: Callable[..., Any], sample: Sample, guard_factory: Any) ->
                 bare()  # a deferred verdict is raised as the block ends
 
         got = _outcome(guarded)
+    if expected is None and device_asserts:
+        if got is None:
+            return "missed: the CPU op takes these values, the CUDA kernel asserts on them"
+        return None
     if expected is None and got is None:
         return None
     if expected is None:

@@ -2,10 +2,10 @@
 first violation is raised before the next optimizer step, at .item(), or when the block ends.
 
 On CPU, as on a GPU: the op never completes on an offending value (it would raise its own error),
-which is what proves that the launch was made safe. Every test runs three paths: the CPU op run
-first and checked only when it raises, then run again on safe values (what host memory gets by
-default); tensors in host memory judged before the call; and verdicts left on the device as
-summaries (what CUDA tensors get, forced here on CPU tensors).
+which is what proves that the launch was made safe. These tests run the device path: verdicts
+left on the device as summaries (what CUDA tensors get, forced here on CPU tensors). Tensors in
+host memory have nothing to defer: there a violation is raised at the call, as the CPU op raises
+its own error there (the last tests, on both host paths).
 """
 
 from __future__ import annotations
@@ -21,13 +21,18 @@ from nb_cudaguard.input_guard.errors import GuardIndexError
 from nb_cudaguard.input_guard.scope import MAX_PENDING, STATS, pending
 
 
-@pytest.fixture(autouse=True, params=["cpu op first", "host", "device"])
+@pytest.fixture(autouse=True)
 def path(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, guard_checks_first: None
 ) -> str:
-    monkeypatch.setattr(scope, "TRUST_HOST_OPS", request.param == "cpu op first")
-    monkeypatch.setattr(scope, "HOST_VERDICTS_AT_ONCE", request.param != "device")
-    return "host" if request.param != "device" else "device"
+    """The device path unless a test asks for a host one (``host_path``)."""
+    chosen = getattr(request, "param", "device")
+    monkeypatch.setattr(scope, "TRUST_HOST_OPS", chosen == "cpu op first")
+    monkeypatch.setattr(scope, "HOST_VERDICTS_AT_ONCE", chosen != "device")
+    return "host" if chosen != "device" else "device"
+
+
+host_paths = pytest.mark.parametrize("path", ["cpu op first", "host"], indirect=True)
 
 
 def deferred(**options: object) -> object:
@@ -137,28 +142,26 @@ def test_the_verdict_is_read_where_the_code_synchronises_anyway() -> None:
         assert pending() == 0
 
 
-def test_no_read_back_per_checked_call(path: str) -> None:
+def test_no_read_back_per_checked_call() -> None:
     STATS.clear()
     emb = nn.Embedding(10, 2)
     with deferred():
         for _ in range(5):
             emb(torch.tensor([1, 2]))
         assert STATS["transfers"] == 0
-        # host memory: the valid calls were judged at once, nothing is left to read
-        assert pending() == (0 if path == "host" else 5)
-    assert STATS["transfers"] == (0 if path == "host" else 1)  # one read for all five
+        assert pending() == 5
+    assert STATS["transfers"] == 1  # one read for all five
 
 
-def test_a_loop_that_never_synchronises_is_read_every_max_pending_calls(path: str) -> None:
+def test_a_loop_that_never_synchronises_is_read_every_max_pending_calls() -> None:
     emb = nn.Embedding(10, 2)
     calls = 0
     with pytest.raises(GuardIndexError, match="10 at \\[0\\]"), deferred():
         for step in range(MAX_PENDING + 3):
             emb(torch.tensor([10 if step == 0 else 1]))  # only the first call is bad
             calls += 1
-    # on the device every call leaves a verdict, read when MAX_PENDING wait (inside the last
-    # call); judged on the host, only the bad call left one, read as the block ends
-    assert calls == (MAX_PENDING + 3 if path == "host" else MAX_PENDING - 1)
+    # every call leaves a verdict, read when MAX_PENDING wait (inside the last call)
+    assert calls == MAX_PENDING - 1
 
 
 @pytest.mark.parametrize(
@@ -232,17 +235,48 @@ def test_a_strict_block_inside_a_deferred_one_raises_at_once() -> None:
         assert pending() == 0
 
 
-def test_a_tensor_changed_in_place_after_the_call_is_said_so(path: str) -> None:
+def test_a_tensor_changed_in_place_after_the_call_is_said_so() -> None:
     labels = torch.tensor([0, 7])
     with pytest.raises(GuardError) as caught, deferred():
         F.cross_entropy(torch.randn(2, 3), labels)
         labels[1] = 1  # the buffer is reused before the verdict is read
-    if path == "host":  # judged at the call: the message shows the values the op was given
-        assert "7 at [1]" in str(caught.value)
-    else:
-        assert "modified in place" in str(caught.value)
+    assert "modified in place" in str(caught.value)
 
 
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="mode"):
         guard(mode="lazy")
+
+
+# --- host memory: nothing to defer ----------------------------------------------------------------
+@host_paths
+def test_on_host_memory_a_violation_is_raised_at_the_call_as_the_cpu_op_raises_it() -> None:
+    weight = torch.randn(4, 2)
+    with deferred():
+        try:  # code that handles the CPU op's own error (PyTorch Geometric does) still does
+            F.embedding(torch.tensor([1, 7]), weight)
+            handled = False
+        except IndexError as error:
+            handled = isinstance(error, GuardError)
+        assert handled
+        assert pending() == 0
+        assert F.embedding(torch.tensor([1, 3]), weight).shape == (2, 2)
+
+
+@host_paths
+def test_on_host_memory_no_verdict_is_left_to_read() -> None:
+    STATS.clear()
+    emb = nn.Embedding(10, 2)
+    with deferred():
+        for _ in range(5):
+            emb(torch.tensor([1, 2]))
+        assert pending() == 0
+    assert STATS["transfers"] == 0
+
+
+@host_paths
+def test_on_host_memory_the_error_quotes_pytorchs_own_words() -> None:
+    count = torch.zeros(1)
+    with pytest.raises(RuntimeError, match="out of bounds for dimension 0 with size 1"), deferred():
+        count.scatter_add_(0, torch.tensor([0, 1]), torch.ones(2))  # as PyG's degree() calls it
+    assert not count.any()

@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import gather
 
 from nb_cudaguard import GuardError, guard
 from nb_cudaguard.input_guard.scope import STATS, active
+
+early_take = torch.Tensor.take  # bound as a notebook's first cell would
 
 OWNERS = (torch, torch.nn.functional, torch.Tensor, torch._C.TensorBase)
 
@@ -176,12 +179,52 @@ def test_a_wrapper_kept_past_the_guard_calls_the_bare_op() -> None:
     assert not isinstance(caught.value, GuardError)
 
 
-def test_a_reference_taken_before_the_guard_is_not_seen() -> None:
+def test_a_reference_in_a_functions_locals_taken_before_the_guard_is_not_seen() -> None:
     # the documented limit of wrapping entry points (scope.py's docstring, docs/guard.md)
     early_gather = torch.gather
     with guard(), pytest.raises(RuntimeError) as caught:
         early_gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))
     assert not isinstance(caught.value, GuardError)
+
+
+def test_a_name_the_callers_module_bound_before_the_guard_is_checked_and_put_back() -> None:
+    # `from torch import gather` at the top of this module, `take = torch.Tensor.take` too
+    with guard():
+        assert gather is not torch.gather.__wrapped__  # type: ignore[attr-defined]
+        with pytest.raises(GuardError, match=r"torch\.gather: index out of range"):
+            gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))
+        with pytest.raises(GuardError, match=r"Tensor\.take: index out of range"):
+            early_take(torch.arange(4), torch.tensor([4]))
+    assert gather is torch.gather and early_take is torch.Tensor.take
+
+
+def test_a_name_rebound_inside_the_guard_is_left_as_the_user_set_it() -> None:
+    global gather
+    mine = lambda *args: "mine"  # noqa: E731
+    try:
+        with guard():
+            gather = mine
+        assert gather is mine
+    finally:
+        gather = torch.gather
+
+
+def test_a_name_bound_inside_the_guard_names_torchs_op_after_it() -> None:
+    namespace: dict[str, Any] = {}
+    with guard(namespace=namespace):
+        exec("from torch import gather; take = torch.Tensor.take", {"torch": torch}, namespace)
+        assert namespace["gather"] is not torch.gather.__wrapped__  # type: ignore[attr-defined]
+        with guard(namespace=namespace):
+            pass  # an inner guard leaves the outer one's names as they are
+        assert namespace["gather"] is torch.gather
+    assert namespace["gather"] is torch.gather and namespace["take"] is torch.Tensor.take
+
+
+def test_the_namespace_given_is_the_one_seen() -> None:
+    namespace = {"gather": torch.gather}
+    with guard(namespace=namespace), pytest.raises(GuardError):
+        namespace["gather"](torch.randn(2, 3), 1, torch.tensor([[3], [0]]))
+    assert namespace["gather"] is torch.gather
 
 
 def test_an_early_reference_to_a_functional_loss_is_caught_at_the_op_it_calls() -> None:
@@ -394,6 +437,28 @@ def test_a_torch_compiled_module_runs_inside_a_guard_as_outside() -> None:
     with guard():
         got = torch.compile(model, backend="eager")(ids, labels)
     assert torch.allclose(got, expected)
+
+
+def test_torch_compile_traces_a_guarded_model_without_a_graph_break_and_says_it_is_unchecked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dynamo = pytest.importorskip("torch._dynamo")
+    from compiled_model import Lookup
+
+    from nb_cudaguard.input_guard import scope
+
+    monkeypatch.setattr(scope, "_NOTED", set())
+    torch.manual_seed(0)
+    model = Lookup()
+    ids, labels = torch.tensor([1, 2]), torch.tensor([0, 3])
+    expected = model(ids, labels)
+    for _ in range(2):
+        with guard():
+            assert dynamo.explain(model)(ids, labels).graph_break_count == 0
+            got = torch.compile(model)(ids, labels)  # inductor, C++ on CPU
+    assert torch.allclose(got, expected)
+    note = "code compiled by torch.compile is not checked by the guard"
+    assert capsys.readouterr().err.count(note) == 1
 
 
 # --- host memory: the CPU op first, the check only when it raises --------------------------------

@@ -253,6 +253,7 @@ opt.step()
 """
 
 
+@pytest.mark.usefixtures("device_path")
 def test_a_deferred_cell_raises_before_the_optimizer_step(ip: Any) -> None:
     ip.run_cell(TRAIN)
     result = ip.run_cell("%%cudacheck --deferred\n" + BAD_STEP)
@@ -261,6 +262,7 @@ def test_a_deferred_cell_raises_before_the_optimizer_step(ip: Any) -> None:
     assert torch.equal(ip.user_ns["model"].weight, ip.user_ns["before"])
 
 
+@pytest.mark.usefixtures("device_path")
 def test_a_deferred_cell_raises_at_its_end(ip: Any) -> None:
     before = torch_state()
     ip.run_cell("%%cudacheck --deferred\nout = emb(torch.tensor([3, 10]))\nafter = 1")
@@ -268,6 +270,7 @@ def test_a_deferred_cell_raises_at_its_end(ip: Any) -> None:
     assert as_before(before) and not active()
 
 
+@pytest.mark.usefixtures("device_path")
 def test_line_mode_is_deferred_by_default_and_fails_the_cell(ip: Any) -> None:
     ip.run_cell(TRAIN)
     ip.run_cell("%cudacheck on")
@@ -349,6 +352,7 @@ def test_the_traceback_shows_the_users_lines_not_torchs(
         assert internal not in out, out
 
 
+@pytest.mark.usefixtures("device_path")
 def test_a_deferred_error_shows_where_it_was_read_and_the_bad_line(
     ip: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -358,3 +362,30 @@ def test_a_deferred_error_shows_where_it_was_read_and_the_bad_line(
     out = capsys.readouterr().out
     assert "opt.step()" in out  # where the verdict was read
     assert "your line: Cell In[" in out and "F.cross_entropy(model(" in out  # the bad call
+
+
+@pytest.mark.parametrize("cells", [["%%cudacheck\n{call}"], ["%cudacheck on --strict", "{call}"]])
+def test_a_name_bound_to_a_torch_op_before_the_guard_is_checked_and_put_back(
+    ip: Any, cells: list[str]
+) -> None:
+    ip.run_cell("from torch import gather")
+    call = "gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))"
+    for cell in cells:
+        ip.run_cell(cell.format(call=call))
+    ip.run_cell("%cudacheck off")
+    assert any(isinstance(error, GuardError) for error in errors(ip))
+    assert ip.user_ns["gather"] is torch.gather
+
+
+def test_a_list_of_0d_tensors_becomes_a_tensor_in_guarded_cells_and_after(ip: Any) -> None:
+    make = "made = torch.tensor([torch.tensor(1.5), torch.nn.Parameter(torch.tensor(2.5))])"
+    for before, cell in (
+        ("", "%%cudacheck\n" + make),
+        ("%cudacheck on", make),
+        ("%cudacheck off", make),
+    ):
+        ip.user_ns.pop("made", None)
+        ip.run_cell(before)
+        result = ip.run_cell(cell)
+        assert result.success, result.error_in_exec
+        assert ip.user_ns["made"].tolist() == [1.5, 2.5]

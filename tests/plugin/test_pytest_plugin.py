@@ -128,6 +128,27 @@ def test_strict_runs_each_test_under_the_guard(pytester: pytest.Pytester):
     strict.stdout.fnmatch_lines(["*GuardIndexError*"])
 
 
+def test_a_name_the_test_module_bound_to_a_torch_op_is_checked(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        test_early=textwrap.dedent(
+            """
+            import torch
+            from torch import gather
+
+            def test_bad_index():
+                gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))
+
+            def test_put_back_after_the_test():
+                assert gather is torch.gather
+            """
+        )
+    )
+    strict = pytester.runpytest("--cudaguard=strict", "-p", "no:cacheprovider")
+    strict.assert_outcomes(failed=1, passed=1)
+    strict.stdout.fnmatch_lines(["*GuardError: torch.gather: index out of range*"])
+
+
+@pytest.mark.usefixtures("device_path")  # pytester runs in this process
 def test_deferred_fails_the_test_before_its_optimizer_step(pytester: pytest.Pytester):
     pytester.makepyfile(
         test_guarded=textwrap.dedent(
@@ -220,3 +241,27 @@ def test_on_a_gpu_the_real_assert_is_named_and_the_next_gpu_test_does_not_run(
             "test_gpu_suite.py::test_a_real_device_side_assert; see its report.",
         ]
     )
+
+
+@pytest.mark.parametrize("mode", ["strict", "deferred"])
+def test_torch_behaves_as_bare_inside_and_after_each_guarded_test(
+    pytester: pytest.Pytester, mode: str
+):
+    pytester.makepyfile(
+        test_bare_torch=textwrap.dedent(
+            """
+            import torch
+
+            def scalars():
+                return [torch.tensor(1.5), torch.nn.Parameter(torch.tensor(2.5))]
+
+            def test_inside():
+                assert torch.tensor(scalars()).tolist() == [1.5, 2.5]
+
+            def test_after():
+                assert torch.tensor(scalars()).tolist() == [1.5, 2.5]
+            """
+        )
+    )
+    result = pytester.runpytest(f"--cudaguard={mode}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)

@@ -1,0 +1,146 @@
+"""Whatever a guard installs leaves torch behaving exactly as bare, inside the block and after it:
+the C slots CPython fills when ``torch.Tensor.__getitem__`` is set (issue 25: a tensor became a
+sequence, ``torch.tensor([torch.tensor(1.5)])`` failed), and torch's tables of its own functions
+built while the wrappers stood in for them (torch.compile, torch.fx, torch.overrides)."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from nb_cudaguard import GuardError, guard
+
+_sequence_check = ctypes.PyDLL(ctypes.pythonapi._name, handle=ctypes.pythonapi._handle)
+_sequence_check.PySequence_Check.argtypes = [ctypes.py_object]
+
+
+def is_sequence(value: object) -> bool:
+    """What C code asks of an object (torch.tensor's data parser, NumPy's array discovery)."""
+    return bool(_sequence_check.PySequence_Check(value))
+
+
+class Before(torch.Tensor):
+    """A subclass created before any guard."""
+
+
+class OwnIndexing(torch.Tensor):
+    def __getitem__(self, index: object) -> torch.Tensor:
+        return super().__getitem__(index)
+
+
+def scalars() -> list[torch.Tensor]:
+    return [torch.tensor(1.5), torch.tensor(2.5)]
+
+
+@pytest.mark.parametrize("mode", ["strict", "deferred"])
+def test_a_tensor_is_no_sequence_inside_and_after_a_guard(mode: str) -> None:
+    values = [
+        torch.tensor(1.5),
+        nn.Parameter(torch.tensor(2.0)),
+        torch.ones(()).as_subclass(Before),
+    ]
+    assert not any(is_sequence(v) for v in values)
+    with guard(mode=mode):
+        assert not any(is_sequence(v) for v in values)
+    assert not any(is_sequence(v) for v in values)
+
+
+@pytest.mark.parametrize("mode", ["strict", "deferred"])
+def test_a_list_of_0d_tensors_becomes_a_tensor_inside_and_after_a_guard(mode: str) -> None:
+    with guard(mode=mode):
+        assert torch.tensor(scalars()).tolist() == [1.5, 2.5]
+        assert torch.as_tensor([nn.Parameter(torch.tensor(3.0))]).tolist() == [3.0]
+    assert torch.tensor(scalars()).tolist() == [1.5, 2.5]
+
+
+def test_a_subclass_created_inside_a_guard_is_no_sequence_there_or_after() -> None:
+    with guard():
+
+        class During(torch.Tensor):
+            pass
+
+        inside = torch.tensor(1.0).as_subclass(During)
+        assert not is_sequence(inside)
+        assert torch.tensor([inside, inside]).tolist() == [1.0, 1.0]
+
+        class Grandchild(Before):
+            pass
+
+        assert not is_sequence(torch.tensor(1.0).as_subclass(Grandchild))
+    assert not is_sequence(inside)
+
+
+def test_a_subclass_with_its_own_indexing_keeps_it() -> None:
+    own = torch.arange(3.0).as_subclass(OwnIndexing)
+    assert is_sequence(own)  # CPython's own view of a class that defines __getitem__
+    with guard():
+        assert is_sequence(own)
+    assert is_sequence(own)
+    assert own[1].item() == 1.0
+
+
+def test_indexing_is_still_checked_after_the_slots_are_put_back() -> None:
+    with pytest.raises(GuardError), guard():
+        torch.randn(3)[torch.tensor([3])]
+    with pytest.raises(GuardError), guard():
+        x = torch.zeros(3)
+        x[torch.tensor([5])] = 1.0
+
+
+def run_fresh(code: str) -> str:
+    """torch's tables are built once per process: each case needs one where they are not."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_torch_compile_first_used_inside_a_guard_traces_torchs_ops_after_it() -> None:
+    pytest.importorskip("torch._dynamo")
+    out = run_fresh(
+        """
+        import torch, torch.nn.functional as F
+        from nb_cudaguard import guard
+
+        def step(x, i, y):
+            return torch.gather(x, 1, i).sum() + F.cross_entropy(x, y) + x[i[:, 0]].sum()
+
+        args = torch.randn(5, 5), torch.tensor([[1], [2], [0], [4], [3]]), torch.arange(5)
+        with guard():
+            inside = torch._dynamo.explain(step)(*args)
+        torch._dynamo.reset()
+        after = torch._dynamo.explain(step)(*args)
+        print(inside.graph_break_count, after.graph_break_count)
+        """
+    )
+    assert out.split() == ["0", "0"]
+
+
+def test_torch_fx_and_overrides_first_used_inside_a_guard_know_torchs_methods_after_it() -> None:
+    out = run_fresh(
+        """
+        import torch
+        from nb_cudaguard import guard
+
+        def pick(x, i):
+            return x.gather(0, i)
+
+        with guard():
+            torch.overrides.is_tensor_method_or_property(torch.Tensor.add)  # builds the table
+            torch.fx.symbolic_trace(pick)
+        graph = torch.fx.symbolic_trace(pick).graph
+        print(torch.overrides.is_tensor_method_or_property(torch.Tensor.gather))
+        print([node.op for node in graph.nodes if node.target in ("gather", torch.Tensor.gather)])
+        """
+    )
+    assert out.split("\n")[:2] == ["True", "['call_method']"]
