@@ -168,8 +168,9 @@ def _mode(node: ast.Call) -> str:
     for keyword in node.keywords:
         if keyword.arg == "mode" and isinstance(keyword.value, ast.Constant):
             return str(keyword.value.value)
-    if len(node.args) > position and isinstance(node.args[position], ast.Constant):
-        return str(node.args[position].value)
+    given = node.args[position] if len(node.args) > position else None
+    if isinstance(given, ast.Constant):
+        return str(given.value)
     return "r"
 
 
