@@ -276,7 +276,8 @@ class _Planner:
             for name in sorted(facts.mutates & self.restored - self.stale.keys()):
                 if self._counts(name, facts):
                     self.stale[name] = "the one restored has this cell's change already"
-                    self.need(name, index, index)
+                    # Looked up again: it was found kept before it was stale.
+                    self.pending.append((name, index, index))
             rebuilt = facts.defines - facts.imports - (self.present - self.stale.keys())
             for name in sorted(self._rebound(facts) - facts.callables):
                 built = sorted(n for n in rebuilt if name in facts.links.get(n, ()))
