@@ -817,7 +817,7 @@ def test_a_failing_index_outside_the_cells_is_refused():
         plan_replay(facts_of(["x = 1"]), 3, set())
 
 
-# --- issue 22: what was restored stays as it was before the failure --------------------------------
+# --- issue 22: what was restored stays as it was before the failure ---
 
 
 def _plan(cells: list[str], present=(), restored=(), after_failure=(), own_modules=()):

@@ -258,7 +258,7 @@ def test_without_blocking_mode_a_button_restarts_in_it_and_the_replay_is_offered
     assert "Blocking mode is off" not in replay.stream
 
 
-# --- issue 22: the state a replay leaves -----------------------------------------------------------
+# --- issue 22: the state a replay leaves ---
 
 SETUP_BOTH = (
     "import torch\nprint('RAN:setup')\nlabels = torch.tensor([0, 1, 3])\nx = torch.ones(3, 2)"

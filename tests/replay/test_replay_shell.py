@@ -245,7 +245,7 @@ def test_a_replay_runs_again_the_trainer_that_fitted_the_rebuilt_model(shell):
     assert replayed_bias == bias
 
 
-# --- issue 22: draws after a seed, the notebook's own modules, consent ------------------------------
+# --- issue 22: draws after a seed, the notebook's own modules, consent ---
 
 DRAWS = (
     Cell("import torch\ntorch.manual_seed(0)\nprint('RAN:seed')", 1, False),
@@ -290,9 +290,7 @@ def train(net):
 """
 
 
-def test_a_replay_follows_a_function_of_a_module_beside_the_notebook(
-    shell, tmp_path, monkeypatch
-):
+def test_a_replay_follows_a_function_of_a_module_beside_the_notebook(shell, tmp_path, monkeypatch):
     (tmp_path / "nbcg_own_steps.py").write_text(OWN_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     cells = (
