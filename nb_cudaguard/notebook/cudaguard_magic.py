@@ -202,8 +202,10 @@ class CudaGuardMagics(Magics):
         "repro [PATH]: write a script that replays the failing operation on CPU with the "
         "inputs found in this kernel (default PATH: nb_cudaguard_repro.py). "
         "replay: in the kernel nb_cudaguard restarted, list the previous kernel's cells needed "
-        "to rebuild what the failing cell uses and is missing now, then that cell, and ask; "
-        "with --yes, run them (stopping at the first error). "
+        "to rebuild what the failing cell uses and is missing now, then that cell (each with "
+        "its whole code, flagged where it runs shell commands, installs, writes files or to "
+        "the network, or ran long), and ask; with --yes, run them (stopping at the first "
+        "error, which fails this cell too). "
         "restore [NAME ...]: put back what the previous process of this kernel kept at the "
         "restart (all, or the NAMEs, each with the names it shares objects or memory with); a "
         "name this kernel has defined again is left as it is (--force replaces it); files are "
@@ -266,9 +268,16 @@ class CudaGuardMagics(Magics):
         the kernel's cells for its next process: ``%cudaguard replay`` (also offered, with a
         button, by ``%load_ext nb_cudaguard`` there) re-runs only the cells that rebuild what the
         failing cell uses and the namespace lacks, in their order, then the failing cell, and
-        stops at the first error; in blocking mode that traceback points at the line that
-        failed. The cells are found from their text: a cell whose effect cannot be known
-        (``exec``, ``globals()``, a star import, ``%run``) is included, and the list says why.
+        stops at the first error (``--yes`` then fails its own cell, so Run All stops); in
+        blocking mode that traceback points at the line that failed. The cells are found from
+        their text: a cell whose effect cannot be known (``exec``, ``globals()``, a star import,
+        ``%run``) is included, and the list says why. What the namespace has (restored, or made
+        again here) stays: a replayed cell that binds it anew gets it put back after it; a
+        restored value that already has a replayed cell's change (the failing cell's
+        ``history.append``, ``labels -= 1``) is built again from the earlier cells, and the list
+        says so (or, where no cell builds it, that it changes twice). After a seed, cells that
+        drew random numbers run again so later draws match; without a seed the list says the
+        draws differ. Each cell's whole code is shown, with what it does beyond Python.
 
         Every restart we do keeps the CPU variables first (each on its own; GPU tensors, open
         files, generators, locks, sockets and anything over the size cap are listed as not

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.assert_lines import parse_assert_lines
@@ -51,6 +52,8 @@ class CudaGuardExtension:
         self._tee_failed = False
         self.cells = CellTracker()
         self.outcomes: dict[int, bool] = {}  # execution count -> succeeded (for a replay)
+        self.seconds: dict[int, float] = {}  # execution count -> how long it ran (the same)
+        self._started: list[float] = []  # per running cell (a replay's nest), when it began
         self._sync: SyncAfterCell | None = None
 
     # --- load / unload -------------------------------------------------------------------------
@@ -126,7 +129,7 @@ class CudaGuardExtension:
         # also the one that broke it; where the probe could not tell, the panel still named it.
         after_cell = self.last_sticky_cell if after_cell is None else after_cell
         # The cells, for `%cudaguard replay` in the next process.
-        with cells_kept_for_restart(self.shell, self.outcomes, after_cell):
+        with cells_kept_for_restart(self.shell, self.outcomes, after_cell, self.seconds):
             plan = restart_kernel(
                 blocking,
                 after_cell=after_cell,
@@ -165,6 +168,7 @@ class CudaGuardExtension:
     # --- the hook ------------------------------------------------------------------------------
     def pre_run_cell(self, *_info: Any) -> None:
         with contextlib.suppress(BaseException):  # bookkeeping only: never break the user's cell
+            self._started.append(time.perf_counter())
             self.cells.start()
             if not self._tee_failed:
                 self._start_tee()
@@ -187,8 +191,11 @@ class CudaGuardExtension:
             self.cells.finish(cell)
             # Only cells in the history: a nested run_cell (a replay's) reports a count too.
             stored = result is not None and bool(getattr(result.info, "store_history", False))
+            started = self._started.pop() if self._started else None
             if cell is not None and result is not None and stored:
                 self.outcomes[cell] = bool(result.success)
+                if started is not None:
+                    self.seconds[cell] = time.perf_counter() - started
         try:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():

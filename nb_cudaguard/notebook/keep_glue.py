@@ -362,10 +362,11 @@ def restore(
     return text
 
 
-def restored_names(shell: InteractiveShell) -> tuple[str, ...]:
+def restored_names(shell: InteractiveShell, snapshots: bool = True) -> tuple[str, ...]:
     """The names restores have put back into this kernel from what its previous process kept,
     in order (the keep's record; empty where there is none). What a replay must not build
-    again."""
+    again. Without ``snapshots``: only those kept at the restart, after the failing cell (not
+    a ``%cudaguard keep`` snapshot, taken after the last cell that succeeded)."""
     from ..keep import store
 
     connection, profile = where_kept(shell)
@@ -375,7 +376,9 @@ def restored_names(shell: InteractiveShell) -> tuple[str, ...]:
         manifest = store.read_manifest(profile[0], connection)
     except Exception:
         return ()
-    return () if manifest is None else tuple(k.name for k in manifest.restored)
+    if manifest is None:
+        return ()
+    return tuple(k.name for k in manifest.restored if snapshots or k.kind != "snapshot")
 
 
 def _names(items: Iterable[str]) -> str:

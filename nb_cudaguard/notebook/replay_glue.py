@@ -11,16 +11,20 @@ instead, so that the next restart saves them in their place.
 from __future__ import annotations
 
 import contextlib
+import html
+import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.render import inline_html, note_html
 from ..replay.analysis import CellFacts, analyse_cell, runnable_source
+from ..replay.flags import cell_flags, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, plan_replay
-from ..replay.text import cell_label, plan_lines, plan_summary
+from ..replay.text import cell_label, first_line, plan_details, plan_summary, step_reasons
 from .locate import kernel_connection, profile_dirs
 
 if TYPE_CHECKING:
@@ -54,14 +58,19 @@ _PROCESS = _Process()
 # --- saving, in the old process ------------------------------------------------------------------
 
 
-def own_cells(shell: InteractiveShell, outcomes: dict[int, bool]) -> list[tuple[Cell, bool]]:
+def own_cells(
+    shell: InteractiveShell, outcomes: dict[int, bool], seconds: Mapping[int, float] | None = None
+) -> list[tuple[Cell, bool]]:
     """This process's cells in the order they ran, each with whether a replay ran it (those
-    stand right after the cell that ran them, or the last one before the click)."""
+    stand right after the cell that ran them, or the last one before the click); ``seconds``:
+    how long each ran, by execution count, where known."""
     raw = _history(shell)
+    seconds = seconds or {}
     cells: list[tuple[Cell, bool]] = [(c, True) for c in _PROCESS.replayed.get(1, [])]
     for count, source in enumerate(raw[1:], start=1):
         ok = outcomes.get(count)
-        cells.append((Cell(source, count, None if ok is None else not ok), False))
+        failed = None if ok is None else not ok
+        cells.append((Cell(source, count, failed, seconds.get(count)), False))
         cells.extend((c, True) for c in _PROCESS.replayed.get(count + 1, []))
     return cells
 
@@ -72,7 +81,10 @@ def _history(shell: InteractiveShell) -> list[str]:
 
 
 def cells_to_save(
-    shell: InteractiveShell, outcomes: dict[int, bool], after_cell: int | None
+    shell: InteractiveShell,
+    outcomes: dict[int, bool],
+    after_cell: int | None,
+    seconds: Mapping[int, float] | None = None,
 ) -> tuple[list[Cell], int | None]:
     """(cells, index of the failing one). The previous kernel's cells come first while they
     were not replayed here (a restart that only switches blocking mode on keeps them). The
@@ -84,11 +96,13 @@ def cells_to_save(
     previous = _PROCESS.previous
     if previous is not None and not _PROCESS.replayed:
         carried, carried_failing = list(previous.cells), previous.failing
-    own = own_cells(shell, outcomes)
+    own = own_cells(shell, outcomes, seconds)
+    # A cell that ran a replay fails where the replay did: the cell it replayed is the target.
+    ran_replay = {count - 1 for count in _PROCESS.replayed}
     found = [
         i
         for i, (c, replayed) in enumerate(own)
-        if c.count == after_cell and c.failed and not replayed
+        if c.count == after_cell and c.failed and not replayed and c.count not in ran_replay
     ]
     cells = carried + [c for c, _ in own]
     if found:
@@ -96,13 +110,20 @@ def cells_to_save(
     if carried_failing is not None:
         return cells, carried_failing
     # Not a CUDA error, or one in a replayed cell (run outside the history).
-    failed = [i for i, (c, _) in enumerate(own) if c.failed]
+    failed = [
+        i
+        for i, (c, replayed) in enumerate(own)
+        if c.failed and (replayed or c.count not in ran_replay)
+    ]
     return cells, len(carried) + failed[-1] if failed else None
 
 
 @contextlib.contextmanager
 def cells_kept_for_restart(
-    shell: InteractiveShell, outcomes: dict[int, bool], after_cell: int | None
+    shell: InteractiveShell,
+    outcomes: dict[int, bool],
+    after_cell: int | None,
+    seconds: Mapping[int, float] | None = None,
 ) -> Iterator[None]:
     """Around our restart: save this kernel's cells for its next process; discard them again if
     the restart could not be asked for. Saving never stands in the restart's way."""
@@ -110,7 +131,7 @@ def cells_kept_for_restart(
     saved = False
     if profile is not None and connection is not None:
         try:
-            cells, failing = cells_to_save(shell, outcomes, after_cell)
+            cells, failing = cells_to_save(shell, outcomes, after_cell, seconds)
             save_cells(profile[0], connection, cells, failing)
             saved = True
         except Exception as error:
@@ -158,7 +179,48 @@ def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
             )
         facts.append(found)
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
-    return plan_replay(facts, saved.failing, set(shell.user_ns), failed)
+    from .keep_glue import restored_names
+
+    modules = {m for f in facts for m in f.imported_from.values()}
+    return plan_replay(
+        facts,
+        saved.failing,
+        set(shell.user_ns),
+        failed,
+        restored=restored_names(shell),
+        after_failure=restored_names(shell, snapshots=False),
+        own_modules=own_modules(modules),
+    )
+
+
+def own_modules(names: Iterable[str]) -> set[str]:
+    """The top-level modules of ``names`` that are the notebook's own (a ``helpers.py`` beside
+    it, a package of the user's): found outside the standard library and site-packages, or not
+    found at all (nothing says it is a library). Located, never imported."""
+    import importlib.util
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    with contextlib.suppress(Exception):  # a virtualenv's old site module may lack these
+        roots += [*site.getsitepackages(), site.getusersitepackages()]
+    libraries = tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+    own = set()
+    for name in names:
+        module = sys.modules.get(name)
+        try:
+            spec = getattr(module, "__spec__", None) or importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            own.add(name)
+            continue
+        places = [spec.origin] if spec.has_location and spec.origin else []
+        places += list(spec.submodule_search_locations or [])
+        if places and not all(os.path.realpath(p).startswith(libraries) for p in places):
+            own.add(name)
+    return own
 
 
 def nothing_to_replay(why: str) -> str:
@@ -171,40 +233,93 @@ def nothing_to_replay(why: str) -> str:
 # --- showing and asking ---------------------------------------------------------------------------
 
 
+def plan_flags(
+    shell: InteractiveShell, plan: Plan, cells: tuple[Cell, ...]
+) -> dict[int, tuple[str, ...]]:
+    """What each cell of the plan does beyond the namespace (shell commands, installs, writes,
+    a long run before), by index: for the user's consent."""
+
+    def transform(source: str) -> str:
+        return str(shell.transform_cell(source))
+
+    flags = {}
+    for step in plan.steps:
+        cell = cells[step.index]
+        found = cell_flags(cell.source, transform, cell.seconds)
+        if found:
+            flags[step.index] = found
+    return flags
+
+
 @dataclass(frozen=True)
 class PlanView:
-    """The plan as static output: what will run, and the command that runs it."""
+    """The plan as static output: what will run (each cell's whole code, and what it does
+    beyond the namespace), and the command that runs it."""
 
     plan: Plan
     cells: tuple[Cell, ...]
     blocking_on: bool
     asking: bool = True  # False: they run now
+    flags: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
-    def text(self) -> str:
-        lines = [f"nb_cudaguard: {plan_summary(self.plan, self.cells)}"]
-        lines += [f"  {line}" for line in plan_lines(self.plan, self.cells)]
-        lines.append(
+    def _head(self) -> str:
+        head = f"nb_cudaguard: {plan_summary(self.plan, self.cells)}"
+        flagged = [self.cells[s.index] for s in self.plan.steps if s.index in self.flags]
+        if flagged:
+            head += (
+                f" Look before running: {', '.join(cell_label(c) for c in flagged)} "
+                f"{'does' if len(flagged) == 1 else 'do'} more than compute (marked !)."
+            )
+        known = [self.cells[s.index].seconds for s in self.plan.steps]
+        seconds = [x for x in known if x is not None]
+        if seconds and sum(seconds) >= 1:
+            head += f" They took {duration(sum(seconds))} before."
+        return head
+
+    def _tail(self) -> list[str]:
+        lines = [
             f"Run them: `{COMMAND}` (it stops at the first error)."
             if self.asking
             else "Running them now; the replay stops at the first error."
-        )
+        ]
         if not self.blocking_on:
             lines.append(BLOCKING_OFF)
-        return "\n".join(lines)
+        return lines
+
+    def text(self) -> str:
+        lines = [self._head()]
+        lines += [f"  {line}" for line in plan_details(self.plan, self.cells, self.flags)]
+        return "\n".join(lines + self._tail())
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        head, *rest = self.text().split("\n")
-        steps = [x.strip() for x in rest if x.startswith("  ")]
-        tail = [x for x in rest if not x.startswith("  ")]
-        items = "".join(f"<li><code>{inline_html(s)}</code></li>" for s in steps)
-        html = (
+        items = []
+        for step in self.plan.steps:
+            cell = self.cells[step.index]
+            line = f"{cell_label(cell)} {first_line(cell.source)}   <- {step_reasons(step)}"
+            flags = "".join(
+                f"<div style='color:#b71c1c'>! {html.escape(flag)}</div>"
+                for flag in self.flags.get(step.index, ())
+            )
+            lines = len(cell.source.splitlines())
+            code = (
+                f"<details><summary>its code ({lines} line{'s' if lines != 1 else ''})"
+                f"</summary><pre style='margin:2px 0'>{html.escape(cell.source)}</pre></details>"
+            )
+            items.append(f"<li><code>{inline_html(line)}</code>{flags}{code}</li>")
+        page = (
             "<div class='nb-cudaguard-replay' style='border-left:4px solid #1565c0;"
-            f"padding:2px 8px;margin:4px 0;font-family:sans-serif'>{inline_html(head)}"
-            f"<ol style='margin:2px 0'>{items}</ol>"
-            + "".join(f"<div>{inline_html(x)}</div>" for x in tail)
+            f"padding:2px 8px;margin:4px 0;font-family:sans-serif'>{inline_html(self._head())}"
+            f"<ol style='margin:2px 0'>{''.join(items)}</ol>"
+            + "".join(f"<div>{inline_html(x)}</div>" for x in self._tail())
             + "</div>"
         )
-        return {"text/plain": self.text(), "text/html": html}
+        return {"text/plain": self.text(), "text/html": page}
+
+
+def plan_view(
+    shell: InteractiveShell, plan: Plan, saved: SavedCells, blocking_on: bool, asking: bool = True
+) -> PlanView:
+    return PlanView(plan, saved.cells, blocking_on, asking, plan_flags(shell, plan, saved.cells))
 
 
 BLOCKING_OFF = (
@@ -287,8 +402,8 @@ class ReplayOffer:
 
     def _clicked(self, _button: Any) -> None:
         plan = make_plan(self.shell, self.saved)
-        if plan.indices != self.view.plan.indices:  # something was restored meanwhile
-            self.view = PlanView(plan, self.view.cells, self.view.blocking_on)
+        if plan != self.view.plan:  # something was restored meanwhile
+            self.view = plan_view(self.shell, plan, self.saved, self.view.blocking_on)
             with self.output:
                 from IPython.display import display
 
@@ -333,7 +448,7 @@ def offer(
     mode off, also a button that ``restart``s in blocking mode first."""
     from IPython.display import display
 
-    view = PlanView(make_plan(shell, saved), saved.cells, blocking_on)
+    view = plan_view(shell, make_plan(shell, saved), saved, blocking_on)
     try:
         restart = None if blocking_on else _restarter(restart)
         display(ReplayOffer(shell, saved, view, restart))
@@ -358,16 +473,32 @@ def offer_after_restart(blocking_on: bool, restart: Restarter | None = None) -> 
 # --- running --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Outcome:
+    said: str  # what happened, in a sentence
+    stopped: bool  # a cell raised: the replay stopped there
+
+
 def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool) -> str:
     """Run the plan's cells in order, stopping at the first error; returns what happened, also
     printed."""
+    return run_steps(shell, saved, plan, blocking_on).said
+
+
+def run_steps(
+    shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool, say: bool = True
+) -> Outcome:
+    """``run_plan``, saying also whether a cell raised (``say``: printing what happened). What
+    the namespace has that a cell binds anew (``Step.keeps``) is put back after it, failed or
+    not."""
     if _PROCESS.running:
-        return "A replay is already running."
+        return Outcome("A replay is already running.", stopped=True)
     _PROCESS.running = True
     # Not the execution count: IPython 9 moves it on for a nested run_cell too.
     position = len(_history(shell))
     ran: list[Cell] = []
     said = ""
+    ok = True
     try:
         for number, step in enumerate(plan.steps, start=1):
             cell = saved.cells[step.index]
@@ -375,9 +506,14 @@ def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on
                 f"nb_cudaguard replay ({number}/{len(plan.steps)}): cell {cell_label(cell)}",
                 flush=True,
             )
-            result = shell.run_cell(runnable_source(cell.source), store_history=False)
+            here = {n: shell.user_ns[n] for n in step.keeps if n in shell.user_ns}
+            started = time.perf_counter()
+            try:
+                result = shell.run_cell(runnable_source(cell.source), store_history=False)
+            finally:
+                shell.user_ns.update(here)
             ok = bool(getattr(result, "success", False))
-            ran.append(Cell(cell.source, cell.count, not ok))
+            ran.append(Cell(cell.source, cell.count, not ok, time.perf_counter() - started))
             if not ok:
                 said = (
                     f"Replay stopped at cell {cell_label(cell)} of the previous kernel"
@@ -395,8 +531,9 @@ def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on
         _PROCESS.replayed.setdefault(position, []).extend(ran)
     if not blocking_on:
         said += " " + BLOCKING_OFF
-    print(f"nb_cudaguard: {said}", flush=True)
-    return said
+    if say or ok:
+        print(f"nb_cudaguard: {said}", flush=True)
+    return Outcome(said, stopped=not ok)
 
 
 def replay_command(
@@ -419,5 +556,7 @@ def replay_command(
         offer(shell, saved, blocking_on, restart)
         return
     plan = make_plan(shell, saved)
-    display(PlanView(plan, saved.cells, blocking_on, asking=False))
-    run_plan(shell, saved, plan, blocking_on)
+    display(plan_view(shell, plan, saved, blocking_on, asking=False))
+    outcome = run_steps(shell, saved, plan, blocking_on, say=False)
+    if outcome.stopped:  # the cell fails as the replayed one did: Run All stops here
+        raise UsageError(outcome.said)

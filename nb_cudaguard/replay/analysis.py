@@ -38,7 +38,10 @@ Static analysis cannot see everything, so it errs towards running more:
 - a cell whose effect on names cannot be known (``exec``, ``globals()``, a star import, ``%run``,
   ``%store -r``, an unknown cell magic, a syntax error) is ``opaque``: it may define anything;
 - a cell that sets process state the rebuilt values depend on (a random seed, ``%cd``, ``%env``,
-  ``os.environ[...] = ...``) is ``setup``.
+  ``os.environ[...] = ...``) is ``setup``; one that draws random numbers (``torch.randn``,
+  ``np.random.*``, ``next(iter(loader))``, a layer's initial weights: ``RANDOM_CALLS``) ``draws``;
+- what each import comes from (``imported_from``): a module of the notebook's own (a ``.py``
+  beside it) is no library, whose functions only read what they are handed.
 """
 
 from __future__ import annotations
@@ -66,6 +69,25 @@ SETUP_CALLS = frozenset(
         "manual_seed", "manual_seed_all", "seed", "set_seed", "seed_everything", "chdir",
         "set_default_dtype", "set_default_device", "use_deterministic_algorithms", "putenv",
         "set_float32_matmul_precision",
+    }
+)  # fmt: skip
+# Calls that draw from a random generator (torch's, NumPy's, ``random``'s), by function name: a
+# skipped one changes what later draws give after a seed. ``iter``/``next``: a DataLoader draws
+# its workers' seed from torch's generator at each ``iter`` (and shuffles); layers draw their
+# initial weights.
+RANDOM_CALLS = frozenset(
+    {
+        "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+        "normal", "normal_", "uniform_", "bernoulli", "bernoulli_", "multinomial", "poisson",
+        "exponential_", "geometric_", "cauchy_", "log_normal_", "random_", "dropout",
+        "shuffle", "permutation", "permuted", "choice", "choices", "sample", "random", "gauss",
+        "uniform", "randrange", "getrandbits", "standard_normal", "integers", "binomial",
+        "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
+        "trunc_normal_", "orthogonal_", "sparse_", "random_split", "iter", "next",
+        "train_test_split", "Linear", "Bilinear", "LazyLinear", "Conv1d", "Conv2d", "Conv3d",
+        "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "Embedding", "EmbeddingBag",
+        "LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell", "MultiheadAttention",
+        "TransformerEncoderLayer", "TransformerDecoderLayer", "Transformer", "from_pretrained",
     }
 )  # fmt: skip
 # Magics whose body (cell) or argument (line) is Python run in the user namespace.
@@ -184,6 +206,10 @@ class CellFacts:
     # (``np.mean(x)``, ``F.cross_entropy(out, y)``: which only the whole notebook tells; the
     # planner decides). Through this cell's links and stores, as ``mutates``.
     handed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Each name it imports -> the top-level module it comes from (``from helpers import
+    # trainer``: helpers): the notebook's own modules' functions may change what they are handed.
+    imported_from: Mapping[str, str] = field(default_factory=dict)
+    draws: str = ""  # how it draws from a random generator (``calls randn()``), or ""
 
 
 @dataclass(frozen=True)
@@ -216,6 +242,8 @@ class _Collect:
     filled: set[str] = field(default_factory=set)  # changed by a store
     changed: set[str] = field(default_factory=set)  # changed otherwise (what they hold too)
     handed: dict[str, set[str]] = field(default_factory=dict)
+    imported_from: dict[str, str] = field(default_factory=dict)
+    draws: list[str] = field(default_factory=list)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -239,6 +267,8 @@ class _Collect:
             },
             frozenset((self.filled - self.changed) & mutates),
             self._handed() if self.handed else {},
+            {n: m for n, m in self.imported_from.items() if n in self.imports},
+            "; ".join(dict.fromkeys(self.draws)),
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -548,9 +578,9 @@ class _CellVisitor(ast.NodeVisitor):
         if found is None:
             return
         root, chain = found
-        if chain and root in self.imported:
-            return  # imported in this cell: a module's function
-        if chain and root not in self.bound:
+        # Imported in this cell: a module's function, unless the module is the notebook's own
+        # (``from helpers import trainer``), which only the planner is told.
+        if chain and (root not in self.bound or root in self.imported):
             handed = self.c.handed.setdefault(root, set())
             for argument in _argument_roots(call):
                 handed.add(argument)
@@ -717,6 +747,7 @@ class _CellVisitor(ast.NodeVisitor):
             self._store(name)
             self.c.imports.add(name)
             self.imported.add(name)
+            self.c.imported_from[name] = alias.name.split(".")[0]
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         for alias in node.names:
@@ -727,6 +758,8 @@ class _CellVisitor(ast.NodeVisitor):
             self._store(name)
             self.c.imports.add(name)
             self.imported.add(name)
+            if node.module and not node.level:
+                self.c.imported_from[name] = node.module.split(".")[0]
 
     def _defaults(self, args: ast.arguments) -> None:
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
@@ -842,6 +875,8 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.opaque.append(f"calls {func.id}()")
         if name in SETUP_CALLS:
             self.c.setup.append(f"calls {name}()")
+        if name in RANDOM_CALLS:
+            self.c.draws.append(f"calls {name}()")
         if self._magic(node):
             return
         ipython = _ipython_call(node)
@@ -911,7 +946,7 @@ class _CellVisitor(ast.NodeVisitor):
             self._load(name)
 
     def _nested(self, source: str) -> None:
-        tree = _parse_cell(source, self.transform)
+        tree = parse_cell(source, self.transform)
         if tree is None:
             self.c.opaque.append("a magic's body that does not parse")
             return
@@ -968,7 +1003,7 @@ def analyse_cell(raw: str, transform: Transform) -> CellFacts:
     """The facts of a cell as typed: plain Python as it is, anything else (``%magic``, ``!cmd``)
     after ``transform``. Most cells are plain Python, and IPython's transform is the slow part
     (about 1 ms a cell): the usual escapes are rewritten here first (``quick_transform``)."""
-    tree = _parse_cell(raw, transform)
+    tree = parse_cell(raw, transform)
     if tree is None:
         return CellFacts(opaque="its source does not parse")
     return _facts(tree, transform)
@@ -978,7 +1013,7 @@ def analyse_cell(raw: str, transform: Transform) -> CellFacts:
 _LIKELY_ESCAPED = re.compile(r"^[ \t]*(?:[\w., \t]+=[ \t]*)?[%!]", re.MULTILINE)
 
 
-def _parse_cell(raw: str, transform: Transform | None) -> ast.Module | None:
+def parse_cell(raw: str, transform: Transform | None) -> ast.Module | None:
     """The cell's tree: as it is, else after ``quick_transform``, else after IPython's."""
     attempts: list[Callable[[], str | None]] = [
         lambda: raw,

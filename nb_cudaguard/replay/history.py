@@ -43,6 +43,7 @@ class Cell:
     source: str
     count: int | None  # its execution count in the kernel that ran it; None: run by a replay
     failed: bool | None  # None: unknown (run before nb_cudaguard was loaded)
+    seconds: float | None = None  # how long it ran, where nb_cudaguard timed it
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def save_cells(
         "created": time.time() if now is None else now,
         "pid": os.getpid(),
         "failing": failing,
-        "cells": [[c.source, c.count, c.failed] for c in cells],
+        "cells": [[c.source, c.count, c.failed, c.seconds] for c in cells],
     }
     path = cells_path(profile_location, kernel_key(connection_path))
     private_dir(path.parent)
@@ -167,10 +168,14 @@ def _parse(data: dict[str, object], connection_path: str) -> SavedCells:
     if not isinstance(raw_cells, list):
         raise TypeError("cells is not a list")
     cells = []
-    for source, count, failed in raw_cells:
+    for source, count, failed, *more in raw_cells:  # an older record has no time
+        seconds = more[0] if more else None
         if not isinstance(source, str) or not isinstance(count, (int, type(None))):
-            raise TypeError("a cell is not (source, count, failed)")
-        cells.append(Cell(source, count, None if failed is None else bool(failed)))
+            raise TypeError("a cell is not (source, count, failed, seconds)")
+        if not isinstance(seconds, (int, float, type(None))):
+            raise TypeError("a cell's seconds is not a number")
+        failed = None if failed is None else bool(failed)
+        cells.append(Cell(source, count, failed, None if seconds is None else float(seconds)))
     failing = data["failing"]
     if failing is not None and not (isinstance(failing, int) and 0 <= failing < len(cells)):
         raise ValueError(f"failing cell {failing!r}")

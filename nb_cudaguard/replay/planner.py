@@ -37,6 +37,8 @@ class Step:
     index: int  # its position in the saved cells
     reasons: tuple[str, ...]
     failing: bool = False
+    # Names the namespace has that the cell binds anew: the ones here are put back after it.
+    keeps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class Plan:
     steps: tuple[Step, ...]
     unresolved: tuple[str, ...] = ()  # names needed that no earlier cell binds
     kept: tuple[str, ...] = ()  # names needed that the namespace already has
+    # Restored names the plan changes again though they have those changes already: no earlier
+    # cell builds them anew.
+    twice: tuple[str, ...] = ()
+    unseeded: tuple[int, ...] = ()  # cells it runs that draw random numbers with no seed set
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -59,23 +65,33 @@ def plan_replay(
     failing: int,
     present: Collection[str],
     failed: Collection[int] = (),
+    restored: Collection[str] = (),
+    after_failure: Collection[str] = (),
+    own_modules: Collection[str] = (),
 ) -> Plan:
     """The cells to run, in order, ending with ``failing`` (an index into ``facts``).
 
-    ``present``: the names the user namespace has now; ``failed``: indices of cells that raised.
+    ``present``: the names the user namespace has now; ``failed``: indices of cells that raised;
+    ``restored``: the present names a restore put back, as the previous kernel left them (every
+    change its cells made is in them); ``after_failure``: those of them kept after the failing
+    cell ran (its changes too); ``own_modules``: the top-level modules the notebook imports
+    that are its own (a ``helpers.py`` beside it), not libraries.
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
-    modules = module_names(facts)
+    modules = module_names(facts, own_modules)
     facts = with_calls(with_handed(facts, modules), modules)
-    planner = _Planner(facts, failing, set(present), set(failed), modules)
-    return planner.run()
+    present = set(present)
+    restored = set(restored) & present
+    planner = _Planner(facts, failing, present, set(failed), modules, restored)
+    return planner.run(set(after_failure) & restored)
 
 
-def module_names(facts: Sequence[CellFacts]) -> set[str]:
-    """Names only ever bound by imports (``np``, ``F``, ``nn``), and builtins no cell binds
-    (``str.join``): calling their functions changes no object of ours."""
-    imported = {n for f in facts for n in f.imports}
+def module_names(facts: Sequence[CellFacts], own_modules: Collection[str] = ()) -> set[str]:
+    """Names only ever bound by imports (``np``, ``F``, ``nn``) from libraries (not from
+    ``own_modules``: ``from helpers import trainer``), and builtins no cell binds (``str.join``):
+    calling their functions changes no object of ours."""
+    imported = {n for f in facts for n in f.imports if f.imported_from.get(n) not in own_modules}
     others = {n for f in facts for n in f.defines - f.imports - f.mutates}
     for cell in facts:
         if cell.effects:  # what a function assigns (``global``), where it is called
@@ -172,8 +188,10 @@ class _Planner:
         present: set[str],
         failed: set[int],
         modules: set[str],
+        restored: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> None:
         self.facts = facts
+        self.restored = restored
         self.failing = failing
         self.present = present
         self.failed = failed
@@ -181,7 +199,7 @@ class _Planner:
         self.seen: set[tuple[str, int, int]] = set()
         self.unresolved: set[str] = set()
         self.kept: set[str] = set()
-        self.stale: dict[str, str] = {}  # kept names to build again -> the rebuilt name they hold
+        self.stale: dict[str, str] = {}  # kept names to build again -> why
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
         self.modules = modules  # calling their functions changes no object of ours
         # The cells that bind, change, delete or build from each name, in order: a search for
@@ -196,9 +214,17 @@ class _Planner:
                 self.touch.setdefault(name, []).append(index)
         self.opaque_cells = [i for i, f in enumerate(facts) if f.opaque]
         self.setup_cells = [i for i, f in enumerate(facts[:failing]) if f.setup]
+        self.seed_cells = [i for i in self.setup_cells if "seed" in facts[i].setup]
+        self.unseeded: set[int] = set()
 
-    def run(self) -> Plan:
+    def run(self, after_failure: Collection[str] = ()) -> Plan:
         target = self.facts[self.failing]
+        # A restored value kept after the failing cell has what that cell did to it before it
+        # failed (``history.append(loss)``, ``labels -= 1``): built again, so that the cell
+        # starts from the state before the failure.
+        for name in sorted(target.uses & target.defines & set(after_failure)):
+            self.stale[name] = "the one restored has the failing cell's change already"
+            self.need(name, self.failing, self.failing)
         for name in target.uses | target.deferred:
             self.need(name, self.failing, self.failing)
         while True:
@@ -216,15 +242,79 @@ class _Planner:
                 if index not in self.failed and index not in self.reasons:
                     self._include(index, f"sets up: {facts.setup}", index)
             self.drain()
+            self._protect()
+            self.drain()
+            self._draws()
+            self.drain()
             if set(self.reasons) == before:
                 break
         steps = [
-            Step(i, tuple(dict.fromkeys(r)))
+            Step(i, tuple(dict.fromkeys(r)), keeps=self._keeps(i))
             for i, r in sorted(self.reasons.items())
             if i != self.failing
         ]
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
-        return Plan(tuple(steps), tuple(sorted(self.unresolved)), tuple(sorted(self.kept)))
+        return Plan(
+            tuple(steps),
+            tuple(sorted(self.unresolved - self.stale.keys())),
+            tuple(sorted(self.kept - self.stale.keys())),
+            tuple(sorted(self.unresolved & self.stale.keys())),
+            tuple(sorted(self.unseeded)),
+        )
+
+    def _protect(self) -> None:
+        """What the namespace has stays as it is, unless the plan says it is built again. A
+        restored object that a cell of the plan changes in place already has that change (the
+        previous kernel made it before the restart): built again from the cells before, or it
+        would have it twice. A name a cell of the plan binds anew is put back after the cell
+        (``_keeps``), unless a name the cell rebuilds is built from the new one (``ds =
+        TensorDataset(x, labels)`` after ``labels = ...``): then the restored one gives way."""
+        for index in sorted(self.reasons):
+            if index == self.failing:
+                continue
+            facts = self.facts[index]
+            for name in sorted(facts.mutates & self.restored - self.stale.keys()):
+                if self._counts(name, facts):
+                    self.stale[name] = "the one restored has this cell's change already"
+                    # Looked up again: it was found kept before it was stale.
+                    self.pending.append((name, index, index))
+            rebuilt = facts.defines - facts.imports - (self.present - self.stale.keys())
+            for name in sorted(self._rebound(facts) - facts.callables):
+                built = sorted(n for n in rebuilt if name in facts.links.get(n, ()))
+                if built:
+                    self.stale[name] = "the one here gave way"
+                    self.reasons[index].append(
+                        f"defines {name} again ({', '.join(built[:MAX_REASONS])} "
+                        "built from it here; the one here gives way)"
+                    )
+
+    def _rebound(self, facts: CellFacts) -> set[str]:
+        """The names the namespace has (and keeps) that ``facts`` binds anew."""
+        bound = facts.defines - facts.mutates - facts.imports
+        return set(bound & self.present - self.stale.keys())
+
+    def _keeps(self, index: int) -> tuple[str, ...]:
+        return tuple(sorted(self._rebound(self.facts[index])))
+
+    def _draws(self) -> None:
+        """After a seed, what a cell draws depends on every draw before it: the cells between
+        the seed and a cell of the plan that draws, which the plan skips, draw again (a cell
+        run twice, a peek at a batch). Without a seed the draws differ anyway: said."""
+        drawing = [i for i in sorted(self.reasons) if self.facts[i].draws]
+        for index in drawing:
+            seed = self.seed_cells[: bisect_left(self.seed_cells, index)]
+            if not seed or seed[-1] in self.failed:
+                self.unseeded.add(index)
+                continue
+            for skipped in range(seed[-1] + 1, index):
+                facts = self.facts[skipped]
+                if facts.draws and skipped not in self.reasons and skipped not in self.failed:
+                    self._include(
+                        skipped,
+                        f"draws random numbers ({facts.draws}) after the seed: the later "
+                        "draws follow it",
+                        self.failing,
+                    )
 
     def _propagate(self) -> None:
         """One pass over the cells before the failing one: which objects are rebuilt (a name
@@ -253,7 +343,9 @@ class _Planner:
                 for name in sorted(changed & self.present):
                     reached = _reached(name, facts, holds, inside)
                     if reached and name not in self.stale:
-                        self.stale[name] = sorted(reached)[0]
+                        self.stale[name] = (
+                            f"the one here was built from the {min(reached)} replaced"
+                        )
                         self.need(name, index, index)
             if index == self.failing:
                 break
@@ -406,7 +498,7 @@ class _Planner:
                 continue
             reason = _reason(name, facts)
             if name in self.stale:
-                reason += f" again (the one here was built from the {self.stale[name]} replaced)"
+                reason += f" again ({self.stale[name]})"
             self._include(index, reason, deferred_at)
             return
         if fallback is not None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .history import Cell
-from .planner import Plan
+from .planner import Plan, Step
 
 FIRST_LINE_CHARS = 60
 
@@ -24,13 +24,41 @@ def first_line(source: str) -> str:
     return line + more
 
 
+def step_reasons(step: Step) -> str:
+    """Why a cell runs, and which names the namespace has that it binds anew (put back)."""
+    reasons = list(step.reasons)
+    if step.keeps:
+        names = ", ".join(step.keeps[:12])
+        reasons.append(
+            f"the {names} here {'is' if len(step.keeps) == 1 else 'are'} put back after it"
+        )
+    return "; ".join(reasons)
+
+
 def plan_lines(plan: Plan, cells: Sequence[Cell]) -> list[str]:
     """One line per cell to run: its number, its first line, why."""
     return [
-        f"{cell_label(cells[s.index])} {first_line(cells[s.index].source)}   <- "
-        + "; ".join(s.reasons)
+        f"{cell_label(cells[s.index])} {first_line(cells[s.index].source)}   <- {step_reasons(s)}"
         for s in plan.steps
     ]
+
+
+CODE_PREFIX = "      | "
+FLAG_PREFIX = "      ! "
+
+
+def plan_details(
+    plan: Plan, cells: Sequence[Cell], flags: Mapping[int, Sequence[str]]
+) -> list[str]:
+    """``plan_lines``, each followed by what the cell does beyond the namespace (``flags``, by
+    index: shell commands, installs, file and network writes, a long run) and its whole code:
+    what the user consents to."""
+    lines = []
+    for step, line in zip(plan.steps, plan_lines(plan, cells), strict=True):
+        lines.append(line)
+        lines += [FLAG_PREFIX + flag for flag in flags.get(step.index, ())]
+        lines += [CODE_PREFIX + code for code in cells[step.index].source.splitlines()]
+    return lines
 
 
 def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
@@ -49,5 +77,16 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
     if plan.unresolved:
         notes.append(
             "not rebuilt, no earlier cell defines them: " + ", ".join(plan.unresolved[:12])
+        )
+    if plan.twice:
+        notes.append(
+            "as restored, though the cells below change them again (no earlier cell builds them "
+            "anew, and the restored ones have those changes already): " + ", ".join(plan.twice)
+        )
+    if plan.unseeded:
+        labels = ", ".join(cell_label(cells[i]) for i in plan.unseeded)
+        notes.append(
+            f"{labels} draw random numbers with no seed set before: what they draw differs "
+            "from the previous kernel's"
         )
     return head + (" (" + "; ".join(notes) + ")" if notes else "") + "."

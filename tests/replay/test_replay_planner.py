@@ -815,3 +815,70 @@ def test_control_lines_are_commented_out_and_keep_their_line_numbers():
 def test_a_failing_index_outside_the_cells_is_refused():
     with pytest.raises(ValueError):
         plan_replay(facts_of(["x = 1"]), 3, set())
+
+
+# --- issue 22: what was restored stays as it was before the failure ---
+
+
+def _plan(cells: list[str], present=(), restored=(), after_failure=(), own_modules=()):
+    return plan_replay(
+        facts_of(cells),
+        len(cells) - 1,
+        present,
+        restored=restored,
+        after_failure=after_failure,
+        own_modules=own_modules,
+    )
+
+
+def test_a_restored_value_with_the_failing_cells_change_is_built_again():
+    cells = ["history = []", "history.append(0)", "unused = 1", "history.append(1)\nh = history[0]"]
+    plan = _plan(cells, present={"history"}, restored={"history"}, after_failure={"history"})
+    assert plan.indices == (0, 1, 3)
+    assert "defines history again (the one restored has the failing cell's change already)" in (
+        plan.steps[0].reasons
+    )
+    assert "history" not in plan.kept
+
+
+def test_a_snapshot_taken_before_the_failing_cell_is_left_as_restored():
+    cells = ["history = []", "history.append(0)", "history.append(1)\nh = history[0]"]
+    plan = _plan(cells, present={"history"}, restored={"history"})  # not after the failure
+    assert plan.indices == (2,)
+
+
+def test_a_restored_value_that_no_cell_builds_anew_is_said_to_change_twice():
+    cells = ["unused = 1", "labels -= 1\nprint(labels)"]
+    plan = _plan(cells, present={"labels"}, restored={"labels"}, after_failure={"labels"})
+    assert plan.twice == ("labels",)
+    assert plan.unresolved == ()
+
+
+def test_a_restored_value_a_replayed_cell_changes_again_is_built_again():
+    # x is missing; the cell that rebuilds it also scales the restored labels in place.
+    cells = ["labels = [3]", "x = 1\nlabels *= 2", "print(x, labels)"]
+    plan = _plan(cells, present={"labels"}, restored={"labels"})
+    assert plan.indices == (0, 1, 2)
+    assert "defines labels again (the one restored has this cell's change already)" in (
+        plan.steps[0].reasons
+    )
+
+
+def test_a_name_the_namespace_has_is_put_back_after_a_cell_that_binds_it_anew():
+    plan = _plan(["labels = [3]\nx = 1", "print(x, labels)"], present={"labels"})
+    assert plan.steps[0].keeps == ("labels",)
+
+
+def test_a_name_gives_way_where_the_rebuilt_one_is_built_from_it_in_that_cell():
+    plan = _plan(["labels = [3]\nds = list(labels)", "print(ds)"], present={"labels"})
+    assert plan.steps[0].keeps == ()
+    assert any("defines labels again (ds built from it here" in r for r in plan.steps[0].reasons)
+
+
+def test_a_module_of_the_notebooks_own_may_change_what_it_is_handed():
+    cells = ["import helpers", "model = []", "helpers.fit(model)", "print(model)"]
+    assert _plan(cells).indices == (1, 3)  # a library's function only reads
+    assert _plan(cells, own_modules={"helpers"}).indices == (0, 1, 2, 3)
+    cells[0] = "from helpers import trainer"
+    cells[2] = "trainer.fit(model)"
+    assert _plan(cells, own_modules={"helpers"}).indices == (0, 1, 2, 3)

@@ -256,3 +256,152 @@ def test_without_blocking_mode_a_button_restarts_in_it_and_the_replay_is_offered
     assert _markers(replay.stream) == ["data", "mutate", "fail"]
     assert [e["ename"] for e in replay.errors] == ["AcceleratorError"]
     assert "Blocking mode is off" not in replay.stream
+
+
+# --- issue 22: the state a replay leaves ---
+
+SETUP_BOTH = (
+    "import torch\nprint('RAN:setup')\nlabels = torch.tensor([0, 1, 3])\nx = torch.ones(3, 2)"
+)
+FAIL_ON_LABEL_3 = (
+    "print('RAN:fail')\nprint('LABELS', labels.tolist(), tuple(x.shape))\n"
+    f"if int(labels.max()) >= 3:\n    raise torch.AcceleratorError({ASSERT_2_9!r})"
+)
+
+
+def _run_restart(server, kid, pid, cells: tuple[str, ...], failing: str) -> Reply:
+    """In the old process: ``cells``, then ``failing`` (which must fail), then our restart."""
+    with server.connect(kid) as sock:
+        assert sock.execute("%load_ext nb_cudaguard").status == "ok"
+        for cell in cells:
+            assert sock.execute(cell, timeout=60).status == "ok", cell
+        failed = sock.execute(failing, timeout=60)
+        assert failed.status == "error"
+        sock.execute("%cudaguard restart")
+    wait_for_new_process(server, kid, pid)
+    return failed
+
+
+def test_a_replay_leaves_a_restored_and_fixed_name_as_it_is(server, server_kernel):
+    # Only labels is restored, and fixed; x is missing, so the cell that made both runs again:
+    # it must not make labels again (the fix would be lost and the error come back).
+    kid, pid = server_kernel
+    _run_restart(server, kid, pid, (SETUP_BOTH,), FAIL_ON_LABEL_3)
+    _, replay = _load_then_replay(
+        server, kid, "%cudaguard restore labels", "labels[2] = 2", "print('NOW', labels.tolist())"
+    )
+    assert _markers(replay.stream) == ["setup", "fail"]
+    assert "LABELS [0, 1, 2] (3, 2)" in replay.stream, replay.stream
+    assert "the labels here is put back after it" in " ".join(
+        d["text/plain"] for d in replay.displays
+    )
+    assert replay.status == "ok"  # the fix holds: the failing cell runs through
+
+
+FAIL_CHANGING = (
+    "print('RAN:fail')\nhistory.append(len(history))\nlabels -= 1\n"
+    "print('STATE', history, labels.tolist())\n"
+    f"if int(labels.max()) >= 3:\n    raise torch.AcceleratorError({ASSERT_2_9!r})"
+)
+
+
+def test_a_replay_does_not_apply_the_failing_cells_changes_twice_to_what_was_restored(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    cells = (
+        "import torch\nprint('RAN:imports')",
+        "history = []\nprint('RAN:history')",
+        "labels = torch.tensor([1, 2, 4])\nprint('RAN:labels')",
+    )
+    failed = _run_restart(server, kid, pid, cells, FAIL_CHANGING)
+    state = re.findall(r"STATE .*", failed.stream)[0]
+    assert state == "STATE [0] [0, 1, 3]"
+    with server.connect(kid) as sock:
+        sock.execute("%load_ext nb_cudaguard")
+        restored = sock.execute("%cudaguard restore")
+        assert "Restored" in restored.stream, restored.stream
+        planned = sock.execute("%cudaguard replay")
+        replay = sock.execute("%cudaguard replay --yes", timeout=90)
+        after = sock.execute("print('AFTER', history, labels.tolist())")
+    plan = " ".join(d["text/plain"] for d in planned.displays)
+    assert "defines history again (the one restored has the failing cell's change already)" in plan
+    assert "defines labels again (the one restored has the failing cell's change already)" in plan
+    assert re.findall(r"STATE .*", replay.stream) == [state]  # as before the failure, then once
+    assert "AFTER [0] [0, 1, 3]" in after.stream  # as the failure left it, not changed twice
+    assert replay.status == "error"
+
+
+def test_replay_yes_fails_its_cell_when_the_failing_cell_fails_again(server, server_kernel):
+    kid, pid = server_kernel
+    failed = _fail_then_restart(server, kid, pid, FAIL_ASSERT)
+    _, replay = _load_then_replay(server, kid)
+    assert replay.status == "error"  # so Run All stops here
+    assert [e["ename"] for e in replay.errors] == ["AcceleratorError"]
+    assert f"UsageError: Replay stopped at cell [{failed.execution_count}]" in replay.stream
+
+
+HELPERS = """\
+import torch
+
+
+class _Trainer:
+    def fit(self, net):
+        with torch.no_grad():
+            net.weight.add_(1.0)
+
+
+trainer = _Trainer()
+"""
+
+
+def test_a_replay_follows_a_trainer_imported_from_a_module_beside_the_notebook(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    (server.root / "nbcg_helpers.py").write_text(HELPERS)
+    cells = (
+        "import torch\ntorch.manual_seed(0)\nprint('RAN:seed')",
+        "model = torch.nn.Linear(2, 1)\nprint('RAN:model')",
+        "from nbcg_helpers import trainer\nprint('RAN:import')",
+        "unused = 5\nprint('RAN:unused')",
+        "trainer.fit(model)\nprint('RAN:fit')",
+    )
+    failed = _run_restart(server, kid, pid, cells, FAIL_WITH_WEIGHTS)
+    _, replay = _load_then_replay(server, kid)
+    assert _markers(replay.stream) == ["seed", "model", "import", "fit", "fail"]
+    assert _weights(replay.stream) == _weights(failed.stream)
+
+
+CONSENT = (
+    "import os, shutil\nprint('RAN:data')\ndata = [0, 1, 2]\n"
+    "os.makedirs('scratch', exist_ok=True)\nshutil.rmtree('scratch')",
+    "!echo hello\n%pip --version\nprint('RAN:shell')\ndata.append(3)",
+    "import time\ntime.sleep(1.2)\nwith open('out.txt', 'w') as f:\n    f.write(str(data))\n"
+    "data.append(4)\nprint('RAN:write')",
+)
+FAIL_ON_DATA = (
+    "print('RAN:fail')\nimport torch\nif len(data) == 5:\n"
+    f"    raise torch.AcceleratorError({ASSERT_2_9!r})"
+)
+
+
+def test_the_plan_shows_each_cells_whole_code_and_flags_what_it_does_beyond_python(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    _run_restart(server, kid, pid, CONSENT, FAIL_ON_DATA)
+    with server.connect(kid) as sock:
+        loaded = sock.execute("%load_ext nb_cudaguard")
+    (text,) = [d["text/plain"] for d in loaded.displays if "Replay to cell" in d["text/plain"]]
+    (page,) = [d["text/html"] for d in loaded.displays if "Replay to cell" in d["text/plain"]]
+    for line in (*CONSENT[0].splitlines(), "!echo hello", "    f.write(str(data))"):
+        assert f"      | {line}" in text  # the whole code, not its first line
+    assert "! writes or deletes files (os.makedirs, shutil.rmtree)" in text
+    assert "! installs packages (%pip --version; not run again)" in text
+    assert "! runs shell commands (!echo hello)" in text
+    assert "! writes or deletes files (open(..., 'w'))" in text
+    took = re.search(r"They took (\d+\.\d) s before", text)  # the time.sleep(1.2), recorded
+    assert took is not None and float(took.group(1)) >= 1.2, text
+    assert "Look before running" in text
+    assert page.count("<details>") == 4 and "shutil.rmtree(&#x27;scratch&#x27;)" in page

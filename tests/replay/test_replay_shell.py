@@ -92,7 +92,9 @@ def test_the_replayed_cells_are_kept_for_the_next_restart(fresh, saved, monkeypa
         "after = 1",
     ]
     assert [c.count for c in cells[-5:-1]] == [1, 2, 3, 5]  # as the notebook numbered them
-    assert failing is not None and cells[failing] == Cell(CELLS[4].source, 5, True)
+    assert failing is not None and cells[failing].source == CELLS[4].source
+    assert (cells[failing].count, cells[failing].failed) == (5, True)
+    assert all(c.seconds is not None for c in cells[-5:-1])  # timed as they ran
 
 
 def test_the_magic_says_there_is_nothing_to_replay_outside_a_kernel(shell, monkeypatch):
@@ -241,3 +243,103 @@ def test_a_replay_runs_again_the_trainer_that_fitted_the_rebuilt_model(shell):
     assert ran == ["seed", "model", "class", "trainer", "fit", "fail"]
     assert torch.equal(replayed_weight, weight)  # one SGD step inside trainer.fit: replayed
     assert replayed_bias == bias
+
+
+# --- issue 22: draws after a seed, the notebook's own modules, consent ---
+
+DRAWS = (
+    Cell("import torch\ntorch.manual_seed(0)\nprint('RAN:seed')", 1, False),
+    Cell("x = torch.randn(3)\nprint('RAN:x')", 2, False),
+    Cell("x = torch.randn(3)\nprint('RAN:x')", 3, False),  # the same cell, run twice
+    Cell(
+        "loader = torch.utils.data.DataLoader(list(range(8)), batch_size=4, shuffle=True)\n"
+        "print('RAN:loader')",
+        4,
+        False,
+    ),
+    Cell("peek = next(iter(loader))\nprint('RAN:peek')", 5, False),
+    Cell("w = torch.randn(3)\nprint('RAN:w')", 6, False),
+    Cell("print('RAN:fail')\nafter = w.clone()", 7, True),
+)
+DRAWS_NAMES = ("torch", "x", "loader", "peek", "w", "after")
+
+
+def test_a_replay_draws_what_the_skipped_cells_drew_after_the_seed(shell):
+    torch = pytest.importorskip("torch")
+    original, replayed, reasons, ran = _run_then_replay(shell, DRAWS, DRAWS_NAMES)
+    assert ran == ["seed", "x", "x", "loader", "peek", "w", "fail"]
+    assert "draws random numbers (calls randn()) after the seed" in " ".join(reasons[2])
+    assert torch.equal(replayed, original)
+
+
+def test_a_plan_says_which_cells_draw_with_no_seed_set(shell):
+    cells = (
+        Cell("import random\nprint('RAN:import')", 1, False),
+        Cell("w = random.random()\nprint('RAN:w')", 2, False),
+        Cell("print('RAN:fail')\nafter = w", 3, True),
+    )
+    with _without(shell, ("random", "w", "after")):
+        saved = SavedCells(cells, 2, time.time(), 1)
+        text = PlanView(make_plan(shell, saved), saved.cells, blocking_on=True).text()
+    assert "[2] draw random numbers with no seed set before" in text
+
+
+OWN_MODULE = """\
+def train(net):
+    net.append('trained')
+"""
+
+
+def test_a_replay_follows_a_function_of_a_module_beside_the_notebook(shell, tmp_path, monkeypatch):
+    (tmp_path / "nbcg_own_steps.py").write_text(OWN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cells = (
+        Cell("import nbcg_own_steps as steps\nprint('RAN:import')", 1, False),
+        Cell("model = []\nprint('RAN:model')", 2, False),
+        Cell("steps.train(model)\nprint('RAN:train')", 3, False),
+        Cell("print('RAN:fail')\nafter = list(model)", 4, True),
+    )
+    original, replayed, reasons, ran = _run_then_replay(shell, cells, ("steps", "model", "after"))
+    assert ran == ["import", "model", "train", "fail"]
+    assert "changes model" in reasons[3]
+    assert replayed == original == ["trained"]
+
+
+def test_a_library_function_still_only_reads_what_it_is_handed(shell):
+    pytest.importorskip("numpy")
+    cells = (
+        Cell("import numpy as np\nprint('RAN:import')", 1, False),
+        Cell("model = [1.0, 2.0]\nprint('RAN:model')", 2, False),
+        Cell("m = np.mean(model)\nprint('RAN:mean')", 3, False),
+        Cell("print('RAN:fail')\nafter = list(model)", 4, True),
+    )
+    _, _, _, ran = _run_then_replay(shell, cells, ("np", "model", "m", "after"))
+    assert ran == ["model", "fail"]
+
+
+def test_a_cell_that_binds_anew_what_the_namespace_has_leaves_it_as_it_is(shell):
+    cells = (
+        Cell("print('RAN:setup')\nlabels = [0, 1, 3]\nx = 2", 1, False),
+        Cell("print('RAN:fail')\nafter = (list(labels), x)", 2, True),
+    )
+    with _without(shell, ("labels", "x", "after")):
+        fixed = shell.user_ns["labels"] = [0, 1, 2]
+        saved = SavedCells(cells, 1, time.time(), 1)
+        plan = make_plan(shell, saved)
+        assert plan.steps[0].keeps == ("labels",)
+        with capture_output():
+            run_plan(shell, saved, plan, blocking_on=True)
+        assert shell.user_ns["labels"] is fixed
+        assert shell.user_ns["after"] == ([0, 1, 2], 2)
+
+
+def test_a_cell_that_ran_long_before_is_flagged_in_the_plan(shell):
+    cells = (
+        Cell("import time\nprint('RAN:a')\na = 1", 1, False, 754.0),
+        Cell("print('RAN:fail')\nafter = a", 2, True, 0.1),
+    )
+    with _without(shell, ("time", "a", "after")):
+        saved = SavedCells(cells, 1, time.time(), 1)
+        text = replay_glue.plan_view(shell, make_plan(shell, saved), saved, True).text()
+    assert "      ! ran 12 min 34 s before" in text
+    assert "They took 12 min 34 s before." in text
