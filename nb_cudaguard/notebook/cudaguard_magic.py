@@ -240,7 +240,11 @@ class CudaGuardMagics(Magics):
         action="store_true",
         help="restore: put the kept values back over names this kernel has defined again.",
     )
-    @argument("--stop", action="store_true", help="keep: stop the snapshots (of NAMEs, or all).")
+    @argument(
+        "--stop",
+        action="store_true",
+        help="keep: stop the snapshots (of NAMEs, or all) and free the buffers no other name uses.",
+    )
     @line_magic
     def cudaguard(self, line: str) -> None:
         """Inspect and repair this kernel's CUDA state.
@@ -262,7 +266,7 @@ class CudaGuardMagics(Magics):
             %cudaguard restore --force labels # ... over the `labels` made again in this kernel
             %cudaguard restore --discard      # delete what was kept
             %cudaguard keep model optimizer   # CPU snapshots after each successful cell
-            %cudaguard keep --stop            # no more snapshots
+            %cudaguard keep --stop            # no more snapshots (their buffers freed)
 
         After a restart all variables are gone. nb_cudaguard's own restart keeps the list of
         the kernel's cells for its next process: ``%cudaguard replay`` (also offered, with a
