@@ -110,7 +110,12 @@ def _details(
             False,
         ),
         ("How to fix it" if not shown & set(diagnosis.fixes) else "Other fixes", fixes, False),
-        ("What the GPU checked", [diagnosis.explanation], False),
+        # a non-sticky error's explanation is its headline already
+        (
+            _explanation_heading(diagnosis),
+            [diagnosis.explanation] if diagnosis.sticky else [],
+            False,
+        ),
     ]
     if label != "The GPU said":
         lines = [str(line) for line in diagnosis.assert_lines]
@@ -134,6 +139,11 @@ def _details(
     )
     sections.append(("About this diagnosis", about, False))
     return [section for section in sections if section[1]]
+
+
+def _explanation_heading(diagnosis: Diagnosis) -> str:
+    """Only a device assert is something the GPU checked; a fault or a launch error is not."""
+    return "What the GPU checked" if diagnosis.assert_lines else "What it means"
 
 
 def _top(diagnosis: Diagnosis, blocking: bool) -> list[tuple[str, list[str], bool]]:
