@@ -1,7 +1,7 @@
 """Where host memory's shortcut stops: the CPU op first (its check only when it raises) against the
 rules first, for a valid and for a bad call, at growing sizes.
 
-    python benchmarks/bench_host_line.py
+    python benchmarks/bench_host_line.py [--threads 1]
 
 On a valid call the shortcut saves the rules (a few microseconds); on a bad one it costs the op's
 work up to the point where it raises (``F.cross_entropy`` computes the whole log_softmax before
@@ -12,6 +12,7 @@ ratio; a benchmark, not a timed test.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -55,6 +56,15 @@ def both(call: Callable[[], Any], repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch.set_num_threads (on a shared, oversubscribed VM: 1; else parallel ops wait)",
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     line = scope.HOST_FIRST_LINE
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
