@@ -133,7 +133,10 @@ def listing(html: str) -> Any:
     widget shows none of the output's other types (issue 22)."""
     import ipywidgets as widgets
 
-    return widgets.HTML(value=html, layout=widgets.Layout(width="100%"))
+    # ipywidgets gives an HTML widget the line height of a one-line control (28 px)
+    return widgets.HTML(
+        value=f"<div style='line-height:1.4'>{html}</div>", layout=widgets.Layout(width="100%")
+    )
 
 
 Restarter = Callable[..., Any]  # restart_kernel's signature: (blocking=..., after_cell=...) -> plan

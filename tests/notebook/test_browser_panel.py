@@ -7,6 +7,7 @@
   rendered page's computed colours, and no button label is cut or out of the output at 1000 px
   and 1300 px (issue 23, item 2).
 
+Screenshots go to ``NB_CUDAGUARD_SCREENSHOTS`` (default /tmp/nb_cudaguard_screens), as there.
 Skipped, with the reason, where Chromium, Playwright or the frontend is missing (test_browser.py).
 """
 
@@ -23,6 +24,7 @@ from test_browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
     KERNEL_WORK_MS,
+    SCREENS,
     _cell,
     _decline_news,
     _kernel_pids,
@@ -181,9 +183,12 @@ def test_the_panel_reads_in_the_theme_and_its_buttons_are_whole_at_1000_and_1300
                 ]
                 low = [(round(r, 2), t) for r, t in map(contrast, texts) if r < MIN_CONTRAST]
                 assert low == [], f"{theme}: text under {MIN_CONTRAST}:1"
+                SCREENS.mkdir(parents=True, exist_ok=True)
                 for width in WIDTHS:
                     page.set_viewport_size({"width": width, "height": 1400})
                     time.sleep(0.5)  # a relayout
+                    shot = SCREENS / f"{app}_{theme}_{width}.png"
+                    failing.locator(".jp-Cell-outputWrapper").screenshot(path=str(shot))
                     assert cut_buttons(failing) == [], f"at {width} px"
             finally:
                 browser.close()
@@ -227,6 +232,10 @@ def test_the_offers_show_their_lists_live_and_a_reopened_notebook_shows_their_te
                 expect(plan.locator("li").first).to_be_visible()
                 page.set_viewport_size({"width": 1000, "height": 1400})
                 time.sleep(0.5)
+                SCREENS.mkdir(parents=True, exist_ok=True)
+                first.locator(".jp-Cell-outputWrapper").screenshot(
+                    path=str(SCREENS / f"{app}_offers_1000.png")
+                )
                 assert cut_buttons(first) == [], "at 1000 px"
 
                 page.keyboard.press("Control+s")
@@ -251,6 +260,7 @@ def test_the_offers_show_their_lists_live_and_a_reopened_notebook_shows_their_te
                 expect(outputs.filter(has_text="Loading widget")).to_have_count(0)
                 for static in ("%cudaguard restore", "%cudaguard replay --yes", "--no-blocking"):
                     expect(outputs.filter(has_text=static).first).to_be_visible()
+                page.locator(".jp-Notebook").screenshot(path=str(SCREENS / f"{app}_reopened.png"))
             finally:
                 browser.close()
     finally:
