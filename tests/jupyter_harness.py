@@ -25,6 +25,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# This harness's servers read no config files (JUPYTER_NO_CONFIG), so the server extension that a
+# pip install enables through this file is given on the command line, from the same file.
+SERVER_CONFIG = ROOT / "jupyter-config" / "jupyter_server_config.d" / "nb_cudaguard.json"
+
+
+def installed_extensions() -> tuple[str, ...]:
+    """The server arguments that enable what the package's shipped config enables."""
+    enabled = json.loads(SERVER_CONFIG.read_text())["ServerApp"]["jpserver_extensions"]
+    return tuple(f"--ServerApp.jpserver_extensions={k}={v}" for k, v in enabled.items())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,7 +60,13 @@ def isolated_env(base: Path, **extra: str) -> dict[str, str]:
 class JupyterServer:
     """``jupyter server`` (or ``jupyter lab``) as a subprocess; always stop() it."""
 
-    def __init__(self, base: Path, token: str = "test-token", app: str = "jupyter_server") -> None:
+    def __init__(
+        self,
+        base: Path,
+        token: str = "test-token",
+        app: str = "jupyter_server",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.base = base
         self.token = token
         self.port = free_port()
@@ -74,6 +91,7 @@ class JupyterServer:
         ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
             args.append("--allow-root")
+        args.extend(extra_args)
         self.log = open(base / "server.log", "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             args, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root

@@ -26,6 +26,20 @@ from .schema import MIME_TYPE, to_json
 
 _CODE = re.compile(r"`([^`]+)`")
 
+# Colours from the frontend's theme: JupyterLab and Notebook 7 (``--jp-*``, which nbconvert's lab
+# template defines too), then VS Code (``--vscode-*``). No fixed colour reads at 4.5:1 on both a
+# light and a dark background (issue 23: #b71c1c on #111 is 2.9:1), so text falls back to the
+# colour around it (Colab, GitHub); only the bars, which carry no text, fall back to a fixed one.
+# The JupyterLab Light / Dark values: error 5.0 / 5.1, quiet 4.6 / 9.5 (tests/notebook/
+# test_browser_panel.py measures them in the rendered page).
+TEXT_ERROR = "var(--jp-error-color1, var(--vscode-errorForeground, inherit))"
+TEXT_QUIET = "var(--jp-content-font-color2, var(--vscode-descriptionForeground, inherit))"
+BAR_ERROR = "var(--jp-error-color1, #d32f2f)"
+BAR_WARN = "var(--jp-warn-color1, #f57c00)"
+BAR_INFO = "var(--jp-brand-color1, #1976d2)"
+BAR_DONE = "var(--jp-success-color1, #388e3c)"
+BAR_QUIET = "var(--jp-border-color1, #bdbdbd)"
+
 BLOCKING_ON = (
     "Blocking mode is on in this kernel (CUDA_LAUNCH_BLOCKING=1): every launch waits for its "
     "kernel, so the traceback above points at the line that launched the failing one."
@@ -183,7 +197,8 @@ def inline_html(text: str) -> str:
 
 
 def note_html(css_class: str, color: str, text: str) -> str:
-    """A one-paragraph note with a coloured bar: the fallout line, the blocking-mode banner."""
+    """A one-paragraph note with a bar in ``color`` (one of the ``BAR_*``), in the text colour
+    around it: the fallout line, the blocking-mode banner."""
     return (
         f"<div class='{css_class}' style='border-left:4px solid {color};padding:2px 8px;"
         f"margin:4px 0;font-family:sans-serif'>{inline_html(text)}</div>"
@@ -217,11 +232,14 @@ def _summary(sections: Iterable[tuple[str, list[str], bool]]) -> str:
 
 
 def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
-    color = "#b71c1c" if diagnosis.sticky else "#e65100"
+    bar = BAR_ERROR if diagnosis.sticky else BAR_WARN
+    # Not sticky: the headline in the text colour (the theme's warning colours read at 3.8:1 on
+    # white); the bar says it is a warning.
+    color = TEXT_ERROR if diagnosis.sticky else "inherit"
     parts = [
         f"<div class='nb-cudaguard-panel' data-cause='{html.escape(diagnosis.cause)}' "
         f"data-blocking='{str(blocking).lower()}' "
-        f"style='border-left:4px solid {color};padding:4px 10px;margin:6px 0;"
+        f"style='border-left:4px solid {bar};padding:4px 10px;margin:6px 0;"
         "font-family:sans-serif;line-height:1.4'>",
         f"<div class='nb-cudaguard-headline' style='font-weight:bold;color:{color}'>"
         f"&#9888; {inline_html(headline(diagnosis))}</div>",
@@ -235,7 +253,8 @@ def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
     details = _details(diagnosis, blocking)
     parts.append(
         "<details class='nb-cudaguard-details' style='margin-top:2px'>"
-        f"<summary style='cursor:pointer;color:#555'>{html.escape(_summary(details))}</summary>"
+        f"<summary style='cursor:pointer;color:{TEXT_QUIET}'>"
+        f"{html.escape(_summary(details))}</summary>"
     )
     for heading, items, preformatted in details:
         parts.append(f"<div style='margin-top:4px;font-weight:bold'>{html.escape(heading)}</div>")
@@ -279,5 +298,5 @@ class Fallout:
         text = self.text()
         return {
             "text/plain": text,
-            "text/html": note_html("nb-cudaguard-fallout", "#b71c1c", text),
+            "text/html": note_html("nb-cudaguard-fallout", BAR_ERROR, text),
         }

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..diagnosis.render import inline_html
+from ..diagnosis.render import TEXT_ERROR, TEXT_QUIET, inline_html
+from ..server_extension.live_views import MARK, MARK_VALUE
+from ..server_extension.live_views import WIDGET_VIEW_MIME as WIDGET_MIME
 
 BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 LOST = "Either button starts a new kernel process: CPU variables are kept, GPU memory is not."
 RERUN = "then `%load_ext nb_cudaguard` there restores the CPU variables; re-run the rest"
 
@@ -89,6 +90,55 @@ class CommandHint:
         }
 
 
+def live_bundle(static: dict[str, str], widget: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``static`` (text/plain, text/html) and the view of ``widget``, which shows the same and
+    adds the buttons. Frontends with a widget manager show the widget, others the static types
+    (ipywidgets 7 and 8 both use view format 2.0). Marked so that a Jupyter server with our
+    extension saves the static types only (server_extension/live_views.py): a reopened notebook
+    shows the text there, not "model not found"."""
+    view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+    return {**static, WIDGET_MIME: view}, {MARK: dict(MARK_VALUE)}
+
+
+def status_html(text: str, color: str = "inherit", bold: bool = False) -> str:
+    """A widget's status line: in the text colour around it (done), or one of the theme's
+    ``TEXT_*`` (diagnosis/render.py): under way, failed."""
+    weight = "font-weight:bold;" if bold else ""
+    return (
+        f"<div style='font-family:sans-serif;{weight}color:{color};line-height:1.4;"
+        f"white-space:normal'>{inline_html(text)}</div>"
+    )
+
+
+def button_row(children: list[Any]) -> Any:
+    """Buttons side by side that wrap onto the next line where the output is narrow. In a row
+    that does not wrap, ipywidgets shrinks a button and cuts its label ("Rest...", issue 23);
+    here a button keeps its width (no longer than the row), and a text child takes what is left
+    and wraps its words."""
+    import ipywidgets as widgets
+
+    for child in children:
+        if isinstance(child, widgets.Button):
+            child.layout.flex = "0 0 auto"
+            child.layout.max_width = "100%"
+        else:
+            child.layout.flex = "1 1 16em"
+            child.layout.width = "auto"
+    return widgets.HBox(children, layout=widgets.Layout(flex_flow="row wrap", width="100%"))
+
+
+def listing(html: str) -> Any:
+    """The static text's HTML (what will run, what comes back, what was not kept) as a widget at
+    the top of the offer, so that the live widget shows it too: a frontend that renders the
+    widget shows none of the output's other types (issue 22)."""
+    import ipywidgets as widgets
+
+    # ipywidgets gives an HTML widget the line height of a one-line control (28 px)
+    return widgets.HTML(
+        value=f"<div style='line-height:1.4'>{html}</div>", layout=widgets.Layout(width="100%")
+    )
+
+
 Restarter = Callable[..., Any]  # restart_kernel's signature: (blocking=..., after_cell=...) -> plan
 
 
@@ -130,27 +180,24 @@ class RestartActions:
         self.buttons.append(self.plain_button)
         note = LOST if len(self.buttons) > 1 else LOST.replace("Either", "The")
         self.note = widgets.HTML(
-            value="<span style='font-family:sans-serif;color:#555;margin-left:8px'>"
-            f"{inline_html(note)}</span>"
+            value=f"<span style='font-family:sans-serif;color:{TEXT_QUIET};margin-left:8px;"
+            f"white-space:normal'>{inline_html(note)}</span>"
         )
         self.status = widgets.HTML(value="")  # what happens after a click, under the buttons
         for button in self.buttons:
             button.on_click(self._clicked)
-        self.widget = widgets.VBox([widgets.HBox([*self.buttons, self.note]), self.status])
+        self.widget = widgets.VBox([button_row([*self.buttons, self.note]), self.status])
 
-    def _say(self, text: str, color: str = "#1b5e20") -> None:
+    def _say(self, text: str, color: str = "inherit") -> None:
         self.note.value = ""
-        self.status.value = (
-            f"<div style='font-family:sans-serif;font-weight:bold;color:{color};"
-            f"line-height:1.4'>{inline_html(text)}</div>"
-        )
+        self.status.value = status_html(text, color, bold=True)
 
     def _clicked(self, button: Any) -> None:
         blocking = button is self.blocking_button
         for each in self.buttons:
             each.disabled = True
         # The CPU variables are saved first (keep_glue): seconds for gigabytes.
-        self._say("Keeping the CPU variables for the new kernel, then restarting...", "#555")
+        self._say("Keeping the CPU variables for the new kernel, then restarting...", TEXT_QUIET)
         try:
             plan = self._restart(blocking=blocking, after_cell=self.after_cell)
         except Exception as error:
@@ -160,7 +207,7 @@ class RestartActions:
                 f"Could not restart from here ({error}). Use the Kernel menu's restart; "
                 "for blocking mode make `import os; os.environ['CUDA_LAUNCH_BLOCKING'] = '1'` the "
                 "first line of the first cell.",
-                color="#e65100",
+                color=TEXT_ERROR,
             )
             return
         kept = self.blocking_on and not self.blocking_ours and not blocking
@@ -174,14 +221,10 @@ class RestartActions:
             )
         )
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        hint = CommandHint(self.blocking_on)._repr_mimebundle_()
-        # Widget view where a widget manager exists, the command where not (ipywidgets 7 and 8
-        # both use view format 2.0).
-        return {
-            **hint,
-            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id},
-        }
+    def _repr_mimebundle_(
+        self, include: object = None, exclude: object = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        return live_bundle(CommandHint(self.blocking_on)._repr_mimebundle_(), self.widget)
 
 
 def restart_actions(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnosis.model import Diagnosis
-from ..diagnosis.render import Fallout, Panel, note_html
+from ..diagnosis.render import BAR_INFO, Fallout, Panel, note_html
 from ..runtime.blocking import Marker
 from .actions import Restarter
 
@@ -73,7 +73,7 @@ class Banner:
         text = self.text()
         return {
             "text/plain": text,
-            "text/html": note_html("nb-cudaguard-banner", "#1565c0", text),
+            "text/html": note_html("nb-cudaguard-banner", BAR_INFO, text),
         }
 
 

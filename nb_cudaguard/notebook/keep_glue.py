@@ -21,15 +21,15 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis.render import inline_html
+from ..diagnosis.render import TEXT_ERROR
 from ..keep.select import human_size
 from ..keep.snapshot import NotSnapshottable, Snapshots
 from ..keep.store import Manifest, NotKept, Restored, StoreError
+from .actions import button_row, listing, live_bundle, status_html
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 RESTORE_LABEL = "Restore"
 DISCARD_LABEL = "Discard"
 SHOWN_SKIPPED = 8  # in the restart message
@@ -282,14 +282,15 @@ class RestoreOffer:
         self.restore_button.on_click(self._restore)
         self.discard_button.on_click(self._discard)
         self.widget = widgets.VBox(
-            [widgets.HBox([self.restore_button, self.discard_button]), self.status]
+            [
+                listing(_pre_html(self.text, "nb-cudaguard-keep")),
+                button_row([self.restore_button, self.discard_button]),
+                self.status,
+            ]
         )
 
-    def _say(self, text: str, color: str = "#1b5e20") -> None:
-        self.status.value = (
-            f"<div style='font-family:sans-serif;color:{color};line-height:1.4'>"
-            f"{inline_html(text)}</div>"
-        )
+    def _say(self, text: str, color: str = "inherit") -> None:
+        self.status.value = status_html(text, color)
 
     def _restore(self, _button: Any) -> None:
         self.disable()
@@ -297,7 +298,7 @@ class RestoreOffer:
             text = restore(self.shell, self.connection, self.profile)
             self._say(text)
         except Exception as error:
-            self._say(f"Could not restore: {error}", color="#e65100")
+            self._say(f"Could not restore: {error}", color=TEXT_ERROR)
 
     def _discard(self, _button: Any) -> None:
         self.disable()
@@ -306,12 +307,11 @@ class RestoreOffer:
     def disable(self) -> None:
         self.restore_button.disabled = self.discard_button.disabled = True
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        return {
-            "text/plain": self.text,
-            "text/html": _pre_html(self.text, "nb-cudaguard-keep"),
-            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id},
-        }
+    def _repr_mimebundle_(
+        self, include: object = None, exclude: object = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        static = {"text/plain": self.text, "text/html": _pre_html(self.text, "nb-cudaguard-keep")}
+        return live_bundle(static, self.widget)
 
 
 # The offers shown in each shell: once nothing is left to restore (a restore or a discard, by a

@@ -19,7 +19,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis.render import inline_html, note_html
+from ..diagnosis.render import (
+    BAR_DONE,
+    BAR_INFO,
+    BAR_QUIET,
+    BAR_WARN,
+    TEXT_ERROR,
+    inline_html,
+    note_html,
+)
 from ..replay.analysis import CellFacts, analyse_cell, runnable_source
 from ..replay.flags import cell_flags, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
@@ -297,7 +305,7 @@ class PlanView:
             cell = self.cells[step.index]
             line = f"{cell_label(cell)} {first_line(cell.source)}   <- {step_reasons(step)}"
             flags = "".join(
-                f"<div style='color:#b71c1c'>! {html.escape(flag)}</div>"
+                f"<div style='color:{TEXT_ERROR}'>! {html.escape(flag)}</div>"
                 for flag in self.flags.get(step.index, ())
             )
             lines = len(cell.source.splitlines())
@@ -307,7 +315,7 @@ class PlanView:
             )
             items.append(f"<li><code>{inline_html(line)}</code>{flags}{code}</li>")
         page = (
-            "<div class='nb-cudaguard-replay' style='border-left:4px solid #1565c0;"
+            f"<div class='nb-cudaguard-replay' style='border-left:4px solid {BAR_INFO};"
             f"padding:2px 8px;margin:4px 0;font-family:sans-serif'>{inline_html(self._head())}"
             f"<ol style='margin:2px 0'>{''.join(items)}</ol>"
             + "".join(f"<div>{inline_html(x)}</div>" for x in self._tail())
@@ -370,10 +378,13 @@ class ReplayOffer:
             )
             self.blocking_button.on_click(self._restart_clicked)
             self.buttons.insert(0, self.blocking_button)
+        from .actions import button_row, listing
+
         self.status = widgets.HTML(value="")
         self.output = widgets.Output()
         self.button.on_click(self._clicked)
-        self.widget = widgets.VBox([widgets.HBox(self.buttons), self.status, self.output])
+        self.plan = listing(view._repr_mimebundle_()["text/html"])
+        self.widget = widgets.VBox([self.plan, button_row(self.buttons), self.status, self.output])
 
     def _restart_clicked(self, _button: Any) -> None:
         from .actions import after_restart_text
@@ -382,7 +393,9 @@ class ReplayOffer:
         for each in self.buttons:
             each.disabled = True
         self.status.value = note_html(
-            "nb-cudaguard-replay-restart", "#555", "Keeping the CPU variables, then restarting..."
+            "nb-cudaguard-replay-restart",
+            BAR_QUIET,
+            "Keeping the CPU variables, then restarting...",
         )
         try:
             plan = self._restart(blocking=True)
@@ -391,43 +404,39 @@ class ReplayOffer:
                 each.disabled = False
             self.status.value = note_html(
                 "nb-cudaguard-replay-restart",
-                "#e65100",
+                BAR_WARN,
                 f"Could not restart from here ({error}). `{COMMAND}` replays in this kernel, "
                 "without blocking mode.",
             )
             return
         kept = " ".join(x for x in (plan.kept, BLOCKING_THEN_REPLAY) if x)
         said = after_restart_text(plan.method.value, True, warning=plan.warning, kept=kept)
-        self.status.value = note_html("nb-cudaguard-replay-restart", "#1b5e20", said)
+        self.status.value = note_html("nb-cudaguard-replay-restart", BAR_DONE, said)
 
     def _clicked(self, _button: Any) -> None:
         plan = make_plan(self.shell, self.saved)
         if plan != self.view.plan:  # something was restored meanwhile
             self.view = plan_view(self.shell, plan, self.saved, self.view.blocking_on)
-            with self.output:
-                from IPython.display import display
-
-                display(self.view)
+            self.plan.value = self.view._repr_mimebundle_()["text/html"]
             self.status.value = note_html(
                 "nb-cudaguard-replay-changed",
-                "#e65100",
-                "The namespace changed since this plan was made: the new plan is below. Click "
-                "again to run it.",
+                BAR_WARN,
+                "The namespace changed since this plan was made: the plan above is the new one. "
+                "Click again to run it.",
             )
             return
         for each in self.buttons:
             each.disabled = True
         with self.output:
             said = run_plan(self.shell, self.saved, plan, self.view.blocking_on)
-        self.status.value = note_html("nb-cudaguard-replay-done", "#1565c0", said)
+        self.status.value = note_html("nb-cudaguard-replay-done", BAR_INFO, said)
 
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
-        from .actions import WIDGET_MIME
+    def _repr_mimebundle_(
+        self, include: object = None, exclude: object = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        from .actions import live_bundle
 
-        return {
-            **self.view._repr_mimebundle_(),
-            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.widget.model_id},
-        }
+        return live_bundle(self.view._repr_mimebundle_(), self.widget)
 
 
 def _restarter(restart: Restarter | None) -> Restarter | None:

@@ -1,4 +1,4 @@
-"""The panel's Details headings say what each error is: only a device assert was checked by the GPU."""
+"""Details headings say what each error is: only a device assert is what the GPU checked."""
 
 from __future__ import annotations
 
