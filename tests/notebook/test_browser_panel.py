@@ -13,9 +13,12 @@ Skipped, with the reason, where Chromium, Playwright or the frontend is missing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jupyter_harness import JupyterServer, installed_extensions
@@ -48,6 +51,18 @@ def _skip_without_a_browser(app: str) -> None:
     pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
     if importlib.util.find_spec(APPS[app][1].split(".")[0]) is None:
         pytest.skip(f"{app} is not installed")
+
+
+@contextlib.contextmanager
+def _chromium() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def _server(base: Path, app: str, theme: str = "light") -> JupyterServer:
@@ -163,35 +178,29 @@ def cut_buttons(scope) -> list[dict[str, object]]:
 def test_the_panel_reads_in_the_theme_and_its_buttons_are_whole_at_1000_and_1300_px(
     app, theme, tmp_path
 ):
-    from playwright.sync_api import sync_playwright
-
     _skip_without_a_browser(app)
     server = _server(tmp_path, app, theme)
     (server.root / "demo.ipynb").write_text(json.dumps(_notebook()))
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = _open(browser, server, app)
-                failing = _fail(page)
-                panel = failing.locator(".nb-cudaguard-panel")
-                texts = [
-                    panel.locator(".nb-cudaguard-headline"),
-                    panel.locator("summary"),
-                    panel.locator(":scope > div").nth(1),  # the evidence
-                    failing.locator(".widget-html span").first,  # the note by the buttons
-                ]
-                low = [(round(r, 2), t) for r, t in map(contrast, texts) if r < MIN_CONTRAST]
-                assert low == [], f"{theme}: text under {MIN_CONTRAST}:1"
-                SCREENS.mkdir(parents=True, exist_ok=True)
-                for width in WIDTHS:
-                    page.set_viewport_size({"width": width, "height": 1400})
-                    time.sleep(0.5)  # a relayout
-                    shot = SCREENS / f"{app}_{theme}_{width}.png"
-                    failing.locator(".jp-Cell-outputWrapper").screenshot(path=str(shot))
-                    assert cut_buttons(failing) == [], f"at {width} px"
-            finally:
-                browser.close()
+        with _chromium() as browser:
+            page = _open(browser, server, app)
+            failing = _fail(page)
+            panel = failing.locator(".nb-cudaguard-panel")
+            texts = [
+                panel.locator(".nb-cudaguard-headline"),
+                panel.locator("summary"),
+                panel.locator(":scope > div").nth(1),  # the evidence
+                failing.locator(".widget-html span").first,  # the note by the buttons
+            ]
+            low = [(round(r, 2), t) for r, t in map(contrast, texts) if r < MIN_CONTRAST]
+            assert low == [], f"{theme}: text under {MIN_CONTRAST}:1"
+            SCREENS.mkdir(parents=True, exist_ok=True)
+            for width in WIDTHS:
+                page.set_viewport_size({"width": width, "height": 1400})
+                time.sleep(0.5)  # a relayout
+                shot = SCREENS / f"{app}_{theme}_{width}.png"
+                failing.locator(".jp-Cell-outputWrapper").screenshot(path=str(shot))
+                assert cut_buttons(failing) == [], f"at {width} px"
     finally:
         server.stop()
 
@@ -201,7 +210,7 @@ def test_the_offers_show_their_lists_live_and_a_reopened_notebook_shows_their_te
     kernel: the restore and replay offers list what they will do inside the widget, their buttons
     whole at 1000 px. Save, stop the server, open the notebook from a new one: the text is there,
     "model not found" is not."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     app = "jupyterlab"
     _skip_without_a_browser(app)
@@ -209,59 +218,51 @@ def test_the_offers_show_their_lists_live_and_a_reopened_notebook_shows_their_te
     notebook = server.root / "demo.ipynb"
     notebook.write_text(json.dumps(_notebook()))
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = _open(browser, server, app)
-                failing = _fail(page)
-                (old_pid,) = _kernel_pids(server)
-                failing.get_by_role("button", name=PLAIN_LABEL, exact=True).click()
-                deadline = time.monotonic() + 60
-                while not _kernel_pids(server) - {old_pid}:
-                    assert time.monotonic() < deadline, "no new kernel process"
-                    time.sleep(0.1)
-                time.sleep(3)  # the new kernel answers
-                first = _cell(page, 0)
-                _run_cell(page, 0)
-                # Inside the widgets, not the static text (which a widget frontend never shows).
-                kept = first.locator(".widget-vbox .nb-cudaguard-keep")
-                expect(kept).to_be_visible(timeout=KERNEL_WORK_MS)
-                expect(kept).to_contain_text("labels")
-                plan = first.locator(".widget-vbox .nb-cudaguard-replay")
-                expect(plan).to_be_visible()
-                expect(plan.locator("li").first).to_be_visible()
-                page.set_viewport_size({"width": 1000, "height": 1400})
-                time.sleep(0.5)
-                SCREENS.mkdir(parents=True, exist_ok=True)
-                first.locator(".jp-Cell-outputWrapper").screenshot(
-                    path=str(SCREENS / f"{app}_offers_1000.png")
-                )
-                assert cut_buttons(first) == [], "at 1000 px"
+        with _chromium() as browser:
+            page = _open(browser, server, app)
+            failing = _fail(page)
+            (old_pid,) = _kernel_pids(server)
+            failing.get_by_role("button", name=PLAIN_LABEL, exact=True).click()
+            deadline = time.monotonic() + 60
+            while not _kernel_pids(server) - {old_pid}:
+                assert time.monotonic() < deadline, "no new kernel process"
+                time.sleep(0.1)
+            time.sleep(3)  # the new kernel answers
+            first = _cell(page, 0)
+            _run_cell(page, 0)
+            # Inside the widgets, not the static text (which a widget frontend never shows).
+            kept = first.locator(".widget-vbox .nb-cudaguard-keep")
+            expect(kept).to_be_visible(timeout=KERNEL_WORK_MS)
+            expect(kept).to_contain_text("labels")
+            plan = first.locator(".widget-vbox .nb-cudaguard-replay")
+            expect(plan).to_be_visible()
+            expect(plan.locator("li").first).to_be_visible()
+            page.set_viewport_size({"width": 1000, "height": 1400})
+            time.sleep(0.5)
+            SCREENS.mkdir(parents=True, exist_ok=True)
+            first.locator(".jp-Cell-outputWrapper").screenshot(
+                path=str(SCREENS / f"{app}_offers_1000.png")
+            )
+            assert cut_buttons(first) == [], "at 1000 px"
 
-                page.keyboard.press("Control+s")
-                deadline = time.monotonic() + 30
-                while "%cudaguard replay --yes" not in notebook.read_text():
-                    assert time.monotonic() < deadline, "the notebook was not saved"
-                    time.sleep(0.2)
-            finally:
-                browser.close()
+            page.keyboard.press("Control+s")
+            deadline = time.monotonic() + 30
+            while "%cudaguard replay --yes" not in notebook.read_text():
+                assert time.monotonic() < deadline, "the notebook was not saved"
+                time.sleep(0.2)
         server.stop()
 
         server = _server(tmp_path, app)  # the same files, a new server and kernel
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = _open(browser, server, app)
-                # The widget manager is restored once the kernel is idle; a missing model is
-                # looked up for 2 s before ipywidgets says so.
-                time.sleep(4)
-                outputs = page.locator(".jp-Notebook .jp-OutputArea-output")
-                expect(outputs.filter(has_text="model not found")).to_have_count(0)
-                expect(outputs.filter(has_text="Loading widget")).to_have_count(0)
-                for static in ("%cudaguard restore", "%cudaguard replay --yes", "--no-blocking"):
-                    expect(outputs.filter(has_text=static).first).to_be_visible()
-                page.locator(".jp-Notebook").screenshot(path=str(SCREENS / f"{app}_reopened.png"))
-            finally:
-                browser.close()
+        with _chromium() as browser:
+            page = _open(browser, server, app)
+            # The widget manager is restored once the kernel is idle; a missing model is
+            # looked up for 2 s before ipywidgets says so.
+            time.sleep(4)
+            outputs = page.locator(".jp-Notebook .jp-OutputArea-output")
+            expect(outputs.filter(has_text="model not found")).to_have_count(0)
+            expect(outputs.filter(has_text="Loading widget")).to_have_count(0)
+            for static in ("%cudaguard restore", "%cudaguard replay --yes", "--no-blocking"):
+                expect(outputs.filter(has_text=static).first).to_be_visible()
+            page.locator(".jp-Notebook").screenshot(path=str(SCREENS / f"{app}_reopened.png"))
     finally:
         server.stop()
