@@ -23,7 +23,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 from ..diagnosis.engine import diagnose
 from ..diagnosis.model import Diagnosis
-from ..diagnosis.schema import MIME_TYPE, from_json
+from ..diagnosis.schema import MIME_TYPE, from_json, ran_blocking
 
 _LOAD = (
     "import nb_cudaguard as _nb_cudaguard\n"
@@ -70,6 +70,7 @@ class Execution:
     failure: CellFailure | None
     diagnosis: Diagnosis | None  # the panel's (the extension's), else one read from the error
     probed: bool = False  # the diagnosis is the panel's, with what the kernel's probe found
+    blocking_on: bool = False  # the panel's kernel ran in blocking mode: its traceback is true
 
 
 def _cell_source(notebook: nbformat.NotebookNode, execution_count: int, line: int) -> str | None:
@@ -91,12 +92,13 @@ def failing_line(notebook: nbformat.NotebookNode, traceback: list[str]) -> Sourc
     return SourceLine(count, line, _cell_source(notebook, count, line))
 
 
-def panel_diagnosis(cell: nbformat.NotebookNode) -> Diagnosis | None:
+def panel_payload(cell: nbformat.NotebookNode) -> tuple[Diagnosis, bool] | None:
+    """The panel's diagnosis, and whether its kernel ran in blocking mode."""
     for output in cell.get("outputs", []):
         payload = output.get("data", {}).get(MIME_TYPE)
         if isinstance(payload, Mapping):
             try:
-                return from_json(payload)
+                return from_json(payload), ran_blocking(payload)
             except (TypeError, ValueError, KeyError):
                 continue
     return None
@@ -104,8 +106,9 @@ def panel_diagnosis(cell: nbformat.NotebookNode) -> Diagnosis | None:
 
 def _failure(
     notebook: nbformat.NotebookNode, index: int, stopped_by: Exception
-) -> tuple[CellFailure, Diagnosis | None, Diagnosis | None]:
-    """The failure, the panel's diagnosis (if one was shown), and the diagnosis to report."""
+) -> tuple[CellFailure, tuple[Diagnosis, bool] | None, Diagnosis | None]:
+    """The failure, the panel's diagnosis and blocking mode (if one was shown), and the
+    diagnosis to report."""
     cell = notebook.cells[index]
     error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
     if error is None or isinstance(stopped_by, CellTimeoutError):
@@ -118,8 +121,8 @@ def _failure(
         index, cell.get("execution_count"), ename, evalue, failing_line(notebook, traceback)
     )
     # The panel is the extension's full diagnosis; without one, the error text alone.
-    panel = panel_diagnosis(cell)
-    return failure, panel, panel or diagnose(f"{ename}: {evalue}")
+    panel = panel_payload(cell)
+    return failure, panel, panel[0] if panel else diagnose(f"{ename}: {evalue}")
 
 
 def _kernel_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -203,7 +206,12 @@ async def _execute(
         return Execution(notebook, client.code_cells_executed, None, None)
     failure, panel, diagnosis = _failure(notebook, failed_at, stopped_by)
     return Execution(
-        notebook, client.code_cells_executed, failure, diagnosis, probed=panel is not None
+        notebook,
+        client.code_cells_executed,
+        failure,
+        diagnosis,
+        probed=panel is not None,
+        blocking_on=panel is not None and panel[1],
     )
 
 

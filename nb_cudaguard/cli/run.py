@@ -136,7 +136,7 @@ def summary(
         "executed": execution.executed,
         "failure": _failure_json(execution.failure),
         "diagnosis": (
-            to_json(execution.diagnosis, setting_of(args, execution))
+            to_json(execution.diagnosis, setting_of(args, execution), execution.blocking_on)
             if execution.diagnosis is not None
             else None
         ),
@@ -179,7 +179,13 @@ def run(args: argparse.Namespace) -> int:
         rerun: CellFailure | None = None
         rerun_done = False
         sticky = execution.diagnosis is not None and execution.diagnosis.sticky
-        if execution.failure is not None and sticky and args.blocking_rerun:
+        if args.blocking_rerun and execution.blocking_on:
+            print(
+                "nb-cudaguard run: no re-run with CUDA_LAUNCH_BLOCKING=1: the notebook ran in "
+                "blocking mode already, so its traceback is the true line",
+                file=sys.stderr,
+            )
+        elif execution.failure is not None and sticky and args.blocking_rerun:
             progress.close()
             print("nb-cudaguard run: re-running with CUDA_LAUNCH_BLOCKING=1", file=sys.stderr)
             again = execute(
@@ -219,7 +225,7 @@ def _print_summary(execution: Execution, result: dict[str, Any], setting: Settin
     if execution.diagnosis is not None:
         from ..diagnosis.render import to_text
 
-        print(to_text(execution.diagnosis, setting=setting))
+        print(to_text(execution.diagnosis, execution.blocking_on, setting))
     rerun = result["blocking_rerun"]
     if rerun is not None:
         line = (rerun["failure"] or {}).get("line")

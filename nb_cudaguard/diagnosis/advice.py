@@ -33,6 +33,7 @@ class Setting:
     blocking_rerun: str  # how to run again in blocking mode, up to "in that kernel"
     too_late: str  # where setting the variable now does nothing
     command: str  # the command that runs again in blocking mode
+    plain_command: str  # ... and without it, where blocking mode was on already
     restart_how: str  # the action's instruction: "Restart the kernel (`%cudaguard restart` ...)"
     cannot_retry: str  # why retrying where it failed is pointless
     again: str  # what to do once the input is fixed: "re-run the notebook from the top"
@@ -51,6 +52,7 @@ KERNEL = Setting(
     ),
     too_late="Setting the variable in this kernel now does nothing",
     command="%cudaguard restart",
+    plain_command="%cudaguard restart --no-blocking",
     restart_how=(
         f"Restart the kernel (`%cudaguard restart` starts the next one with {BLOCKING}, so the "
         "traceback shows the true line)"
@@ -80,6 +82,7 @@ def notebook_run(
         ),
         too_late="Setting the variable in a kernel whose CUDA has started does nothing",
         command=command,
+        plain_command=f"nb-cudaguard run {notebook} -o {output}",
         restart_how=(
             f"Run it again in a new kernel with {BLOCKING} (`{command}`, or `%cudaguard restart` "
             "in Jupyter), so the traceback shows the true line"
@@ -108,6 +111,7 @@ def script(launcher: str | None = None, *, probed: bool = False) -> Setting:
         ),
         too_late="Setting the variable inside the script once CUDA has started does nothing",
         command=command,
+        plain_command=f"{launcher or 'python'} ...",
         restart_how=f"Run it again with {BLOCKING} (`{command}`) to see the true line",
         cannot_retry="nothing more can run on the GPU in that process",
         again="then run it as usual",
@@ -137,6 +141,16 @@ def on_a_gpu(setting: Setting) -> str:
     )
 
 
+def blocking_was_on(setting: Setting) -> str:
+    """Where the failed process ran in blocking mode: its traceback is the true line."""
+    now = setting is KERNEL
+    return (
+        f"Blocking mode {'is' if now else 'was'} on in {setting.owner} ({BLOCKING}): every "
+        f"launch {'waits' if now else 'waited'} for its kernel, so the traceback above points at "
+        "the line that launched the failing one."
+    )
+
+
 def true_line(setting: Setting) -> str:
     """How blocking mode finds the line that launched the failing kernel."""
     return (
@@ -151,6 +165,16 @@ def broken_message(setting: Setting) -> str:
     return (
         f"{_capital(setting.owner)}'s CUDA context is broken: every later CUDA call fails, so "
         f"{setting.cannot_retry}. {setting.restart_how}, fix the input, and {setting.again}."
+    )
+
+
+def broken_blocking_message(setting: Setting) -> str:
+    """The JSON action's message for a broken context where blocking mode was on already."""
+    return (
+        f"{_capital(setting.owner)}'s CUDA context is broken: every later CUDA call fails, so "
+        f"{setting.cannot_retry}. Blocking mode was on, so the traceback shows the true line: "
+        f"fix the input there, {setting.start_afresh} (`{setting.plain_command}`), and "
+        f"{setting.again}."
     )
 
 

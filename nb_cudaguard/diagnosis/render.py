@@ -20,7 +20,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .advice import KERNEL, Setting, on_a_gpu, probably_broken, restart_only, true_line
+from .advice import (
+    KERNEL,
+    Setting,
+    blocking_was_on,
+    on_a_gpu,
+    probably_broken,
+    restart_only,
+    true_line,
+)
 from .model import ContextState, Diagnosis
 from .schema import MIME_TYPE, to_json
 
@@ -40,10 +48,6 @@ BAR_INFO = "var(--jp-brand-color1, #1976d2)"
 BAR_DONE = "var(--jp-success-color1, #388e3c)"
 BAR_QUIET = "var(--jp-border-color1, #bdbdbd)"
 
-BLOCKING_ON = (
-    "Blocking mode is on in this kernel (CUDA_LAUNCH_BLOCKING=1): every launch waits for its "
-    "kernel, so the traceback above points at the line that launched the failing one."
-)
 _DSA_FACT = "TORCH_USE_CUDA_DSA"  # a fact about a build flag, not a fix: shown with the above
 
 
@@ -160,14 +164,16 @@ def _explanation_heading(diagnosis: Diagnosis) -> str:
     return "What the GPU checked" if diagnosis.assert_lines else "What it means"
 
 
-def _top(diagnosis: Diagnosis, blocking: bool) -> list[tuple[str, list[str], bool]]:
+def _top(
+    diagnosis: Diagnosis, blocking: bool, setting: Setting = KERNEL
+) -> list[tuple[str, list[str], bool]]:
     """(label, lines, preformatted) shown open, after the headline."""
     top: list[tuple[str, list[str], bool]] = []
     label, lines, pre = evidence(diagnosis)
     if lines:
         top.append((label, lines, pre))
     if blocking and diagnosis.sticky:
-        top.append(("", [BLOCKING_ON], False))
+        top.append(("", [blocking_was_on(setting)], False))
     step = best_step(diagnosis)
     if step is not None:
         top.append((step[0], [step[1]], False))
@@ -178,7 +184,7 @@ def to_text(diagnosis: Diagnosis, blocking: bool = False, setting: Setting = KER
     """The plain-text panel; ``setting``: where the failure happened (the live kernel by
     default, a notebook run or a script's log for the CLI), which decides the advice's words."""
     lines = ["", f"nb_cudaguard: {headline(diagnosis, setting)}"]
-    for label, items, preformatted in _top(diagnosis, blocking):
+    for label, items, preformatted in _top(diagnosis, blocking, setting):
         if len(items) == 1 and not preformatted:
             lines.append(f"{label}: {items[0]}" if label else items[0])
         else:
@@ -275,7 +281,8 @@ class Panel:
         return {
             "text/plain": to_text(self.diagnosis, self.blocking),
             "text/html": to_html(self.diagnosis, self.blocking),
-            MIME_TYPE: to_json(self.diagnosis),  # for assistants and tools that read outputs
+            # for assistants and tools that read outputs
+            MIME_TYPE: to_json(self.diagnosis, blocking_on=self.blocking),
         }
 
 

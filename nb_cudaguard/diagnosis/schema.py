@@ -11,22 +11,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .advice import KERNEL, Setting, broken_message, usable_message
+from .advice import KERNEL, Setting, broken_blocking_message, broken_message, usable_message
 from .model import ContextState, Diagnosis
 
 MIME_TYPE = "application/vnd.nb-cudaguard.diagnosis+json"
 SCHEMA_VERSION = 1
 
 
-def recommended_action(diagnosis: Diagnosis, setting: Setting = KERNEL) -> dict[str, Any]:
+def recommended_action(
+    diagnosis: Diagnosis, setting: Setting = KERNEL, blocking_on: bool = False
+) -> dict[str, Any]:
     """What to do next, as data: restart (required, recommended or not needed: for a script,
     a new process), whether with blocking launches, whether re-running in the failed process
-    (cells of this kernel) can help, and the command, in the words of ``setting``."""
+    (cells of this kernel) can help, and the command, in the words of ``setting``.
+    ``blocking_on``: the failed process ran in blocking mode, so its traceback is the true line
+    and a blocking run again would show nothing new."""
     if not diagnosis.sticky:
         return {
             "setting": setting.kind,
             "restart_kernel": "not-needed",
             "blocking": False,
+            "blocking_on": blocking_on,
             "rerun_cells": True,
             "command": None,
             "message": usable_message(setting),
@@ -37,20 +42,30 @@ def recommended_action(diagnosis: Diagnosis, setting: Setting = KERNEL) -> dict[
         # A probe that found the context answering is the only reason to hedge.
         "restart_kernel": "recommended" if probed_alive else "required",
         # The error surfaced at a later call; blocking launches raise it at the true line.
-        "blocking": True,
+        "blocking": not blocking_on,
+        "blocking_on": blocking_on,
         "rerun_cells": probed_alive,
-        "command": setting.command,
-        "message": broken_message(setting),
+        "command": setting.plain_command if blocking_on else setting.command,
+        "message": broken_blocking_message(setting) if blocking_on else broken_message(setting),
     }
 
 
-def to_json(diagnosis: Diagnosis, setting: Setting = KERNEL) -> dict[str, Any]:
+def to_json(
+    diagnosis: Diagnosis, setting: Setting = KERNEL, blocking_on: bool = False
+) -> dict[str, Any]:
     """The ``MIME_TYPE`` payload: ``schema_version``, every ``Diagnosis`` field, ``action`` (in
-    the words of ``setting``: the live kernel by default)."""
+    the words of ``setting``: the live kernel by default; ``blocking_on``: it ran in blocking
+    mode)."""
     payload: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **diagnosis.to_dict()}
     payload.setdefault("device", None)  # the CUDA device, where the diagnosis knows it
-    payload["action"] = recommended_action(diagnosis, setting)
+    payload["action"] = recommended_action(diagnosis, setting, blocking_on)
     return payload
+
+
+def ran_blocking(payload: Mapping[str, Any]) -> bool:
+    """Whether the payload's process ran in blocking mode (its traceback is the true line)."""
+    action = payload.get("action")
+    return isinstance(action, Mapping) and action.get("blocking_on") is True
 
 
 def from_json(payload: Mapping[str, Any]) -> Diagnosis:

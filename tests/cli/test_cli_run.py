@@ -139,6 +139,24 @@ def test_demo_09_reports_the_launching_line_it_marks(tmp_path: Path):
     assert "the traceback stops here" in line["code"]
 
 
+def test_demo_09_ran_in_blocking_mode_so_no_blocking_rerun_is_advised(tmp_path: Path):
+    """Its kernel set CUDA_LAUNCH_BLOCKING=1 before CUDA started: the traceback is the true line
+    already, so neither the advice nor --blocking-rerun runs it again in blocking mode."""
+    source = DEMOS / "09_blocking_restart_workflow.ipynb"
+    out = str(tmp_path / "out.ipynb")
+    result = run_cli(str(source), "-o", out, "--json", "--no-progress", "--blocking-rerun")
+    assert result.returncode == 1, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["blocking_rerun"] is None
+    assert "ran in blocking mode already" in result.stderr
+    action = summary["diagnosis"]["action"]
+    assert (action["blocking"], action["blocking_on"]) == (False, True)
+    assert "--blocking-rerun" not in action["command"] + action["message"]
+    text = run_cli(str(source), "-o", out, "--no-progress").stdout
+    assert "Blocking mode was on in the kernel" in text
+    assert "--blocking-rerun" not in text
+
+
 def test_demo_02_stops_at_the_guarded_cell_without_a_panel(tmp_path: Path):
     out = tmp_path / "out.ipynb"
     result = run_cli(

@@ -96,6 +96,15 @@ def test_a_non_sticky_error_needs_no_restart():
     assert to_json(oom)["action"]["restart_kernel"] == "not-needed"
 
 
+def test_a_panel_in_blocking_mode_asks_for_a_plain_restart_in_its_payload_too():
+    payload = Panel(FULL, blocking=True)._repr_mimebundle_()[MIME_TYPE]
+    action = payload["action"]
+    assert (action["blocking"], action["blocking_on"]) == (False, True)
+    assert action["command"] == "%cudaguard restart --no-blocking"
+    assert "the traceback shows the true line" in action["message"]
+    assert Panel(FULL)._repr_mimebundle_()[MIME_TYPE]["action"]["blocking"] is True
+
+
 def test_the_panel_bundle_carries_the_payload_beside_text_and_html():
     bundle = Panel(FULL)._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html", MIME_TYPE}
