@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,10 +161,16 @@ class Kernel:
 
     def execute(self, code: str, timeout: float = 60) -> CellOutput:
         client = self.client
-        msg_id = client.execute(code)
-        reply = client.get_shell_msg(timeout=timeout)
-        while reply["parent_header"].get("msg_id") != msg_id:
+        for _ in range(5):
+            msg_id = client.execute(code)
             reply = client.get_shell_msg(timeout=timeout)
+            while reply["parent_header"].get("msg_id") != msg_id:
+                reply = client.get_shell_msg(timeout=timeout)
+            # ipykernel 6 aborts requests that arrive while it still stops after an error,
+            # which can be just after the failed cell's idle status: the cell never ran.
+            if reply["content"].get("status") != "aborted":
+                break
+            time.sleep(0.05)
         output = CellOutput(reply=reply["content"])
         while True:
             msg = client.get_iopub_msg(timeout=timeout)
