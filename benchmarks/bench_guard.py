@@ -33,7 +33,9 @@ raises): reported apart, since a GPU user never gets it.
 
 Bare and every mode alternate within one run (so drift and the shared machine's load hit all
 alike); each ratio is median(mode) / median(bare), and the fastest block's ratio is printed too
-(on a loaded machine the least disturbed). ``--cpu-time`` times every block and call by the
+(on a loaded machine the least disturbed). Each block enters its guard once, as a guarded cell or
+test does: a workload's figures are also printed split into the steps alone (a long loop in one
+guard) and the guard's entry + exit once a block (what each cell or test adds). ``--cpu-time`` times every block and call by the
 thread's CPU time (``time.thread_time``) instead of the wall clock: other processes on a shared
 machine do not inflate it, where they swing wall-clock ratios by +-20%. It runs torch on the
 timed thread alone (``--threads 1``), since the thread's clock does not see torch's worker
@@ -545,10 +547,10 @@ def main() -> None:
             print(line, flush=True)
         # the blocks' figures split: the steps alone (a long loop in one guard) and the one entry
         # and exit per block (what each guarded cell or test adds once)
-        line = f"[{name}] {steps} steps a block; steps alone:"
-        line += ", ".join(f" {m} {inside[m] / inside['bare']:.3f}x" for m in medians if m != "bare")
-        line += "; entry + exit a block:" + ", ".join(
-            f" {m} {median(v, _entry_exit) * 1e6:+.0f} us"
+        line = f"[{name}] {steps} steps a block; the steps alone: "
+        line += ", ".join(f"{m} {inside[m] / inside['bare']:.3f}x" for m in medians if m != "bare")
+        line += "; the guard's entry + exit, once a block: " + ", ".join(
+            f"{m} {median(v, _entry_exit) * 1e6:+.0f} us"
             for m, v in times.items()
             if m in (r.name for r in RULES)
         )
