@@ -378,23 +378,20 @@ class _Entries:
             if dunders:
                 self.slots.take()
                 self._patch(torch.Tensor, "__init_subclass__", _new_subclass_hook(self.slots))
-            made, installed, by_op = self.made, self.installed, self.by_op
-            table = table if isinstance(table, dict) else None
-            # one guard per cell or test: this loop is most of a guard's entry, kept lean
             for owner, attr, check in self.planned:
                 func = getattr(owner, attr)
                 # the same wrapper for the same op every time: cheaper per cell, and a reference
                 # taken inside one guard is the wrapper of the next
-                wrapper = made.get((owner, attr))
+                wrapper = self.made.get((owner, attr))
                 if wrapper is None or wrapper.__wrapped__ is not func:
                     wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
-                    made[(owner, attr)] = wrapper
-                installed.append((owner, attr, owner.__dict__.get(attr, _ABSENT), wrapper))
+                    self.made[(owner, attr)] = wrapper
+                own = owner.__dict__.get(attr, _ABSENT)
                 setattr(owner, attr, wrapper)
-                if table is not None:
-                    self._as_builtin(table, func, wrapper)
-                by_op[id(func)] = wrapper
-            self.wrapper_ids = {id(wrapper) for wrapper in by_op.values()}
+                self.installed.append((owner, attr, own, wrapper))
+                self._as_builtin(table, func, wrapper)
+                self.by_op[id(func)] = wrapper
+                self.wrapper_ids.add(id(wrapper))
         except BaseException:
             self._uninstall()
             raise
@@ -429,10 +426,10 @@ class _Entries:
         setattr(owner, attr, new)
         self.installed.append((owner, attr, own, new))
 
-    def _as_builtin(self, table: dict[int, Any], func: Any, wrapper: Any) -> None:
+    def _as_builtin(self, table: Any, func: Any, wrapper: Any) -> None:
         """TorchScript compiles ``torch.gather`` as the aten op it is: it finds it by identity
         in a table (built on first use), which must know the wrapper as that op too."""
-        if id(func) in table and id(wrapper) not in table:
+        if isinstance(table, dict) and id(func) in table and id(wrapper) not in table:
             table[id(wrapper)] = table[id(func)]
             self.builtin_ids.append(id(wrapper))
 
