@@ -35,11 +35,13 @@ Bare and every mode alternate within one run (so drift and the shared machine's 
 alike); each ratio is median(mode) / median(bare), and the fastest block's ratio is printed too
 (on a loaded machine the least disturbed). Each block enters its guard once, as a guarded cell or
 test does: a workload's figures are also printed split into the steps alone (a long loop in one
-guard) and the guard's entry + exit once a block (what each cell or test adds). ``--cpu-time`` times every block and call by the
-thread's CPU time (``time.thread_time``) instead of the wall clock: other processes on a shared
-machine do not inflate it, where they swing wall-clock ratios by +-20%. It runs torch on the
-timed thread alone (``--threads 1``), since the thread's clock does not see torch's worker
-threads; CPU only (a GPU's work is not the host thread's time). A benchmark, not a timed test.
+guard) and the guard's entry + exit once a block (what each cell or test adds).
+
+``--cpu-time`` times every block and call by the thread's CPU time (``time.thread_time``) instead
+of the wall clock: other processes on a shared machine do not inflate it, where they swing
+wall-clock ratios by +-20%. It runs torch on the timed thread alone (``--threads 1``), since the
+thread's clock does not see torch's worker threads; CPU only (a GPU's work is not the host
+thread's time). A benchmark, not a timed test.
 """
 
 from __future__ import annotations
