@@ -2,6 +2,7 @@
 
     python benchmarks/bench_guard.py                 # CPU: every workload below
     python benchmarks/bench_guard.py --only percall  # one workload
+    python benchmarks/bench_guard.py --cpu-time      # CPU: by the thread's CPU time, one thread
     python benchmarks/bench_guard.py --cuda          # GPU: also CUDA_LAUNCH_BLOCKING=1 in a
                                                      # separate process (training workloads)
 
@@ -32,7 +33,15 @@ raises): reported apart, since a GPU user never gets it.
 
 Bare and every mode alternate within one run (so drift and the shared machine's load hit all
 alike); each ratio is median(mode) / median(bare), and the fastest block's ratio is printed too
-(on a loaded machine the least disturbed). A benchmark, not a timed test.
+(on a loaded machine the least disturbed). Each block enters its guard once, as a guarded cell or
+test does: a workload's figures are also printed split into the steps alone (a long loop in one
+guard) and the guard's entry + exit once a block (what each cell or test adds).
+
+``--cpu-time`` times every block and call by the thread's CPU time (``time.thread_time``) instead
+of the wall clock: other processes on a shared machine do not inflate it, where they swing
+wall-clock ratios by +-20%. It runs torch on the timed thread alone (``--threads 1``), since the
+thread's clock does not see torch's worker threads; CPU only (a GPU's work is not the host
+thread's time). A benchmark, not a timed test.
 """
 
 from __future__ import annotations
@@ -295,30 +304,54 @@ GPU_ONLY = {
 GPU_STEPS = {"bert-small": 10, "gpt2-small": 10}  # a GPU step is short: longer blocks
 
 
-def block(device: str, step: Step, steps: int, mode: Mode) -> float:
-    """Seconds per step over ``steps`` steps; a guarded block enters its guard once."""
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Block:
+    step: float  # seconds per step, the block's one guard entry and exit shared among its steps
+    inside: float  # seconds per step inside the guard: what a long loop in one guard pays
+    steps: int
+
+
+def block(
+    device: str, step: Step, steps: int, mode: Mode, clock: Clock = time.perf_counter
+) -> Block:
+    """``steps`` steps in one guard (one entry and exit, as one cell or test has)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
-    start = time.perf_counter()
+    start = clock()
     with guarded(mode):
+        entered = clock()
         for _ in range(steps):
             step()
+        sync()
+        leaving = clock()
     sync()
-    return (time.perf_counter() - start) / steps
+    return Block((clock() - start) / steps, (leaving - entered) / steps, steps)
 
 
 def measure(
-    device: str, workload: Workload, modes: tuple[Mode, ...], scale: float, steps: int
-) -> tuple[dict[str, float], dict[str, list[float]]]:
+    device: str,
+    workload: Workload,
+    modes: tuple[Mode, ...],
+    scale: float,
+    steps: int,
+    clock: Clock = time.perf_counter,
+) -> dict[str, list[Block]]:
     step = _make(device, workload)
     for mode in modes:  # warm-up: allocator, autograd, lazy init
         block(device, step, 2, mode)
     reps = max(3, math.ceil(workload.reps * scale))
-    times: dict[str, list[float]] = {mode.name: [] for mode in modes}
+    times: dict[str, list[Block]] = {mode.name: [] for mode in modes}
     for _ in range(reps):
         for mode in modes:
-            times[mode.name].append(block(device, step, steps, mode))
-    return {mode: statistics.median(v) for mode, v in times.items()}, times
+            times[mode.name].append(block(device, step, steps, mode, clock))
+    return times
+
+
+def median(blocks: list[Block], what: Callable[[Block], float]) -> float:
+    return statistics.median(what(b) for b in blocks)
 
 
 def _make(device: str, workload: Workload) -> Step:
@@ -356,8 +389,20 @@ def counts(device: str, workload: Workload) -> str:
     return "per step: " + "; ".join(parts)
 
 
+def _step(b: Block) -> float:
+    return b.step
+
+
+def _inside(b: Block) -> float:
+    return b.inside
+
+
+def _entry_exit(b: Block) -> float:
+    return (b.step - b.inside) * b.steps
+
+
 # --- per call -------------------------------------------------------------------------------
-def percall(scale: float, clock: Callable[[], float]) -> list[tuple[str, dict[str, float]]]:
+def percall(scale: float, clock: Clock) -> list[tuple[str, dict[str, float]]]:
     torch.manual_seed(0)
     logits = torch.randn(32, 10)
     labels = torch.randint(0, 10, (32,))
@@ -441,14 +486,21 @@ def main() -> None:
     parser.add_argument(
         "--cpu-time",
         action="store_true",
-        help="percall: time by the thread's CPU time, which other processes on a shared machine "
-        "do not inflate (wall time by default)",
+        help="time every workload and call by the thread's CPU time, which other processes on "
+        "a shared machine do not inflate (default: wall time); runs torch on one thread; CPU only",
     )
     parser.add_argument("--bare-only-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     device = "cuda" if args.cuda else "cpu"
+    if args.cpu_time:
+        if args.cuda:
+            parser.error("--cpu-time times the host thread alone: not with --cuda")
+        if args.threads not in (None, 1):
+            parser.error("--cpu-time runs torch on the timed thread alone: --threads 1")
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     available = {**WORKLOADS, **(GPU_ONLY if args.cuda else {})}
     names = [*available, "percall"] if args.only is None else args.only.split(",")
     training = [n for n in names if n in available]
@@ -458,7 +510,7 @@ def main() -> None:
         for name in training:
             w = available[name]
             steps = GPU_STEPS.get(name, w.steps)
-            out[name] = measure(device, w, (BARE,), args.scale, steps)[0]["bare"]
+            out[name] = median(measure(device, w, (BARE,), args.scale, steps)["bare"], _step)
         print(json.dumps(out))
         return
 
@@ -466,7 +518,9 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), device {device}"
         + (f" ({torch.cuda.get_device_name()})" if args.cuda else "")
-        + f", {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        + f", {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        + ("the thread's CPU time" if args.cpu_time else "wall time")
+        + ", load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()),
         flush=True,
     )
     results: dict[str, dict[str, float]] = {}
@@ -474,11 +528,13 @@ def main() -> None:
         w = available[name]
         steps = GPU_STEPS.get(name, w.steps) if args.cuda else w.steps
         modes = modes_for(device)
-        medians, times = measure(device, w, modes, args.scale, steps)
+        times = measure(device, w, modes, args.scale, steps, clock)
+        medians = {mode: median(v, _step) for mode, v in times.items()}
+        inside = {mode: median(v, _inside) for mode, v in times.items()}
         results[name] = medians
         bare = medians["bare"]
         # the fastest block of each mode: the least disturbed by other load on a shared machine
-        fastest = {mode: min(v) for mode, v in times.items()}
+        fastest = {mode: min(b.step for b in v) for mode, v in times.items()}
         for label, group in (("rules", RULES), ("cpu-op-first", SHORTCUT)):
             shown = [m.name for m in group if m in modes]
             if not shown:
@@ -491,6 +547,16 @@ def main() -> None:
                 f"{m} {fastest[m] / fastest['bare']:.3f}x" for m in shown
             )
             print(line, flush=True)
+        # the blocks' figures split: the steps alone (a long loop in one guard) and the one entry
+        # and exit per block (what each guarded cell or test adds once)
+        line = f"[{name}] {steps} steps a block; the steps alone: "
+        line += ", ".join(f"{m} {inside[m] / inside['bare']:.3f}x" for m in medians if m != "bare")
+        line += "; the guard's entry + exit, once a block: " + ", ".join(
+            f"{m} {median(v, _entry_exit) * 1e6:+.0f} us"
+            for m, v in times.items()
+            if m in (r.name for r in RULES)
+        )
+        print(line, flush=True)
         print(f"[{name}] {counts(device, w)}", flush=True)
 
     if "percall" in names and not args.cuda:
@@ -498,7 +564,6 @@ def main() -> None:
             "[percall] microseconds per call, medians; overhead = mode - bare; rules: judged "
             "before every call, as a GPU tensor's call is; cpu-op-first: CPU tensors only"
         )
-        clock = time.thread_time if args.cpu_time else time.perf_counter
         for name, m in percall(args.scale, clock):
             bare = m["bare"]
             extra = "  ".join(

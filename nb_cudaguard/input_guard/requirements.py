@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import torch
@@ -44,6 +45,18 @@ Summary = tuple[torch.Tensor, ...]
 
 # Where a checked tensor sits in a call: (position, keyword, item of an index tuple or None).
 Slot = tuple[int, str | None, int | None]
+
+
+def _listed(t: torch.Tensor) -> list[Any]:
+    """A small tensor's values as one flat list: rows of its ``tolist()`` joined, with no
+    ``reshape`` (a dispatched op, ~0.6 us: half of what reading 32 values costs)."""
+    dims = t.dim()
+    if dims == 0:
+        return [t.item()]
+    values: list[Any] = t.tolist()
+    for _ in range(dims - 1):
+        values = list(chain.from_iterable(values))
+    return values
 
 
 def _dtype_bounds(dtype: torch.dtype) -> tuple[int, int] | None:
@@ -152,7 +165,8 @@ class IntRange:
         it is the smallest or the largest value there, and the next one decides."""
         t = self.tensor
         if t.numel() <= _LISTED:
-            values: list[int] = sorted((t if t.dim() == 1 else t.reshape(-1)).tolist())
+            values: list[int] = _listed(t)
+            values.sort()
             if not values or (self.lo <= values[0] and values[-1] < self.hi):
                 return True
             ignore = self._outside_ignore()
