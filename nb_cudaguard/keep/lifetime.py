@@ -107,9 +107,11 @@ def run(
         if (info.st_ino, info.st_mtime_ns) != seen:  # read again only once it changed
             seen = (info.st_ino, info.st_mtime_ns)
             try:
-                manifest = store.read_manifest(profile_location, connection)
-            except store.StoreError as error:
-                return "expired" if "expired" in str(error) else "unreadable"
+                # Its age is judged below, by this keep's own time: a manifest changed since
+                # (a newer keep) is not this watcher's to remove.
+                manifest = store.read_manifest(profile_location, connection, check_age=False)
+            except store.StoreError:
+                return "unreadable"
             if manifest is None:
                 return "gone"
             if manifest.created != created:

@@ -892,10 +892,15 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
 
 
 def read_manifest(
-    profile_location: str | os.PathLike[str], connection: str, now: float | None = None
+    profile_location: str | os.PathLike[str],
+    connection: str,
+    now: float | None = None,
+    *,
+    check_age: bool = True,
 ) -> Manifest | None:
     """What the previous process of this kernel kept; None if nothing. Raises ``StoreError`` (and
-    removes the store where it is ours but expired) when it cannot be used."""
+    removes the store where it is ours but expired) when it cannot be used. ``check_age=False``:
+    the age is the caller's business (the watcher of one keep, which must not remove another)."""
     directory = keep_dir(profile_location, connection)
     if not directory.exists():
         return None
@@ -913,7 +918,7 @@ def read_manifest(
     if manifest.kernel != _kernel(connection):
         raise StoreError("kept by another kernel")
     now = time.time() if now is None else now
-    if now - manifest.created > TTL_S:
+    if check_age and now - manifest.created > TTL_S:
         with contextlib.suppress(StoreError, OSError):
             ram = ram_of(manifest, profile_location, connection)
             if ram is not None:

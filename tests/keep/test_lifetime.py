@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -95,3 +96,19 @@ def test_the_watcher_runs_detached_and_cleans_up_after_its_kernel(kept):
     while time.monotonic() < deadline and store.keep_dir(location, connection).exists():
         time.sleep(0.1)
     assert not any(p.exists() for p in _places(location, connection, manifest))
+
+
+def test_a_manifest_changed_to_an_older_date_is_not_this_watchers_to_remove(kept):
+    # Another writer's manifest (here: the same keep dated back past the time limit, as a test
+    # of expiry does) ends this watcher; removing it, and the message the next load would give,
+    # is the store's business when it is read.
+    location, connection, ram, manifest = kept
+    directory = store.keep_dir(location, connection)
+    older = dataclasses.replace(manifest, created=manifest.created - store.TTL_S - 60)
+    store.write_manifest(directory, older)
+    assert lifetime.run(location, connection, manifest.created, poll=0.05, ram=[ram]) == (
+        "replaced"
+    )
+    assert all(p.exists() for p in _places(location, connection, manifest))
+    with pytest.raises(store.StoreError, match="expired"):
+        store.read_manifest(location, connection)
