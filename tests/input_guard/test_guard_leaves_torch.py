@@ -51,6 +51,8 @@ def test_a_tensor_is_no_sequence_inside_and_after_a_guard(mode: str) -> None:
     assert not any(is_sequence(v) for v in values)
 
 
+# torch warns of the Parameter made a scalar, as it does outside a guard: what is tested.
+@pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True:UserWarning")
 @pytest.mark.parametrize("mode", ["strict", "deferred"])
 def test_a_list_of_0d_tensors_becomes_a_tensor_inside_and_after_a_guard(mode: str) -> None:
     with guard(mode=mode):

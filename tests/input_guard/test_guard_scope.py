@@ -15,6 +15,9 @@ from torch import gather
 from nb_cudaguard import GuardError, guard
 from nb_cudaguard.input_guard.scope import STATS, active
 
+# TorchScript, which some tests compile through the guard, warns that it is deprecated
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")
+
 early_take = torch.Tensor.take  # bound as a notebook's first cell would
 
 OWNERS = (torch, torch.nn.functional, torch.Tensor, torch._C.TensorBase)

@@ -377,6 +377,7 @@ def test_a_name_bound_to_a_torch_op_before_the_guard_is_checked_and_put_back(
     assert ip.user_ns["gather"] is torch.gather
 
 
+@pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True:UserWarning")
 def test_a_list_of_0d_tensors_becomes_a_tensor_in_guarded_cells_and_after(ip: Any) -> None:
     make = "made = torch.tensor([torch.tensor(1.5), torch.nn.Parameter(torch.tensor(2.5))])"
     for before, cell in (
