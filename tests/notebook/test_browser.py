@@ -143,6 +143,9 @@ def _wait_for_new_kernel_then_idle(page, server: JupyterServer, old_pid: int) ->
         time.sleep(0.05)
     before = len(page.evaluate("() => window.nbCudaguardStatuses"))
     seen: list[str] = []
+    # Its own time from here: a loaded machine (CI beside other suites) starts kernels slowly,
+    # while a status stuck on "starting" stays stuck however long this waits.
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         seen = page.evaluate("() => window.nbCudaguardStatuses")
         if len(seen) > before and seen[-1] == "idle":
