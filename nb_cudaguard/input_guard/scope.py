@@ -263,15 +263,17 @@ def _on_host(values: Iterable[Any]) -> bool:
     """Every tensor in host memory, none of them past HOST_FIRST_LINE elements."""
     for value in values:
         if isinstance(value, torch.Tensor):
-            if not value.is_cpu or value.numel() > HOST_FIRST_LINE:
+            if not _small_on_host(value):
                 return False
         elif type(value) is tuple or type(value) is list:  # x[idx, mask], index_put's indices
             for item in value:
-                if isinstance(item, torch.Tensor) and (
-                    not item.is_cpu or item.numel() > HOST_FIRST_LINE
-                ):
+                if isinstance(item, torch.Tensor) and not _small_on_host(item):
                     return False
     return True
+
+
+def _small_on_host(tensor: torch.Tensor) -> bool:
+    return tensor.is_cpu and tensor.numel() <= HOST_FIRST_LINE
 
 
 def _host_error(
