@@ -32,7 +32,7 @@ from ..replay.analysis import CellFacts, analyse_cell, runnable_source
 from ..replay.flags import cell_flags, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, plan_replay
-from ..replay.text import cell_label, first_line, plan_details, plan_summary, step_reasons
+from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
 from .locate import kernel_connection, profile_dirs
 
 if TYPE_CHECKING:
@@ -190,13 +190,14 @@ def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
     from .keep_glue import restored_names
 
     modules = {m for f in facts for m in f.imported_from.values()}
+    restored, after_failure = restored_names(shell)
     return plan_replay(
         facts,
         saved.failing,
         set(shell.user_ns),
         failed,
-        restored=restored_names(shell),
-        after_failure=restored_names(shell, snapshots=False),
+        restored=restored,
+        after_failure=after_failure,
         own_modules=own_modules(modules),
     )
 
@@ -301,9 +302,8 @@ class PlanView:
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         items = []
-        for step in self.plan.steps:
+        for step, line in zip(self.plan.steps, plan_lines(self.plan, self.cells), strict=True):
             cell = self.cells[step.index]
-            line = f"{cell_label(cell)} {first_line(cell.source)}   <- {step_reasons(step)}"
             flags = "".join(
                 f"<div style='color:{TEXT_ERROR}'>! {html.escape(flag)}</div>"
                 for flag in self.flags.get(step.index, ())
