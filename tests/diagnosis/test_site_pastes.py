@@ -183,7 +183,8 @@ def test_a_condition_abridged_with_dots_never_names_a_wrong_cause(site):
         ("MultiMarginLoss.cu", "target_k >= 0 && ...", "label-out-of-range"),
         ("GroupMMCommon.cuh", "delta % align == 0 && ...", "size-mismatch"),
         ("Loss.cu", "t >= 0 && ...", None),  # labels, BCE inputs and bookkeeping: no cause
-        ("IndexKernel.cu", "idx >= 0 && ...", None),  # indices and masked_scatter sizes
+        # two index checks and one masked_scatter size check: the index families (issue 33)
+        ("IndexKernel.cu", "idx >= 0 && ...", "index-out-of-range"),
     ],
 )
 def test_an_abridged_condition_is_named_by_its_file_only_when_the_file_decides(file, cut, cause):
