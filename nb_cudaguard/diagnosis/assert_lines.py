@@ -97,9 +97,10 @@ _NO_BLOCK = re.compile(
 )
 # A line cut before its end (an issue title, a truncated log viewer): the kernel function and
 # the block/thread part, maybe the start of the condition, and no "failed". Only a CUDA/HIP
-# source's line, or one whose function names a PyTorch kernel: "foo: block: [" alone is any text.
+# source's or header's line, a Triton kernel's ("<file>.py:31: unknown: block: ["), or one whose
+# function names a PyTorch kernel: "foo: block: [" alone is any text.
 _CUT_SHORT = re.compile(
-    r"(?:(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip)):(?P<line>\d+):? )?"
+    r"(?:(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|py)):(?P<line>\d+):? )?"
     r"(?:(?P<func>[A-Za-z_~][^\n\\/]*?): )?block: ?\[[^\n]*?"
     r"(?:Assertion\s*[`'\"]?(?P<cond>[^\n]*?))?\s*$"
 )
@@ -258,6 +259,8 @@ def _cut_short(line: str) -> tuple[int, _Site] | None:
     condition = (match.group("cond") or "").strip().strip("`'\"")
     if condition:
         condition = f"{condition} ..."
+    if file.endswith(".py") and function != "unknown":
+        return None
     if not file and rule_for(AssertLine(file="", condition="", function=function)) is None:
         return None
     return match.start(), (file, function, condition)

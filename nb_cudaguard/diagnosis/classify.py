@@ -387,6 +387,10 @@ _NEW_GPU = re.compile(
 )
 
 
+# "CUDA_SUCCESS == dynload::cuCtxSetCurrent(context) (0 vs. 216)": a CUresult, numbered as today
+_NEVER_RENUMBERED = re.compile(r"\bCUDA_SUCCESS\b|\bhipSuccess\b|\bcu[A-Z]\w*\(|\bhip[A-Z]\w*\(")
+
+
 def _renumbered(major: int, minor: int) -> str:
     return "new" if (major, minor) >= (10, 1) else "old"
 
@@ -517,7 +521,13 @@ def classify_line(line: str, era: Callable[[], str | None] | None = None) -> Cud
                 and not groups.get("name")
                 and not _known_text(text, anywhere=True)
             )
-            numbering = era() if by_code and era is not None else None
+            numbering = (
+                "new"  # the driver API's and HIP's codes were never renumbered
+                if _NEVER_RENUMBERED.search(line)
+                else era()
+                if by_code and era is not None
+                else None
+            )
             found = _lookup(text, groups.get("name"), printed, True, numbering)
             if found.name == "cudaError" and found.code is None and not _HEADLINE_START.match(line):
                 # "checking for CUDA error: none" names no error: only an error's own headline
