@@ -217,7 +217,8 @@ def diagnose(
         if not (own_lines or device_lines):
             return with_text_hints(_not_sticky_diagnosis(cuda_error), text)
         # A poisoned context wins: cuBLAS/cuDNN/MTGP errors and the like under an assert are its
-        # fallout (FIELD_NOTES §7). ``device_output`` is the caller's, scoped to this failure.
+        # fallout: every call after a sticky error fails (NVIDIA's error types). ``device_output``
+        # is the caller's, scoped to this failure.
         fallout = cuda_error
         first = (own_lines or device_lines)[0]
         cuda_error = CudaError("cudaErrorAssert", 710, True, first.raw)

@@ -1,7 +1,8 @@
 """Every PyTorch assert site survives every way people paste its device line (issue 9, item 3).
 
-For each site of tests/data/pytorch_assert_sites.json the exact line the GPU prints (FIELD_NOTES
-§1: ``<path>:<line>: <function>: block: [x,y,z], thread: [x,y,z] Assertion `<cond>` failed.``)
+For each site of tests/data/pytorch_assert_sites.json the exact line the GPU prints (as the H100
+lines of tests/pytorch_texts.py show: ``<path>:<line>: <function>: block: [x,y,z], thread:
+[x,y,z] Assertion `<cond>` failed.``)
 is put under a real exception text and passed through each class of damage seen in public
 reports: the whole paste flattened onto one line (issue titles, dialogs), log prefixes
 (timestamps, torchrun's ``[rank3]:``, logger names), two threads' lines run together, the
