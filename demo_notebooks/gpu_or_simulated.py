@@ -1,14 +1,14 @@
 """The demos' one switch: the real GPU where CUDA is present, PyTorch's exact texts where not.
 
 With CUDA, ``gpu_failure`` does nothing: the demo's cell triggers the real device-side assert.
-Without it, the same bad input makes PyTorch's CPU kernel raise its readable error (FIELD_NOTES §3:
-``IndexError: Target 3 is out of bounds.``); ``gpu_failure`` turns exactly that error into what
-CUDA reports instead: the device line written to file descriptor 2 (as an NVIDIA H100 printed it
-with torch 2.11.0+cu130; tests/pytorch_texts.py keeps the same lines, and CI checks they match) and
-the exception PyTorch raises (``torch.AcceleratorError`` with its exact text), raised from the
-user's line that made the failing call, as a GPU run with ``CUDA_LAUNCH_BLOCKING=1`` reports it,
-with the user's frames only (no frame of this file's, nor torch's). Any other error passes
-through unchanged.
+Without it, the same bad input makes PyTorch's CPU kernel raise its readable error
+(aten/src/ATen/native/LossNLL.cpp: ``IndexError: Target 3 is out of bounds.``); ``gpu_failure``
+turns exactly that error into what CUDA reports instead: the device line written to file descriptor
+2 (as an NVIDIA H100 printed it with torch 2.11.0+cu130; tests/pytorch_texts.py keeps the same
+lines, and CI checks they match) and the exception PyTorch raises (``torch.AcceleratorError`` with
+its exact text), raised from the user's line that made the failing call, as a GPU run with
+``CUDA_LAUNCH_BLOCKING=1`` reports it, with the user's frames only (no frame of this file's, nor
+torch's). Any other error passes through unchanged.
 """
 
 from __future__ import annotations

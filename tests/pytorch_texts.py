@@ -1,4 +1,9 @@
-"""Exact texts PyTorch prints for a device-side assert, per era (FIELD_NOTES §1).
+"""Exact texts PyTorch prints for a device-side assert, per era.
+
+Built by c10/cuda/CUDAException.cpp (c10_cuda_check_implementation: "CUDA error: ", the error's
+text, then get_cuda_error_help, the async suffix and the device-side assertion line) and
+c10/cuda/CUDAMiscFunctions.cpp (older releases: c10/cuda/CUDAFunctions.cpp); the device lines are
+what a GPU printed (below).
 
 Tests simulate CUDA failures on CPU only with these: the exception type PyTorch raises
 (`RuntimeError`, `torch.AcceleratorError` from 2.8) and its exact message.
@@ -23,8 +28,30 @@ HINT_2_9 = (
     "group__CUDART__TYPES.html for more information." + HINT_2_0
 )
 
+# The newest era (PyTorch main, April 2026): builds compiled with TORCH_USE_CUDA_DSA, so no
+# "Compile with" line but c10_retrieve_device_side_assertion_info()'s "Device-side assertion
+# tracking was not enabled by user." (c10/cuda/CUDADeviceAssertionHost.cpp); the async hint only
+# for a kernel's errors, "run with CUDA_LOG_FILE=stderr" for the others
+# (get_cuda_async_error_suffix, c10/cuda/CUDAMiscFunctions.cpp).
+DSA_OFF = "\nDevice-side assertion tracking was not enabled by user."
+HINT_2026_04 = (
+    "\nSearch for `cudaErrorAssert' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+    "group__CUDART__TYPES.html for more information.\nCUDA kernel errors might be asynchronously "
+    "reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging "
+    "consider passing CUDA_LAUNCH_BLOCKING=1" + DSA_OFF
+)
+DRIVER_LOG_HINT = "\nFor more detailed error information, run with CUDA_LOG_FILE=stderr"
+
 ASSERT_2_0 = HEADLINE + HINT_2_0  # RuntimeError (2.0-2.7) or torch.AcceleratorError (2.8)
-ASSERT_2_9 = HEADLINE + HINT_2_9  # torch.AcceleratorError, current releases
+ASSERT_2_9 = HEADLINE + HINT_2_9  # torch.AcceleratorError, 2.9 to early 2026
+ASSERT_2026_04 = HEADLINE + HINT_2026_04  # torch.AcceleratorError, PyTorch main since April 2026
+# A non-sticky error of the same era, as a 2026 report printed it (torch.AcceleratorError on
+# `model.to("cuda:1")` with one GPU): get_cuda_error_help's own line, then the driver-log hint.
+INVALID_ORDINAL_2026 = (
+    "CUDA error: invalid device ordinal\nGPU device may be out of range, do you have enough GPUs?"
+    + DRIVER_LOG_HINT
+    + DSA_OFF
+)
 
 # A cell that fails as a current PyTorch does after a device-side assert.
 RAISE_ASSERT = f"import torch\nraise torch.AcceleratorError({ASSERT_2_9!r})"

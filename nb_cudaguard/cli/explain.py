@@ -6,9 +6,10 @@ import argparse
 import codecs
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from ..diagnosis.advice import setting_of_text
+from ..diagnosis.advice import fixes_in_the_logs_names, setting_of_text
 from ..diagnosis.engine import diagnose
 from ..diagnosis.render import to_text
 from ..diagnosis.schema import to_json
@@ -52,6 +53,9 @@ def read_input(file: str) -> str:
 def explain(args: argparse.Namespace) -> int:
     text = read_input(args.file)
     diagnosis = diagnose(text)
+    if diagnosis is not None:
+        # Read outside the kernel: the fixes may name only what the log shows.
+        diagnosis = replace(diagnosis, fixes=fixes_in_the_logs_names(diagnosis.fixes, text))
     # Advice in the words of where the text comes from: a script's log, or a notebook's.
     setting = setting_of_text(text) if diagnosis is not None else None
     if args.json:

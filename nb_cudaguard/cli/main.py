@@ -7,7 +7,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .exits import CLOSED_PIPE, USAGE, UsageFailure
+from .. import __version__
+from .exits import CLOSED_PIPE, OK, USAGE, UsageFailure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Explain CUDA device-side asserts (and other sticky CUDA errors) outside a "
         "live notebook: in logs, and in notebooks run headless.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     explain = sub.add_parser(
         "explain",
@@ -63,7 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # bad usage: argparse exits with status 2
+    parser = build_parser()
+    args = parser.parse_args(argv)  # bad usage: argparse exits with status 2
+    if args.command is None:
+        # A bare `nb-cudaguard` asks what the tool does: the help, as `pip` and `docker` answer.
+        parser.print_help()
+        return OK
     try:
         if args.command == "explain":
             from .explain import explain

@@ -11,6 +11,9 @@ is run again with the variable set. Each setting is one record of phrases; ``ren
 
 from __future__ import annotations
 
+import builtins
+import keyword
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Literal
@@ -194,3 +197,71 @@ def setting_of_text(text: str) -> Setting:
     if first is not None and first.is_user_code and first.file.endswith(".py"):
         return script(f"python {shlex.quote(first.file)}")
     return script()
+
+
+# --- fixes in the words of a log ---------------------------------------------------------------
+# The rules' fixes are written with placeholder names (`ids`, `embedding`, `labels`); read outside
+# the kernel, only the log's own names may appear. Each placeholder: what it stands for, and what
+# the last part of a name in the log's source lines must look like to stand for the same object.
+_PLACEHOLDERS: dict[str, tuple[str, str]] = {
+    "ids": ("the token ids", r"_?ids$|^tokens$|^token_ids$"),
+    "input_ids": ("the token ids", r"_?ids$|^tokens$"),
+    "embedding": ("the embedding", r"emb"),
+    "labels": ("the labels", r"label|target|^y$|^y_true$|^gt$"),
+    "target": ("the targets", r"label|target|^y$|^gt$"),
+    "logits": ("the logits", r"logit|^outputs?$|^out$|^preds?$|^scores$"),
+    "model": ("your model", r"model$|^net$"),
+    "tokenizer": ("your tokenizer", r"tokenizer$"),
+    "index": ("the index tensor", r"^ind(?:ex|ices)$|^idx$|_idx$|_index$"),
+    "idx": ("the index tensor", r"^ind(?:ex|ices)$|^idx$|_idx$|_index$"),
+    "num_classes": ("the number of classes", r"^(?:num|n)_(?:classes|labels)$"),
+    "probs": ("the probabilities", r"prob"),
+}
+_NOT_OBJECTS = frozenset(
+    {*keyword.kwlist, *dir(builtins), "torch", "nn", "F", "np", "math", "functools"}
+)
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+_FREE_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)(?![\w])(?!\s*=(?!=))")
+_DOTTED = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+def _names_in_code(text: str) -> list[str]:
+    """The names the log's quoted source lines use, innermost user frame first."""
+    frames = [frame for frame in failing_frames(text) if frame.code]
+    frames.sort(key=lambda frame: not frame.is_user_code)  # stable: user frames first
+    names: list[str] = []
+    for frame in reversed(frames):
+        for name in _DOTTED.findall(frame.code or ""):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _in_the_logs_words(fix: str, words: set[str], names: list[str]) -> str:
+    def span(match: re.Match[str]) -> str:
+        code = match.group(1)
+        if ("(" not in code and "." not in code) or " --" in code:
+            return match.group(0)  # a concept (`token_type_ids`) or a shell command, no object
+
+        def name(found: re.Match[str]) -> str:
+            placeholder = found.group(1)
+            if placeholder in words or placeholder in _NOT_OBJECTS or placeholder[0].isupper():
+                return placeholder
+            meaning, looks = _PLACEHOLDERS.get(placeholder, (f"your {placeholder}", ""))
+            for own in names:
+                if looks and re.search(looks, own.rsplit(".", 1)[-1]):
+                    return own
+            return f"<{meaning}>"
+
+        return f"`{_FREE_NAME.sub(name, code)}`"
+
+    return _CODE_SPAN.sub(span, fix)
+
+
+def fixes_in_the_logs_names(fixes: tuple[str, ...], text: str) -> tuple[str, ...]:
+    """The fixes with every object their code names taken from the log: a name the log does not
+    hold becomes the log's own name for the same object (`self.tok_emb` for `embedding`) where
+    its source lines show one, else a description in angle brackets (`<the token ids>`)."""
+    words = set(re.findall(r"\w+", text))
+    names = _names_in_code(text)
+    return tuple(_in_the_logs_words(fix, words, names) for fix in fixes)

@@ -1,4 +1,4 @@
-"""Parse the device-side assert lines the CUDA runtime prints to fd 2 (FIELD_NOTES §1).
+"""Parse the device-side assert lines the CUDA runtime prints to fd 2.
 
 One line per failing GPU thread, in several shapes (wrapped here; one line each when printed):
 
@@ -29,7 +29,13 @@ into one.
 Pasted lines lose parts: the path (``nll_loss_...: block: ...`` with no file: ``file`` is then
 ""), the quotes (re-quoted ``'cond'`` or none), the block/thread numbers (``[...]``). A line of a
 known kernel file that says "Assertion" but whose condition cannot be read (cut off, two
-threads' lines interleaved) still counts, with an empty condition.
+threads' lines interleaved) still counts, with an empty condition. A line cut short (an issue
+title's length limit) keeps what was left: the condition's start, marked abridged (" ..."), or
+only its kernel function and file, from which the rules read the op.
+
+The shapes are the CUDA runtime's device ``assert`` output (PyTorch's ``CUDA_KERNEL_ASSERT``,
+c10/macros/Macros.h) and HIP's device ``__assert_fail`` (its format string: "%s:%u: %s:
+Device-side assertion `%s' failed.").
 """
 
 from __future__ import annotations
@@ -89,6 +95,15 @@ _NO_BLOCK = re.compile(
     r"(?<![\w./:])(?P<func>(?!__)(?!\w*(?:Error|Exception):)[A-Za-z_][\w:<>~]*(?:\(\))?):"
     r"(?:\s*\.\.\.)?\s*" + _ASSERTION
 )
+# A line cut before its end (an issue title, a truncated log viewer): the kernel function and
+# the block/thread part, maybe the start of the condition, and no "failed". Only a CUDA/HIP
+# source's or header's line, a Triton kernel's ("<file>.py:31: unknown: block: ["), or one whose
+# function names a PyTorch kernel: "foo: block: [" alone is any text.
+_CUT_SHORT = re.compile(
+    r"(?:(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip|h|hpp|py)):(?P<line>\d+):? )?"
+    r"(?:(?P<func>[A-Za-z_~][^\n\\/]*?): )?block: ?\[[^\n]*?"
+    r"(?:Assertion\s*[`'\"]?(?P<cond>[^\n]*?))?\s*$"
+)
 _HOST_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp):\d+:")
 
 # An assert condition quoted alone ("Assertion `t >= 0 && t < n_classes` failed." pasted by
@@ -119,7 +134,8 @@ def _a_kernel_check_on_data(condition: str) -> bool:
 # Assertion `...' failed." too.
 _LOOSE = re.compile(
     r"(?P<file>[^\\/\s:`'\"]+\.(?:cu|cuh|hip))(?::\d+:?(?:[^\n]*?\bAssertion\b[^\n]*?\bfailed"
-    r"|[^\n]*?\bblock: ?\[)"
+    # an issue title cut after the word: "IndexKernel.cu:91: Assertion"
+    r"|[^\n]*?\bblock: ?\[|[^\n]*?\bAssertion\b\W*$)"
     # without its line number: "Assertion failed in Loss.cu" needs both words on the line
     r"|\b[^\n]*?\bAssertion\b[^\n]*?\bfailed)"
     r"|\bAssertion\b[^\n]*?\bfailed\b[^\n]*?\b(?P<file2>[^\\/\s:`'\"]+\.(?:cu|cuh|hip))\b"
@@ -218,12 +234,36 @@ def _sites_in_line(line: str) -> list[tuple[_Site, str]]:
             if _a_kernel_check_on_data(match.group("cond")):
                 found.append((match.start(), _key(match, ""), match.group(0)))
                 taken.append(match.span())
+    if not found and "failed" not in line:
+        cut = _cut_short(line)
+        if cut is not None:
+            start, site = cut
+            found.append((start, site, line[start:].strip()))
+            taken.append((start, len(line)))
     for match in _LOOSE.finditer(line):
         if free(match):
             file = match.group("file") or match.group("file2")
             found.append((match.start(), (file, None, ""), match.group(0)))
     found.sort(key=lambda item: item[0])
     return [(site, _as_printed(line, start, raw)) for start, site, raw in found]
+
+
+def _cut_short(line: str) -> tuple[int, _Site] | None:
+    """Where a device line cut short starts, and its site: the condition's start marked
+    abridged, or empty; None where neither a kernel source nor a known kernel function says it
+    is a device line."""
+    match = _CUT_SHORT.search(line)
+    if match is None:
+        return None
+    file, function = match.group("file") or "", (match.group("func") or "").strip() or None
+    condition = (match.group("cond") or "").strip().strip("`'\"")
+    if condition:
+        condition = f"{condition} ..."
+    if file.endswith(".py") and function != "unknown":
+        return None
+    if not file and rule_for(AssertLine(file="", condition="", function=function)) is None:
+        return None
+    return match.start(), (file, function, condition)
 
 
 _PATH_TAIL = re.compile(r"\S*$")
@@ -296,7 +336,7 @@ def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
         text = _untranslate(text)
     elif "ssert" not in text:
         text = _untranslate(text, _ASCII_WORDS)
-    if "ssert" not in text:  # the common case of a long log: nothing to read
+    if "ssert" not in text and "block: [" not in text:  # a long log's common case: nothing
         return ()
     if "Assertion" in text:
         text = _unwrap(text)
@@ -305,7 +345,7 @@ def parse_assert_lines(text: str) -> tuple[AssertLine, ...]:
     # Thousands of threads print the same site: each distinct line shape is parsed once.
     seen: dict[str, list[tuple[_Site, str]]] = {}
     for line in text.splitlines():
-        if "ssert" not in line:
+        if "ssert" not in line and "block: [" not in line:
             continue
         shape = _NUMBERS.sub("[]", line)
         sites = seen.get(shape)

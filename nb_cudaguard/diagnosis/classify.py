@@ -1,5 +1,8 @@
-"""Recognise CUDA errors in exception texts of every PyTorch era and in text as people paste it
-(FIELD_NOTES §1, §2, §7).
+"""Recognise CUDA errors in exception texts of every PyTorch era and in text as people paste it.
+
+The texts are PyTorch's (c10/cuda/CUDAException.cpp, CUDAMiscFunctions.cpp, the allocators in
+c10/cuda/), NVIDIA's (``cudaGetErrorString``, error_tables.py), and other programs' checks
+(tests/diagnosis/test_reported_forms.py names the report of each).
 
 Two rules decide. The error's *headline* names it, never PyTorch's boilerplate hint: until
 recently "CUDA kernel errors might be asynchronously reported ..." was appended to every CUDA
@@ -17,9 +20,9 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from .error_tables import DRIVER, HIP, HIP_LEGACY_CODES, HIP_OWN, RUNTIME
+from .error_tables import BEFORE_10_1, DRIVER, HIP, HIP_LEGACY_CODES, HIP_OWN, RUNTIME
 from .model import CudaError
 
 _BY_CODE: dict[int, tuple[str, int, int | None, str, bool]] = {e[1]: e for e in RUNTIME}
@@ -38,7 +41,7 @@ for _name, _code in HIP:
 # Longest first: "unspecified launch failure in prior launch" is not "unspecified launch failure".
 # Errors whose cudaGetErrorString text is not known to us ("") are read by name or code only.
 _BY_TEXT = sorted(((e[3].lower(), e) for e in RUNTIME if e[3]), key=lambda item: -len(item[0]))
-_LEGACY = {e[2]: e for e in RUNTIME if e[2] is not None}
+_LEGACY = {code: _BY_NAME[name] for code, name in BEFORE_10_1.items()}
 _TEXT_ENTRY = dict(_BY_TEXT)
 _TEXT_ANYWHERE = re.compile(
     r"(?<!\w)(?:" + "|".join(re.escape(text) for text, _e in _BY_TEXT) + r")(?!\w)"
@@ -244,6 +247,13 @@ _HEADLINES: tuple[re.Pattern[str], ...] = (
     re.compile(r"\[(?P<code>\d{1,4})\] Call to cu\w+ results in (?P<text>\w+)"),
     # CUDA samples' checkCudaErrors: "CUDA error at file.cu:12 code=700(cudaErrorIllegalAddress)".
     re.compile(r"\bCUDA error at \S+ code=(?P<code>\d+)\((?P<text>\w*)\)"),
+    # TensorRT's logger around a CUDA call's error (its ErrorCode kCUDA_ERROR): "[TRT] [E] 1:
+    # [defaultAllocator.cpp::deallocate::61] Error Code 1: Cuda Runtime (driver shutting down)",
+    # "Cuda Driver (an illegal memory access was encountered)": the inner text is the error.
+    re.compile(r"\bCuda (?:Runtime|Driver) \((?P<text>[^()]+)\)", re.IGNORECASE),
+    # The cudaMallocAsync backend's OOM (c10/cuda/CUDAMallocAsyncAllocator.cpp): "Allocation on
+    # device 0 would exceed allowed memory. (out of memory)".
+    re.compile(r"\bAllocation on device (?:\d+ )?(?P<oom>would exceed allowed memory)"),
     # PyTorch's own allocator message for OOM: "CUDA out of memory. Tried to allocate 2.00 GiB
     # ...", and as people retype it: "cuda out of the memory", "CUDA out-of-memory", a word
     # glued in front ("xxxCUDA out of memory").
@@ -319,7 +329,8 @@ TRANSLATED: tuple[tuple[str, str], ...] = (
 )
 _TRANSLATED = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in TRANSLATED)
 
-# Library errors that follow a poisoned context (FIELD_NOTES §2) or stand on their own.
+# Library errors that follow a poisoned context (cuBLAS's CUBLAS_STATUS_NOT_INITIALIZED after an
+# assert, NVIDIA's driver_types.h: every later call fails) or stand on their own.
 _LIBRARY = re.compile(
     r"\b(?P<text>(?:CUBLAS|CUSOLVER|CUSPARSE|CUFFT|CURAND|CUDNN|NCCL)_STATUS_(?!SUCCESS\b)\w+"
     r"|cuDNN error: \w+|Creating MTGP constants failed|NCCL error\b.*)"
@@ -330,6 +341,7 @@ _LIBRARY = re.compile(
 _RELEVANT_WORDS = (
     "cuda", "hip", "gpu", "device", "illegal", "launch", "misaligned", "hardware stack",
     "program counter", "tensor memory", "synchroniz", "failed", "status_", "mtgp", "nccl",
+    "allowed memory",
 )  # fmt: skip
 _TRANSLATED_ANY = re.compile("|".join(p for _n, p in TRANSLATED), re.IGNORECASE)
 
@@ -356,13 +368,83 @@ _NOT_RETURNED = (
 )
 
 
-def _printed_code(code: int) -> tuple[str, int, int | None, str, bool] | None:
-    """The error a code printed in a text stands for: the current one, else the one that had the
-    code before CUDA 10.1 (where the current one is never returned, that one first)."""
+# What tells which CUDA printed a number (the renumbering came with CUDA 10.1, February 2019):
+# a CUDA version (nvcc's "compilation tools, release 9.0", "CUDA Version 10.0", "cuda-9.2",
+# "libcudart.so.8.0", "cudart64_100.dll", a wheel's "+cu92"), a date in the log's own
+# timestamps, a GPU that needs CUDA 11 or newer (Ampere and later).
+_CUDA_VERSION = re.compile(
+    r"(?i)(?:\bcuda[-_ ]?(?:version|toolkit|runtime)?[ :=,v_-]*|compilation tools, release "
+    r"|libcudart\.so\.)(?P<major>\d{1,2})\.(?P<minor>\d)\b"
+    r"|\bcudart64_(?P<dll>\d{2,3})\.dll|\+cu(?P<wheel>\d{2,3})\b"
+)
+_LOG_YEAR = re.compile(
+    r"(?<![\d.])(?P<year>20[0-3]\d)[-/](?:0[1-9]|1[0-2])[-/][0-3]\d\b"
+    r"|\b(?:0[1-9]|1[0-2])/[0-3]\d/(?P<year2>20[0-3]\d)\b"
+)
+_NEW_GPU = re.compile(
+    r"\b(?:A100|A10G?|A30|A40|A800|H100|H200|H800|H20|B200|GB200|L4|L40S?"
+    r"|RTX ?[345]0[5-9]0(?: Ti)?|RTX ?A[2-6]000|sm_(?:8[0-9]|9[0-9]|1[0-2][0-9]))\b"
+)
+
+
+# "CUDA_SUCCESS == dynload::cuCtxSetCurrent(context) (0 vs. 216)": a CUresult, numbered as today
+_NEVER_RENUMBERED = re.compile(r"\bCUDA_SUCCESS\b|\bhipSuccess\b|\bcu[A-Z]\w*\(|\bhip[A-Z]\w*\(")
+
+
+def _renumbered(major: int, minor: int) -> str:
+    return "new" if (major, minor) >= (10, 1) else "old"
+
+
+def numbering_era(text: str) -> str | None:
+    """Which numbering a text's error codes use: "old" (before CUDA 10.1), "new", or None where
+    the text does not say or says both."""
+    eras: set[str] = set()
+    for found in _CUDA_VERSION.finditer(text):
+        digits = found.group("dll") or found.group("wheel")
+        if digits:
+            major, minor = int(digits[:-1]), int(digits[-1])
+        else:
+            major, minor = int(found.group("major")), int(found.group("minor"))
+        if 4 <= major <= 13:
+            eras.add(_renumbered(major, minor))
+    for found in _LOG_YEAR.finditer(text):
+        year = int(found.group("year") or found.group("year2"))
+        if year != 2019:
+            eras.add("new" if year >= 2020 else "old")
+    if _NEW_GPU.search(text):
+        eras.add("new")
+    return eras.pop() if len(eras) == 1 else None
+
+
+_Entry = tuple[str, int, int | None, str, bool]
+
+
+def _printed_code(code: int, era: str | None = None) -> _Entry | None:
+    """The error a code printed in a text stands for, in the numbering of ``era``. Where the text
+    does not say, the current one, unless it is never returned or only the old numbering has
+    the code; where the two numberings name different errors, the one that breaks the context,
+    since a restart that was not needed costs less than one that was."""
     current, legacy = _BY_CODE.get(code), _LEGACY.get(code)
-    if legacy is not None and (current is None or current[0] in _NOT_RETURNED):
+    if legacy is None or current is None or legacy is current:
+        return current or legacy
+    if era == "old" or current[0] in _NOT_RETURNED:
         return legacy
-    return current
+    if era == "new" or current[4] or not legacy[4]:
+        return current
+    return legacy
+
+
+def _both_meanings(code: int, era: str | None) -> str:
+    """What a code means in each numbering, where the text leaves the era open and they differ."""
+    current, legacy = _BY_CODE.get(code), _LEGACY.get(code)
+    if era is not None or current is None or legacy is None or legacy is current:
+        return ""
+    if current[0] in _NOT_RETURNED:
+        return ""
+    return (
+        f"error {code} is {legacy[0]} ({legacy[3]}) in CUDA before 10.1 and {current[0]} "
+        f"({current[3] or 'no text'}) since; nothing in the text says which CUDA printed it"
+    )
 
 
 def _known_text(
@@ -390,7 +472,9 @@ _GPU_WORDS = re.compile(
 )
 
 
-def _lookup(text: str, name: str | None, code: int | None, headline: bool = False) -> CudaError:
+def _lookup(
+    text: str, name: str | None, code: int | None, headline: bool = False, era: str | None = None
+) -> CudaError:
     message = text.strip()
     if name and name in _BY_NAME:
         return _error(_BY_NAME[name], message)
@@ -403,7 +487,7 @@ def _lookup(text: str, name: str | None, code: int | None, headline: bool = Fals
     if named and named.group(1) in _BY_NAME:
         return _error(_BY_NAME[named.group(1)], message)
     if code is not None:
-        by_code = _printed_code(code)
+        by_code = _printed_code(code, era)
         if by_code:
             return _error(by_code, message)
     library = _LIBRARY.search(text)
@@ -418,8 +502,9 @@ def _lookup(text: str, name: str | None, code: int | None, headline: bool = Fals
     return CudaError(name or "cudaError", code, False, message)
 
 
-def classify_line(line: str) -> CudaError | None:
-    """The CUDA error a single (logical) line announces, or None."""
+def classify_line(line: str, era: Callable[[], str | None] | None = None) -> CudaError | None:
+    """The CUDA error a single (logical) line announces, or None. ``era`` tells, when asked,
+    which numbering the text's error codes use (see numbering_era)."""
     if not _relevant(line) or _BOILERPLATE.match(line.lstrip()) or _DEVICE_LINE.search(line):
         return None
     for pattern in _HEADLINES:
@@ -430,12 +515,29 @@ def classify_line(line: str) -> CudaError | None:
             if number is not None and int(number) == 0:
                 continue  # cudaSuccess: "CUDA error code: 0" reports no error
             text = "out of memory" if groups.get("oom") else groups.get("text") or ""
-            found = _lookup(text, groups.get("name"), int(number) if number else None, True)
+            printed = int(number) if number else None
+            by_code = (
+                printed is not None
+                and not groups.get("name")
+                and not _known_text(text, anywhere=True)
+            )
+            numbering = (
+                "new"  # the driver API's and HIP's codes were never renumbered
+                if _NEVER_RENUMBERED.search(line)
+                else era()
+                if by_code and era is not None
+                else None
+            )
+            found = _lookup(text, groups.get("name"), printed, True, numbering)
             if found.name == "cudaError" and found.code is None and not _HEADLINE_START.match(line):
                 # "checking for CUDA error: none" names no error: only an error's own headline
                 # may carry a text no table knows.
                 continue
-            return CudaError(found.name, found.code, found.sticky, line.strip())
+            message = line.strip()
+            both = _both_meanings(printed, numbering) if by_code and printed is not None else ""
+            return CudaError(
+                found.name, found.code, found.sticky, f"{message} ({both})" if both else message
+            )
     named = _NAME.search(line)
     if named and named.group(1) in _BY_NAME:
         return _error(_BY_NAME[named.group(1)], line)
@@ -537,10 +639,17 @@ def classify_text(text: str, *, first_line_only: bool = False) -> CudaError | No
         heads = [t for t, _s in (lines[:2] if wrapped else lines[:1])]
         headline = {*heads, *_embedded_headlines(lines)}
     searched: str | None = None
+    era: list[str | None] = []
+
+    def text_era() -> str | None:
+        if not era:
+            era.append(numbering_era(normalize(text)))
+        return era[0]
+
     for index, (line, source) in enumerate(lines):
         if source:
             continue
-        error = classify_line(line)
+        error = classify_line(line, text_era)
         if error is None and index + 1 < len(lines) and not lines[index + 1][1]:
             error = _checked_on_the_next_line(line, lines[index + 1][0])
         if error is None:

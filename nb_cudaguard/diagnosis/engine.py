@@ -9,6 +9,7 @@ from typing import Any
 
 from .assert_lines import parse_assert_lines
 from .classify import classify_exception, classify_text, error_text
+from .hints import with_text_hints
 from .model import AssertLine, CudaError, Diagnosis
 from .rules import match_rules
 from .where import where_in_text
@@ -214,9 +215,10 @@ def diagnose(
     fallout: CudaError | None = None
     if not cuda_error.sticky:
         if not (own_lines or device_lines):
-            return _not_sticky_diagnosis(cuda_error)
+            return with_text_hints(_not_sticky_diagnosis(cuda_error), text)
         # A poisoned context wins: cuBLAS/cuDNN/MTGP errors and the like under an assert are its
-        # fallout (FIELD_NOTES §7). ``device_output`` is the caller's, scoped to this failure.
+        # fallout: every call after a sticky error fails (NVIDIA's error types). ``device_output``
+        # is the caller's, scoped to this failure.
         fallout = cuda_error
         first = (own_lines or device_lines)[0]
         cuda_error = CudaError("cudaErrorAssert", 710, True, first.raw)
@@ -228,6 +230,7 @@ def diagnose(
             explanation=f"{diagnosis.explanation} The error raised (`{fallout.message[:160]}`) "
             "is fallout of this assert, not its cause.",
         )
+    diagnosis = with_text_hints(diagnosis, text)
     if namespace is not None or frames is not None:
         diagnosis = _with_evidence(diagnosis, error, frames, namespace)
     if where is None and isinstance(error, str):

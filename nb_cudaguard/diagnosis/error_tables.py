@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (generated tables: NVIDIA's texts are kept whole)
-"""Every CUDA and HIP error, as NVIDIA's and AMD's headers define them (FIELD_NOTES §2).
+"""Every CUDA and HIP error, as NVIDIA's and AMD's headers define them.
 
 Generated, not hand-picked, so that no spelling is missing:
 - ``RUNTIME``: ``enum cudaError`` of CUDA 13.0 ``driver_types.h``; the text is what
@@ -18,7 +18,14 @@ Generated, not hand-picked, so that no spelling is missing:
 Checked against NVIDIA's own tables generated from the CUDA 13.1 headers (NVIDIA/cuda-python
 ``cuda_core/cuda/core/_utils/runtime_cuda_error_explanations.py`` @284abb2c and
 ``driver_cu_result_explanations.py`` @f87082b6): every code there is here, sticky exactly where
-NVIDIA's text says so (tests/diagnosis/test_error_tables.py). Errors newer than 13.0's
+NVIDIA's text says so (tests/diagnosis/test_error_tables.py).
+
+- ``BEFORE_10_1``: every code of ``enum cudaError`` up to CUDA 10.0's ``driver_types.h``, which
+  numbered the errors in declaration order (1 cudaErrorMissingConfiguration, 4
+  cudaErrorLaunchFailure, ... 59 cudaErrorAssert, 77 cudaErrorIllegalAddress); CUDA 10.1
+  renumbered them into today's groups (the CUDA Runtime API reference's "Data types" page of each
+  release lists the values). A number in an old log (Caffe's ``Check failed: error ==
+  cudaSuccess (4 vs. 0)``) means the error it had then. Errors newer than 13.0's
 ``cudaGetErrorString`` carry no text (""): they are read by name or code only.
 """
 
@@ -724,4 +731,109 @@ HIP_OWN: tuple[tuple[str, int, bool], ...] = (
     ("hipErrorRuntimeMemory", 1052, False),  # HSA runtime memory call failed
     ("hipErrorRuntimeOther", 1053, False),  # another HSA runtime call failed
     ("hipErrorTbd", 1054, False),  # "marker that more error codes are needed"
+)
+
+
+# code before CUDA 10.1 -> the error's name (the same error has another code now; RUNTIME's third
+# column holds the same numbers for the errors that carry one)
+BEFORE_10_1: dict[int, str] = (
+    {
+        code: "cudaError" + name
+        for code, name in enumerate(
+            (
+                "MissingConfiguration",
+                "MemoryAllocation",
+                "InitializationError",
+                "LaunchFailure",
+                "PriorLaunchFailure",
+                "LaunchTimeout",
+                "LaunchOutOfResources",
+                "InvalidDeviceFunction",
+                "InvalidConfiguration",
+                "InvalidDevice",
+                "InvalidValue",
+                "InvalidPitchValue",
+                "InvalidSymbol",
+                "MapBufferObjectFailed",
+                "UnmapBufferObjectFailed",
+                "InvalidHostPointer",
+                "InvalidDevicePointer",
+                "InvalidTexture",
+                "InvalidTextureBinding",
+                "InvalidChannelDescriptor",
+                "InvalidMemcpyDirection",
+                "AddressOfConstant",
+                "TextureFetchFailed",
+                "TextureNotBound",
+                "SynchronizationError",
+                "InvalidFilterSetting",
+                "InvalidNormSetting",
+                "MixedDeviceExecution",
+                "CudartUnloading",
+                "Unknown",
+                "NotYetImplemented",
+                "MemoryValueTooLarge",
+                "InvalidResourceHandle",
+                "NotReady",
+                "InsufficientDriver",
+                "SetOnActiveProcess",
+                "InvalidSurface",
+                "NoDevice",
+                "ECCUncorrectable",
+                "SharedObjectSymbolNotFound",
+                "SharedObjectInitFailed",
+                "UnsupportedLimit",
+                "DuplicateVariableName",
+                "DuplicateTextureName",
+                "DuplicateSurfaceName",
+                "DevicesUnavailable",
+                "InvalidKernelImage",
+                "NoKernelImageForDevice",
+                "IncompatibleDriverContext",
+                "PeerAccessAlreadyEnabled",
+                "PeerAccessNotEnabled",
+            ),
+            start=1,
+        )
+    }
+    | {
+        code: "cudaError" + name
+        for code, name in enumerate(
+            (
+                "DeviceAlreadyInUse",
+                "ProfilerDisabled",
+                "ProfilerNotInitialized",
+                "ProfilerAlreadyStarted",
+                "ProfilerAlreadyStopped",
+                "Assert",
+                "TooManyPeers",
+                "HostMemoryAlreadyRegistered",
+                "HostMemoryNotRegistered",
+                "OperatingSystem",
+                "PeerAccessUnsupported",
+                "LaunchMaxDepthExceeded",
+                "LaunchFileScopedTex",
+                "LaunchFileScopedSurf",
+                "SyncDepthExceeded",
+                "LaunchPendingCountExceeded",
+                "NotPermitted",
+                "NotSupported",
+                "HardwareStackError",
+                "IllegalInstruction",
+                "MisalignedAddress",
+                "InvalidAddressSpace",
+                "InvalidPc",
+                "IllegalAddress",
+                "InvalidPtx",
+                "InvalidGraphicsContext",
+                "NvlinkUncorrectable",
+                "JitCompilerNotFound",
+                "CooperativeLaunchTooLarge",
+                "SystemNotReady",
+                "IllegalState",
+            ),
+            start=54,
+        )
+    }
+    | {127: "cudaErrorStartupFailure"}
 )

@@ -1,9 +1,10 @@
 """Evidence from what a poisoned process can still read: Python objects and CPU tensors.
 
-After a sticky error every CUDA call re-raises (FIELD_NOTES §2), so this module reads only
-attributes of modules and configs (plain ints), ``len(tokenizer)``, tensor *metadata* (dtype,
-device, shape) and the values of tensors whose device is the CPU. It never reads a CUDA tensor's
-values, and it touches torch only through ``sys.modules`` (it never imports it).
+After a sticky error every CUDA call re-raises (NVIDIA's error types,
+https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html), so this module
+reads only attributes of modules and configs (plain ints), ``len(tokenizer)``, tensor *metadata*
+(dtype, device, shape) and the values of tensors whose device is the CPU. It never reads a CUDA
+tensor's values, and it touches torch only through ``sys.modules`` (it never imports it).
 """
 
 from __future__ import annotations

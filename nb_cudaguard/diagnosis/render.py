@@ -8,7 +8,8 @@ found, the rule's source) sits in one collapsed ``<details>`` section, which Lab
 Colab, VS Code, nbconvert HTML and GitHub's renderer all support. No sentence appears twice.
 
 Static on purpose: saved notebooks, nbconvert and Kaggle's rendering of saved versions keep only
-static outputs, and a reopened notebook shows "model not found" for widgets (FIELD_NOTES §5).
+static outputs, and a reopened notebook shows "model not found" for widgets
+(docs/panel.md#buttons-live-text-when-saved).
 Knows neither torch nor IPython.
 """
 

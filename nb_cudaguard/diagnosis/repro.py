@@ -2,7 +2,8 @@
 
 After a sticky error nothing more can run on this kernel's GPU, but the batch usually still sits in
 CPU tensors (before ``.to(device)``), and the module sizes in plain attributes. Replayed on CPU,
-the same bad input gives PyTorch's readable error (FIELD_NOTES §3); with ``REPRO_DEVICE=cuda`` the
+the same bad input gives PyTorch's readable error (its CPU kernels check on the host:
+aten/src/ATen/native/LossNLL.cpp "Target 3 is out of bounds."); with ``REPRO_DEVICE=cuda`` the
 same script runs on a GPU, under ``CUDA_LAUNCH_BLOCKING=1`` or ``compute-sanitizer``.
 
 Pure: reads objects handed in (never CUDA memory), returns text; the caller writes the file.

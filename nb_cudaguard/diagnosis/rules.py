@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -1102,11 +1103,68 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+# Where PyTorch's own device code lives in every build's paths ("/pytorch/aten/src/ATen/...",
+# "C:\\cb\\pytorch_1000\\work\\aten\\...", "/__w/pytorch/pytorch/c10/...", THC's old
+# "torch/lib/THC"), third-party kernels it ships included.
+_PYTORCH_TREE = re.compile(r"(?:^|/)(?:aten|c10|caffe2|third_party|torch/(?:csrc|lib))/")
+_DIRECTORY = re.compile(r"(\S*[\\/])[^\\/\s]+\.(?:cu|cuh|hip|h|hpp|cpp|cc|cxx):\d+")
+# HIP compiles device code from host-language files too ("vectoradd_hip.cpp:50: void
+# vectoradd_float(...): Device-side assertion `0' failed."); PyTorch's kernels are .cu/.hip files
+# and headers.
+_HOST_LANGUAGE = (".cpp", ".cc", ".cxx", ".c")
+
+OWN_KERNEL = Rule(
+    cause="user-assert",
+    files=(),
+    condition=r".",
+    source="the kernel source named on the device line (its path is outside PyTorch's aten/, "
+    "c10/ and torch/csrc/)",
+    title="An assert in a GPU kernel outside PyTorch failed (your own or an extension's)",
+    explanation=(
+        "The device line names a kernel file whose path is not in PyTorch's sources: the "
+        "`assert` that failed is in CUDA/HIP code compiled by you or by a library (a custom "
+        "extension, `load_inline`, a JIT-compiled op), not one of PyTorch's checks. Its "
+        "condition and line number, printed above, are that code's own."
+    ),
+    likely_causes=(
+        "an input the kernel does not handle: a size, index or value range its author assumed",
+        "a branch the author marked unreachable (`assert(0)` / `assert(false)`) that the inputs "
+        "reached",
+        "the kernel launched with a grid or block shape it was not written for",
+    ),
+    fixes=(
+        "Open that file at the printed line, and check on CPU the values its condition reads "
+        "before the launch (or run the kernel's reference implementation on the same inputs).",
+    ),
+    op="user-kernel",
+)
+
+
+def outside_pytorch(line: AssertLine) -> bool:
+    """The device line's path shows a kernel file outside PyTorch's source tree. A line without
+    a directory (pasted, or a Windows build's bare name) says nothing, nor does a Python file
+    (Triton and Inductor kernels have rules of their own)."""
+    if not line.file or line.file.endswith(".py"):
+        return False
+    found = _DIRECTORY.search(line.raw)
+    if found is None:
+        known = any(rule.files and rule.matches_file(line.file) for rule in RULES)
+        return line.file.endswith(_HOST_LANGUAGE) and not known
+    path = found.group(1).replace("\\", "/")
+    # ".../Loss.cu", "../Loss.cu": the paste shortened the path, which then says nothing
+    if not any(part.strip(".") and not part.endswith(":") for part in path.split("/")):
+        return False
+    return _PYTORCH_TREE.search(path) is None
+
+
 def rule_for(line: AssertLine) -> Rule | None:
-    """The rule for one assert line, or None when no rule knows it: a rule that knows both its
-    condition and its kernel function first (a line without its file name: ``index >= 0`` is
-    nll_loss's own bookkeeping, fractional_max_pool's an index check), then by its condition,
-    then by its kernel function."""
+    """The rule for one assert line, or None when no rule knows it: a kernel file outside
+    PyTorch is that kernel's own assert; else a rule that knows both its condition and its
+    kernel function first (a line without its file name: ``index >= 0`` is nll_loss's own
+    bookkeeping, fractional_max_pool's an index check), then by its condition, then by its
+    kernel function."""
+    if outside_pytorch(line):
+        return OWN_KERNEL
     if line.function and not line.file:
         for rule in RULES:
             knows_both = rule.functions and rule.condition != "."
@@ -1126,16 +1184,25 @@ _ABRIDGED = re.compile(r"(?:\.\.\.|\u2026)\s*$|\s(?:\.\.\.|\u2026)\s|\[\s*\.\.\.
 
 def _by_file_alone(line: AssertLine) -> Rule | None:
     """For a condition that was cut off ("idx_dim >= 0 && ...") or could not be read: the rule
-    of its file when every rule of that file names the same cause (ScatterGatherKernel.cu only
-    checks gather/scatter indices; Loss.cu checks labels, BCE inputs and its own bookkeeping, so
-    a cut condition there names nothing)."""
+    of its file when its rules name one cause, or most of them do (ScatterGatherKernel.cu only
+    checks gather/scatter indices, IndexKernel.cu mostly indices; Loss.cu checks labels, BCE
+    inputs and its own bookkeeping, so a cut condition there names nothing)."""
     condition = line.condition.strip()
     if not line.file or (condition and not _ABRIDGED.search(condition)):
         return None
     candidates = [rule for rule in RULES if rule.files and rule.matches_file(line.file)]
-    if candidates and len({rule.cause for rule in candidates}) == 1:
-        return candidates[0]
-    return None
+    causes = Counter(rule.cause for rule in candidates)
+    if not causes:
+        return None
+    # Where the file's checks name several causes, the one more than half of them name
+    # (IndexKernel.cu: two index checks and masked_scatter's size check), never an internal
+    # invariant; Loss.cu's labels, BCE inputs and bookkeeping name none.
+    (cause, most), *_others = causes.most_common()
+    if most * 2 <= len(candidates) or cause == "pytorch-internal":
+        return None
+    # the family whose own file this is first (IndexKernel.cu: advanced indexing)
+    family = [rule for rule in candidates if rule.cause == cause]
+    return next((rule for rule in family if _stem(rule.files[0]) == _stem(line.file)), family[0])
 
 
 def match_rules(lines: Sequence[AssertLine]) -> tuple[Rule, AssertLine] | None:

@@ -2,7 +2,8 @@
 
 A bad kernel launched in cell 5 is reported at the next call PyTorch checks, often an operation
 that cannot assert itself (``.item()``, ``print(t)``, ``.to()``, ``.cpu()``), sometimes in a later
-cell (FIELD_NOTES §1). Pure: the caller hands in which cells launched CUDA work.
+cell (PyTorch's "CUDA kernel errors might be asynchronously reported at some other API call",
+c10/cuda/CUDAMiscFunctions.cpp). Pure: the caller hands in which cells launched CUDA work.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The pickler is cloudpickle's (functions and classes defined in the notebook trav
 with these changes:
 
 - **CUDA is refused, never read.** After a sticky error every CUDA call re-raises, ``.cpu()``
-  included (FIELD_NOTES §2), and on a healthy context a copy would still start work on the GPU.
+  included (NVIDIA's error types, https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html),
+  and on a healthy context a copy would still start work on the GPU.
   Any tensor or storage that is not on the CPU raises ``NotOnCpu`` before anything reads it
   (``.device`` and ``.data_ptr()`` are host-side attributes); a module or optimizer with CUDA
   state therefore fails as a whole, with the reason. A ``substitutes`` map may stand in a CPU copy

@@ -1,7 +1,8 @@
 """CPU snapshots of GPU objects, taken at the end of each successful cell (``%cudaguard keep``).
 
-After a sticky CUDA error GPU memory cannot be read (FIELD_NOTES §2), so the weights trained on
-the GPU are lost unless a copy is already on the CPU. For each named object (a module, an
+After a sticky CUDA error GPU memory cannot be read (NVIDIA's error types,
+https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html), so the weights
+trained on the GPU are lost unless a copy is already on the CPU. For each named object (a module, an
 optimizer, a tensor, anything with ``state_dict()``), its tensors are copied into CPU buffers:
 
 - **one snapshot of all names together** (a model and its optimizer always from the same cell;

@@ -3,9 +3,9 @@
 Core ipywidgets only (Button, HTML, HBox, VBox), so they render in JupyterLab 4, Notebook 7,
 Kaggle, VS Code and Colab's ipywidgets 7.7. Every display also carries ``text/plain`` and
 ``text/html`` with the equivalent command: saved notebooks, nbconvert and frontends without a widget
-manager show that instead (FIELD_NOTES §5). What happens after a click is written into the widget,
-not printed: VS Code often drops prints from widget callbacks. The panel above already says what
-broke and why; nothing here repeats it.
+manager show that instead (docs/panel.md#buttons-live-text-when-saved). What happens after a
+click is written into the widget, not printed: VS Code often drops prints from widget callbacks.
+The panel above already says what broke and why; nothing here repeats it.
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@
 Only ``post_run_cell`` is used to see errors: it gets the ``ExecutionResult`` whatever handled the
 exception, coexists with every other extension, and leaves the standard ``error`` output and the
 cell's ``status: error`` alone (stop-on-error and nbconvert rely on them). ``set_custom_exc`` is
-deliberately left untouched: it has one slot per shell and Colab already uses it (FIELD_NOTES §4).
+deliberately left untouched: it has one slot per shell (IPython/core/interactiveshell.py,
+``set_custom_exc``) and Colab already uses it.
 
 Nothing escapes a hook, ``BaseException`` included: a Ctrl-C during our analysis, or IPython 7.34
-firing ``post_run_cell`` from a ``finally`` with no result (FIELD_NOTES §7), would otherwise print
+firing ``post_run_cell`` from a ``finally`` with no result (its interactiveshell.py ``run_cell``),
+would otherwise print
 "Error in callback" and leave the tee half-stopped. The tee is stopped first, in its own guard, so
 fd 2 is always given back.
 """

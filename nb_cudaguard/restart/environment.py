@@ -3,9 +3,10 @@
 Whether this process *is* a kernel is asked of ipykernel's own API: its application is
 initialised, and ``ipykernel.connect.get_connection_file()`` names the connection file. Never
 ``"ipykernel" in sys.modules``: ipywidgets 7.7 (Colab's) imports ipykernel in terminal IPython too,
-and a restart there would end the user's terminal session (FIELD_NOTES §7). The rest are pure
+and a restart there would end the user's terminal session (ipywidgets 7.x's widget.py imports
+``ipykernel.comm``). The rest are pure
 functions over ``sys.modules``, ``os.environ`` and a connection file's name, so that tests can feed
-them any environment. Nothing here imports the environment it detects (FIELD_NOTES §5:
+them any environment. Nothing here imports the environment it detects (anywidget's way:
 ``"google.colab" in sys.modules``, never ``import google.colab``).
 """
 

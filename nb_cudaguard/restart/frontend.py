@@ -1,7 +1,7 @@
 """Set the frontend's kernel status right after a restart the frontend did not start.
 
 After a server-side restart JupyterLab 4 and Notebook 7 show "Starting" until the next execution
-(FIELD_NOTES §7). Why: the new kernel publishes ``status: starting`` on IOPub, and the only status
+(docs/restart.md). Why: the new kernel publishes ``status: starting`` on IOPub, and the only status
 messages that follow (busy/idle around the server's ``kernel_info_request``) have a parent whose
 type is in the server's ``untracked_message_types``, which the frontend's kernel connection skips
 (jupyter_server ``kernelmanager.py``; ``@jupyterlab/services`` ``kernel/default.ts``). Any shell

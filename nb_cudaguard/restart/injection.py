@@ -1,7 +1,9 @@
 """Put ``CUDA_LAUNCH_BLOCKING=1`` into the *next* process of *this* kernel, once.
 
 A server-managed restart relaunches the kernel with the environment saved at its first launch
-(FIELD_NOTES §6), so the variable cannot travel through ``os.environ``. It travels as data:
+(jupyter_client's ``KernelManager.restart_kernel`` reuses the first launch's arguments,
+jupyter_client/manager.py), so the variable cannot travel through ``os.environ``. It travels as
+data:
 
 - a pending file ``<profile>/nb_cudaguard/pending-<key>.json`` (0600 in a 0700 directory, written
   atomically) that names the kernel by its connection file (the path survives restarts; ``key`` is

@@ -1,7 +1,8 @@
 """Restart this kernel from inside it, optionally with CUDA_LAUNCH_BLOCKING=1 in the new process.
 
-The only cure for a poisoned CUDA context is a new process (FIELD_NOTES §2). How to get one
-depends on who manages the kernel (FIELD_NOTES §6), tried in this order:
+The only cure for a poisoned CUDA context is a new process (NVIDIA: "the process must be
+terminated and relaunched", https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html).
+How to get one depends on who manages the kernel (docs/restart.md), tried in this order:
 
 1. ``REST``: the Jupyter server that started this kernel (``jpserver-<pid>.json`` whose pid is an
    ancestor of this process) is asked ``POST /api/kernels/<id>/restart`` with its token, from a

@@ -1,7 +1,8 @@
 """Find the Jupyter server that manages this kernel, and talk to its REST API.
 
 The server is the nearest ancestor process with a ``jpserver-<pid>.json`` runtime file; its token
-comes from that file and is never shown (FIELD_NOTES §6). ``jupyter_server`` itself is never
+comes from that file and is never shown (jupyter_server/serverapp.py writes it, with the
+server's url and token). ``jupyter_server`` itself is never
 imported: it costs ~1.7 s.
 """
 

@@ -1,7 +1,8 @@
 """Blocking mode in this process: ``CUDA_LAUNCH_BLOCKING``, whether nb_cudaguard set it, and
 whether it can have taken effect.
 
-The driver reads the variable when the CUDA context is created (FIELD_NOTES §3), so it is
+The driver reads the variable when the CUDA context is created (the CUDA Programming Guide's
+"CUDA Environment Variables": https://docs.nvidia.com/cuda/cuda-c-programming-guide/), so it is
 *effective* only if it was set before that: it was in the process's start environment
 (``/proc/self/environ``), our restart injection put it there before the first cell (``MARKER``), or
 a hook queued on torch's lazy CUDA init saw it. torch is never imported here and CUDA is never

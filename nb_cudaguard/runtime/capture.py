@@ -1,7 +1,8 @@
 """Tee file descriptor 2 while a cell runs: device assert lines are shown *and* captured.
 
 The CUDA runtime prints device-side assert lines straight to fd 2, not to ``sys.stderr``
-(FIELD_NOTES §1). ipykernel >= 6 has already pointed fd 2 at a pipe that its watcher thread
+(the CUDA Programming Guide's "Assertion" section: the message goes to the process's stderr).
+ipykernel >= 6 has already pointed fd 2 at a pipe that its watcher thread
 forwards to the notebook, sometimes late or under a later cell; older kernels and terminal IPython
 leave fd 2 on a terminal. Either way Python cannot read the text back.
 

@@ -1,7 +1,9 @@
 """Which cells launched CUDA work, and the opt-in end-of-cell synchronise.
 
 CUDA kernels run asynchronously: a bad kernel launched in cell 5 is reported at the next call
-PyTorch checks, sometimes in a later cell (FIELD_NOTES §1); ``diagnosis.where`` turns what this
+PyTorch checks, sometimes in a later cell (PyTorch's own hint says so: "CUDA kernel errors might
+be asynchronously reported at some other API call", c10/cuda/CUDAMiscFunctions.cpp);
+``diagnosis.where`` turns what this
 module records into a sentence. Two signals per cell: the caching allocator's cumulative
 allocation count (a host-side read; almost every kernel that produces a tensor allocates) and,
 only where nothing was allocated (in-place ops), whether the current stream still had work queued

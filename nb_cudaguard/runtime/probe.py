@@ -1,9 +1,10 @@
 """Is this process's CUDA context poisoned, and on which device? Ask without initialising CUDA,
 hanging or reading tensors.
 
-After a sticky error every CUDA call returns the same error (FIELD_NOTES §2), so one non-blocking
-call per device is enough: ``cuStreamQuery`` never waits for work. Three traps shape how it is
-asked (FIELD_NOTES §7):
+After a sticky error every CUDA call returns the same error (NVIDIA's error types, "the process
+must be terminated and relaunched": https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html),
+so one non-blocking call per device is enough: ``cuStreamQuery`` never waits for work. Three
+traps shape how it is asked (docs/how-it-works.md#is-the-context-poisoned):
 
 - a new thread's current device is 0: a query from there would create a context on GPU 0 and
   report a poisoned ``cuda:1`` healthy. So only devices whose primary context is already active

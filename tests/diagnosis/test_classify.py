@@ -1,6 +1,6 @@
 """Recognition of CUDA errors by their headline, in the texts of every PyTorch era.
 
-FIELD_NOTES §1-2 list the texts.
+tests/pytorch_texts.py holds the texts, with the PyTorch sources that print them.
 """
 
 from __future__ import annotations

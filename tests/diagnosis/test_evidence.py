@@ -196,7 +196,10 @@ def test_bce_loss_on_logits_is_named_and_ranked_first():
 def test_reading_a_tensor_that_requires_grad_warns_of_nothing():
     # A model's outputs require grad: torch warns when one is turned into a Python number, and
     # that warning lands under the user's failing cell (seen in demo 05).
-    outputs = nn.Linear(4, 1)(torch.ones(3, 4)).squeeze(1) * 10
+    layer = nn.Linear(4, 1)
+    with torch.no_grad():  # outside [0, 1] whatever the random init (-0.5 <= bias <= 0.5)
+        layer.weight.fill_(1.0)
+    outputs = layer(torch.ones(3, 4)).squeeze(1) * 10
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ns = {"criterion": nn.BCELoss(), "outputs": outputs}

@@ -27,7 +27,8 @@ def _full_width(text: str) -> str:
 
 
 # --- 1. a poisoned context always wins ---------------------------------------------------------
-# Follow-on errors raised after an assert (FIELD_NOTES §7): their headline is not the assert's.
+# Follow-on errors raised after an assert (every later call fails, cuBLAS's and cuDNN's included):
+# their headline is not the assert's.
 FALLOUT = {
     # aten/src/ATen/cuda/CUDABlas.cpp TORCH_CUDABLAS_CHECK
     "cublas not initialized": (

@@ -1,7 +1,8 @@
 """Every PyTorch assert site survives every way people paste its device line (issue 9, item 3).
 
-For each site of tests/data/pytorch_assert_sites.json the exact line the GPU prints (FIELD_NOTES
-§1: ``<path>:<line>: <function>: block: [x,y,z], thread: [x,y,z] Assertion `<cond>` failed.``)
+For each site of tests/data/pytorch_assert_sites.json the exact line the GPU prints (as the H100
+lines of tests/pytorch_texts.py show: ``<path>:<line>: <function>: block: [x,y,z], thread:
+[x,y,z] Assertion `<cond>` failed.``)
 is put under a real exception text and passed through each class of damage seen in public
 reports: the whole paste flattened onto one line (issue titles, dialogs), log prefixes
 (timestamps, torchrun's ``[rank3]:``, logger names), two threads' lines run together, the
@@ -183,7 +184,8 @@ def test_a_condition_abridged_with_dots_never_names_a_wrong_cause(site):
         ("MultiMarginLoss.cu", "target_k >= 0 && ...", "label-out-of-range"),
         ("GroupMMCommon.cuh", "delta % align == 0 && ...", "size-mismatch"),
         ("Loss.cu", "t >= 0 && ...", None),  # labels, BCE inputs and bookkeeping: no cause
-        ("IndexKernel.cu", "idx >= 0 && ...", None),  # indices and masked_scatter sizes
+        # two index checks and one masked_scatter size check: the index families (issue 33)
+        ("IndexKernel.cu", "idx >= 0 && ...", "index-out-of-range"),
     ],
 )
 def test_an_abridged_condition_is_named_by_its_file_only_when_the_file_decides(file, cut, cause):

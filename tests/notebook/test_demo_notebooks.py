@@ -109,7 +109,7 @@ def test_a_demo_says_when_its_gpu_failure_is_simulated(path: Path):
 @pytest.mark.parametrize("path", PANEL_DEMOS, ids=[p.stem for p in PANEL_DEMOS])
 def test_the_cuda_error_is_raised_from_the_users_line_without_helper_frames(path: Path):
     """A simulated failure reads as a GPU's: no frame of the simulation (contextlib's, ours)
-    above the user's, nor at the ``with`` line (FIELD_NOTES §3 texts; issue 23)."""
+    above the user's, nor at the ``with`` line (tests/pytorch_texts.py texts; issue 23)."""
     shown = frames(error_cells(executed(path))[0])
     assert not [f for f in shown if "gpu_or_simulated" in f or "contextlib" in f]
     cells = [f for f in shown if CELL_FRAME.match(f)]

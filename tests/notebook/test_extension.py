@@ -279,7 +279,8 @@ def test_cudacheck_without_torch_is_a_usage_error_not_a_traceback():
 
 
 def test_a_restart_in_terminal_ipython_with_ipykernel_imported_is_refused_and_it_lives_on():
-    # ipywidgets 7.7 (Colab's) imports ipykernel in terminal IPython too (FIELD_NOTES §7).
+    # ipywidgets 7.7 (Colab's) imports ipykernel in terminal IPython too (its widget.py imports
+    # ipykernel.comm).
     pre = "import ipykernel.kernelapp, ipykernel.comm"
     script = textwrap.dedent(
         """\

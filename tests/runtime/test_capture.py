@@ -207,7 +207,8 @@ def test_device_lines_are_still_shown_by_a_kernel_that_forwards_fd2():
         )
         assert _panel_cause(out) == "label-out-of-range"
         # Not hidden from the user: ipykernel forwards the lines, possibly after the cell's
-        # idle status (FIELD_NOTES §1), so read what iopub sends a moment longer.
+        # idle status (ipykernel's OutStream forwards fd 2 from a watcher thread), so read what
+        # iopub sends a moment longer.
         shown = out.stream + _late_stream(kernel, 1.0)
         assert shown.count("Assertion `t >= 0 && t < n_classes` failed.") == 200
     finally:
