@@ -50,7 +50,16 @@ def read_input(file: str) -> str:
 
 
 def explain(args: argparse.Namespace) -> int:
+    # A job of several ranks (a launcher's log, a --log-dir, per-rank records): its verdict.
+    from ..ranks.explain import explain_job
+
+    if args.file != "-" and Path(args.file).is_dir():
+        if explain_job(Path(args.file), args.json):
+            return OK
+        raise UsageFailure(f"{args.file}: is a directory (no rank's CUDA error found in it)")
     text = read_input(args.file)
+    if explain_job(text, args.json):
+        return OK
     diagnosis = diagnose(text)
     # Advice in the words of where the text comes from: a script's log, or a notebook's.
     setting = setting_of_text(text) if diagnosis is not None else None
