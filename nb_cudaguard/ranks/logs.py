@@ -48,6 +48,7 @@ class JobLog:
     root_cause: int | None = None  # the rank torchrun's "Root Cause (first observed failure)" names
     command: str | None = None  # the launch command, where the log shows it
     script: str | None = None  # the entry point (the summary's "<name> FAILED", the spawn frame)
+    script_command: str | None = None  # the script and its arguments, where a launcher logs them
     world_size: int | None = None
     unit: str = "rank"  # "process" where only mp.spawn's process index is known
     log_dir: str | None = None
@@ -161,8 +162,11 @@ def _json(path: Path) -> Any:
 # torchrun 2.x prefixes a worker's traceback "[rank3]:" (global rank); --tee prefixes every line
 # "[default3]:" (the role and the LOCAL rank; torch/distributed/elastic/multiprocessing/api.py).
 _PREFIX = re.compile(r"^\[(?P<kind>rank|[A-Za-z_]+?)(?P<n>\d+)\]:")
+# Ray's worker prefix ("(RayTrainWorker pid=4009, ip=10.0.0.1) "), in front of torch's own.
+_RAY = re.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ")
 # NCCL's watchdog names its rank inside the line: "[PG ID 0 PG GUID 0(default_pg) Rank 1]".
-_INNER_RANK = re.compile(r"\[(?:PG ID \d+ PG GUID [^\]]*? )?Rank (\d+)\]")
+# Older releases print "[PG 1 Rank 1]" or "[Rank 1]" alone.
+_INNER_RANK = re.compile(r"\[(?:PG [^\]]*? )?Rank (\d+)\]")
 # ChildFailedError's summary (torch/distributed/elastic/multiprocessing/errors/__init__.py);
 # 1.9-1.10 wrote "msg:" where 1.11+ write "traceback :".
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
@@ -181,6 +185,7 @@ _SPAWN_TERMINATING = re.compile(r"Terminating process (\d+) via signal (SIG\w+)"
 # DeepSpeed's launcher: "[launch.py:...] ['/usr/bin/python', '-u', 'train.py', '--local_rank=1']
 # exits with return code = -6"; its runner logs "cmd = ... deepspeed.launcher.launch ...".
 _DS_EXIT = re.compile(r"--local_rank=(\d+).*exits with return code = (-?\d+)")
+_DS_CMD = re.compile(r"cmd = .*?-m deepspeed\.launcher\.launch (?P<rest>.*)$")
 _DS_WORLD = re.compile(r"WORLD INFO DICT: \{'([^']+)': \[([\d, ]+)\]")
 # Lightning: "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/4".
 _LIGHTNING = re.compile(r"Initializing distributed: GLOBAL_RANK: (\d+), MEMBER: \d+/(\d+)")
@@ -265,6 +270,7 @@ def _summary_time(value: str) -> float | None:
 def _peel(line: str) -> tuple[int | None, int | None, str]:
     """(global rank, local rank, the line) from a launcher's prefixes."""
     rank = local = None
+    line = _RAY.sub("", line)
     while True:
         prefix = _PREFIX.match(line)
         if not prefix:
@@ -364,6 +370,14 @@ def _from_console(text: str) -> JobLog | None:
             launcher = "deepspeed"
             entry = ranks.of(int(match.group(1)))
             entry.local_rank, entry.exitcode = int(match.group(1)), int(match.group(2))
+        elif match := _DS_CMD.search(line):
+            launcher = "deepspeed"
+            # The launcher's own options ("--world_info=..."), then the user's script and its
+            # arguments: what `deepspeed` was given after its options.
+            words = match.group("rest").split()
+            while words and words[0].startswith("--"):
+                words.pop(0)
+            facts["script_command"] = " ".join(words)
         elif match := _DS_WORLD.search(line):
             launcher = "deepspeed"
             facts["world_size"] = len(match.group(2).split(","))
@@ -383,9 +397,9 @@ def _from_console(text: str) -> JobLog | None:
     for entry in ranks.values():
         if entry.exitcode is None and entry.pid in pids:
             entry.exitcode = -(_signal_number(pids[entry.pid]) or 15)
-    if not ranks:
-        return None
     stray_text = "\n".join(stray)
+    if not ranks and launcher == "unknown":
+        return None
     if "ChildFailedError" in text and launcher == "unknown":
         launcher = "torchrun"
     launcher = _launcher_named(text, facts.get("command"), launcher)
@@ -396,6 +410,7 @@ def _from_console(text: str) -> JobLog | None:
         root_cause=facts.get("root_cause"),
         command=facts.get("command"),
         script=facts.get("script") or _entry_script(text),
+        script_command=facts.get("script_command"),
         world_size=facts.get("world_size"),
         unit="process" if launcher in ("spawn",) else "rank",
     )
@@ -426,7 +441,7 @@ def _failure_line(line: str) -> bool:
 
 def _launcher_named(text: str, command: str | None, found: Launcher) -> Launcher:
     head = (command or "").split()
-    if "accelerate" in head:
+    if "accelerate" in head or "accelerate/commands/launch.py" in text:
         return "accelerate"
     if any(word.endswith("deepspeed") for word in head[:3]):
         return "deepspeed"

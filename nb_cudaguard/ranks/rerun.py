@@ -104,9 +104,9 @@ def rerun(job: JobLog, local_rank: int | None) -> Rerun:
     if job.launcher == "accelerate":
         return _prefixed(job, f"accelerate launch <your accelerate options> {script} <args>")
     if job.launcher == "deepspeed":
+        target = job.script_command or f"{script} <args>"
         return _prefixed(
-            job,
-            f"deepspeed <your deepspeed options> --enable_each_rank_log <dir> {script} <args>",
+            job, f"deepspeed <your deepspeed options> --enable_each_rank_log <dir> {target}"
         )
     if job.launcher == "notebook_launcher":
         return Rerun(

@@ -68,6 +68,7 @@ _TERMINATED = re.compile(
     r"Signal (?:15|9) \(SIG(?:TERM|KILL)\)|signal SIG(?:TERM|KILL)|return code = -(?:15|9)\b",
     re.IGNORECASE,
 )
+ABORTED = "aborted (SIGABRT)"
 _PEER_LINE = re.compile(r"^.*stopped because rank \d+ failed.*$", re.MULTILINE | re.IGNORECASE)
 
 
@@ -128,7 +129,7 @@ def classify_rank(log: RankLog, device_output: str = "") -> RankRole:
         return RankRole(log, "culprit", found.title, found)
     code = log.exitcode
     if code == -6 or _ABORT.search(log.text):
-        return RankRole(log, "victim", "aborted (SIGABRT)")
+        return RankRole(log, "victim", ABORTED)
     if code in (-15, -9) or _TERMINATED.search(log.text):
         name = "SIGKILL" if code == -9 else "SIGTERM"
         return RankRole(log, "collateral", f"terminated by the launcher ({name})")
@@ -155,7 +156,9 @@ def judge(job: JobLog) -> Verdict:
         roles = [again if r is only else r for r in roles]
         culprits = [again]
     if not culprits and stray is not None:
-        suspects = [r for r in roles if r.role in ("collateral", "unknown")]
+        # Only a rank that printed it was waiting on a peer is cleared: an abort alone is also
+        # how NCCL's watchdog ends the rank whose own kernel failed.
+        suspects = [r for r in roles if r.role != "victim" or r.reason == ABORTED]
         if len(suspects) == 1 and len(roles) >= 2:
             inferred = RankRole(suspects[0].log, "culprit", stray.title, stray, inferred=True)
             roles = [inferred if r is suspects[0] else r for r in roles]
@@ -163,7 +166,13 @@ def judge(job: JobLog) -> Verdict:
             notes.append(
                 f"The device's assert lines carry no {job.unit} prefix; {job.unit} "
                 f"{inferred.log.rank} is named because every other {job.unit} in the log "
-                "was waiting on a peer."
+                "printed that it was waiting on a peer."
+            )
+        elif len(suspects) > 1:
+            plural = f"{job.unit}s {numbers([r.log.rank for r in suspects])}"
+            notes.append(
+                f"The device's assert lines carry no {job.unit} prefix, and {plural} "
+                "printed nothing that says they waited on a peer: it is one of them."
             )
     culprits.sort(key=_when)
     first = culprits[0] if culprits else None
@@ -209,7 +218,12 @@ def _line(
     diagnosis: Diagnosis | None,
 ) -> str:
     unit = job.unit
-    stopped = [r.log.rank for r in roles if r.role in ("victim", "collateral")]
+    # Without a named culprit, an abort alone may be the culprit's own (see judge()).
+    stopped = [
+        r.log.rank
+        for r in roles
+        if r.role in ("victim", "collateral") and (culprits or r.reason != ABORTED)
+    ]
     if culprits:
         first = culprits[0]
         title = first.reason
