@@ -21,7 +21,7 @@ from ..diagnosis.classify import normalize
 
 RECORD_KEY = "nb_cudaguard_rank_record"
 Launcher = Literal[
-    "torchrun", "accelerate", "deepspeed", "spawn", "notebook_launcher", "lightning", "unknown"
+    "torchrun", "accelerate", "deepspeed", "spawn", "notebook", "python", "lightning", "unknown"
 ]
 
 
@@ -164,6 +164,10 @@ def _json(path: Path) -> Any:
 _PREFIX = re.compile(r"^\[(?P<kind>rank|[A-Za-z_]+?)(?P<n>\d+)\]:")
 # Ray's worker prefix ("(RayTrainWorker pid=4009, ip=10.0.0.1) "), in front of torch's own.
 _RAY = re.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ")
+# The elastic agent logs through glog-style prefixes: "E1126 18:42:33.780000 17716 torch/...:836] ".
+_GLOG = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
+# A notebook's traceback: IPython's cell frames, ipykernel's compiled cells.
+_NOTEBOOK = re.compile(r"Cell In ?\[\d+\]|<ipython-input-\d+|[/\\]ipykernel_\d+[/\\]")
 # NCCL's watchdog names its rank inside the line: "[PG ID 0 PG GUID 0(default_pg) Rank 1]".
 # Older releases print "[PG 1 Rank 1]" or "[Rank 1]" alone.
 _INNER_RANK = re.compile(r"\[(?:PG [^\]]*? )?Rank (\d+)\]")
@@ -270,7 +274,7 @@ def _summary_time(value: str) -> float | None:
 def _peel(line: str) -> tuple[int | None, int | None, str]:
     """(global rank, local rank, the line) from a launcher's prefixes."""
     rank = local = None
-    line = _RAY.sub("", line)
+    line = _GLOG.sub("", _RAY.sub("", line))
     while True:
         prefix = _PREFIX.match(line)
         if not prefix:
@@ -315,6 +319,7 @@ def _from_console(text: str) -> JobLog | None:
     facts: dict[str, Any] = {}
     by_local: dict[int, int] = {}  # --tee's local rank -> the global rank its lines name
     spawn_index: int | None = None
+    raised = False  # the quoted traceback's exception line was seen
     pids: dict[int, str] = {}  # pid -> the signal the launcher sent it
     launcher: Launcher = "unknown"
     for number, raw in enumerate(text.splitlines()):
@@ -344,10 +349,16 @@ def _from_console(text: str) -> JobLog | None:
         if match := _SPAWN_RAISED.match(line.strip()):
             spawn_index, launcher = int(match.group(1)), "spawn"
             ranks.of(spawn_index).order = min(ranks.of(spawn_index).order, number)
+            raised = False
             continue
         if spawn_index is not None:
-            ranks.of(spawn_index).lines.append(line)
-            continue
+            # The quoted traceback ends at the first empty line after its exception line.
+            if not line.strip() and raised:
+                spawn_index = None
+            else:
+                raised = raised or bool(line[:1].strip() and not line.startswith("Traceback"))
+                ranks.of(spawn_index).lines.append(line)
+                continue
         stray.append(line)
         if match := _SPAWN_EXITED.search(line):
             entry = ranks.of(int(match.group(1)))
@@ -402,6 +413,10 @@ def _from_console(text: str) -> JobLog | None:
         return None
     if "ChildFailedError" in text and launcher == "unknown":
         launcher = "torchrun"
+    # mp.spawn numbers its processes; the elastic agent (which runs them the same way when it
+    # forks) numbers them by rank in its own lines and summary.
+    elastic = "agent_failed" in facts or "ChildFailedError" in text
+    unit = "process" if launcher == "spawn" and not elastic else "rank"
     launcher = _launcher_named(text, facts.get("command"), launcher)
     return JobLog(
         launcher=launcher,
@@ -412,7 +427,7 @@ def _from_console(text: str) -> JobLog | None:
         script=facts.get("script") or _entry_script(text),
         script_command=facts.get("script_command"),
         world_size=facts.get("world_size"),
-        unit="process" if launcher in ("spawn",) else "rank",
+        unit=unit,
     )
 
 
@@ -445,10 +460,15 @@ def _launcher_named(text: str, command: str | None, found: Launcher) -> Launcher
         return "accelerate"
     if any(word.endswith("deepspeed") for word in head[:3]):
         return "deepspeed"
-    if "notebook_launcher" in text:
-        return "notebook_launcher"
     if command and found == "unknown":
         return "torchrun"
+    # Started from Python, not from a command: notebook_launcher and elastic_launch name a
+    # function as the entry point ("of fn: train"); mp.spawn and start_processes are called.
+    from_python = found == "spawn" or " of fn: " in text or "notebook_launcher" in text
+    if from_python and _NOTEBOOK.search(text):
+        return "notebook"
+    if found == "torchrun" and " of fn: " in text:
+        return "python"
     return found
 
 

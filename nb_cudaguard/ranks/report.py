@@ -26,14 +26,14 @@ def culprit_local_rank(verdict: Verdict) -> int | None:
 
 def setting(job: JobLog, again: Rerun) -> Setting:
     """The diagnosis's advice in the words of the job's launcher, not of ``python train.py``."""
-    if job.launcher == "notebook_launcher":
+    if job.launcher == "notebook":
         how = f"`{again.command}` {again.note}"
         return replace(
             script(),
             owner="the failed process",
             blocking_rerun=f"Run the launcher again with {BLOCKING}: {how}",
             command=again.command,
-            plain_command="notebook_launcher(...)",
+            plain_command="the cell that starts the processes",
             restart_how=f"Run the launcher again with {BLOCKING} ({how})",
         )
     launcher = again.command.removeprefix(f"{BLOCKING} ").removesuffix(_ARGUMENTS)

@@ -108,15 +108,15 @@ def rerun(job: JobLog, local_rank: int | None) -> Rerun:
         return _prefixed(
             job, f"deepspeed <your deepspeed options> --enable_each_rank_log <dir> {target}"
         )
-    if job.launcher == "notebook_launcher":
+    if job.launcher == "notebook":
         return Rerun(
-            'os.environ["CUDA_LAUNCH_BLOCKING"] = "1"',
+            'import os; os.environ["CUDA_LAUNCH_BLOCKING"] = "1"',
             placeholders=False,
-            note="in a cell before notebook_launcher(...): its processes inherit the kernel's "
-            "environment when they start, and the kernel's own CUDA was never started",
+            note="in a cell run before the one that starts the processes (notebook_launcher, "
+            "start_processes, mp.spawn): they take the kernel's environment when they start",
         )
-    if job.launcher in ("spawn", "lightning"):
-        started = "mp.spawn" if job.launcher == "spawn" else "Lightning"
+    if job.launcher in ("spawn", "python", "lightning"):
+        started = {"spawn": "mp.spawn", "python": "elastic_launch"}.get(job.launcher, "Lightning")
         return Rerun(
             f"{BLOCKING} python {script} <your script's arguments>",
             placeholders=True,

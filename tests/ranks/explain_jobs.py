@@ -96,3 +96,32 @@ def by_hand(cwd: Path, world: int, job_args: tuple[str, ...]) -> list[str]:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
     return outputs
+
+
+# What accelerate's notebook_launcher does in a cell (accelerate/launchers.py): elastic_launch
+# with start_method="fork" and a function as the entry point, no restarts.
+NOTEBOOK_CELL = """\
+import argparse, sys
+sys.path.insert(0, {folder!r})
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+import failing_job
+
+def train():
+    failing_job.elastic_main(argparse.Namespace(culprit=1, late=0.0, timeout=20.0, records="",
+                                                plain=False, port=0))
+
+config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="nb",
+                      rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:{port}",
+                      start_method="fork", monitor_interval=0.1, max_restarts=0)
+elastic_launch(config, train)()
+"""
+
+
+def notebook_cell(cwd: Path) -> list[str]:
+    """IPython running the launcher's cell: the traceback the notebook's user sees."""
+    cell = NOTEBOOK_CELL.format(folder=str(JOB.parent), port=free_port())
+    (cwd / "cell.py").write_text(cell, encoding="utf-8")
+    return [
+        sys.executable, "-m", "IPython", "--colors=NoColor", "--no-banner",
+        "-c", f"exec(open({str(cwd / 'cell.py')!r}).read())",
+    ]  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT
-from explain_jobs import JOB, by_hand, run, spawn, torchrun
+from explain_jobs import JOB, by_hand, notebook_cell, run, spawn, torchrun
 
 CAUSE = "An index is out of range for the tensor it reads from"  # the H100 line's rule
 LATE = ("--late", "4", "--timeout", "1.5")  # the peers' collective times out first
@@ -201,3 +201,19 @@ def test_a_job_without_a_cuda_error_is_no_cuda_error(jobs: Path):
     assert result.returncode == 1
     assert "no CUDA error found" in result.stderr
     assert result.stdout == ""
+
+
+def test_a_notebook_launch_names_no_victim_and_reruns_from_a_cell(jobs: Path):
+    log = saved(jobs, "notebook.log", run(notebook_cell(jobs), jobs))
+    text = log.read_text(encoding="utf-8")
+    assert "Cell In[1]" in text and "train FAILED" in text
+    root = text[text.index("Root Cause (first observed failure)") :]
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)", root)  # the launcher names the victim
+    result = explain(log)
+    assert result.returncode == 0
+    first, *rest = result.stdout.splitlines()
+    assert first == (
+        f"nb-cudaguard: a rank the log does not name: {CAUSE}; rank 0 was stopped because of it."
+    )
+    assert '  import os; os.environ["CUDA_LAUNCH_BLOCKING"] = "1"' in rest
+    assert "torchrun" not in result.stdout
