@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..diagnosis.classify import classify_line
 from ..diagnosis.engine import diagnose
 from ..diagnosis.model import Diagnosis
+from ..diagnosis.where import text_tracebacks
 from .logs import JobLog, RankLog
 
 Role = Literal["culprit", "victim", "collateral", "unknown"]
@@ -136,6 +138,57 @@ def classify_rank(log: RankLog, device_output: str = "") -> RankRole:
     return RankRole(log, "unknown", "no failure of its own in the log")
 
 
+def _raised_in_python(text: str) -> bool:
+    """The text holds a Python traceback whose exception is a sticky CUDA error (not only a
+    C++ abort's, as NCCL's watchdog prints)."""
+    for _frames, after in text_tracebacks(text):
+        error = classify_line(after) if after else None
+        if error is not None and error.sticky:
+            return True
+    return False
+
+
+def _by_elimination(
+    job: JobLog, roles: list[RankRole], stray: Diagnosis
+) -> tuple[list[RankRole], list[RankRole], list[str]]:
+    """The culprit of assert lines and a traceback no rank prefix claims, where the others
+    rule themselves out: (culprits, roles, notes)."""
+    unit = job.unit
+    # Only a rank that printed it was waiting on a peer is cleared: an abort alone is also
+    # how NCCL's watchdog ends the rank whose own kernel failed.
+    suspects = [r for r in roles if r.role != "victim" or r.reason == ABORTED]
+    why = f"every other {unit} in the log printed that it was waiting on a peer"
+    if len(suspects) > 1 and _raised_in_python(job.stray):
+        # The unclaimed traceback was raised by a rank that exited with an exception's status;
+        # where only one rank did (the others were signalled), it is that one.
+        raised = [r for r in roles if r.log.exitcode is not None and r.log.exitcode > 0]
+        if len(raised) == 1 and raised[0] in suspects:
+            suspects = raised
+            why = (
+                f"it is the only {unit} that exited with an exception's status "
+                f"({raised[0].log.exitcode}); the others were ended by signals"
+            )
+    if len(suspects) == 1 and len(roles) >= 2:
+        inferred = RankRole(suspects[0].log, "culprit", stray.title, stray, inferred=True)
+        roles = [inferred if r is suspects[0] else r for r in roles]
+        note = (
+            f"The device's assert lines carry no {unit} prefix; {unit} {inferred.log.rank} "
+            f"is named because {why}."
+        )
+        return [inferred], roles, [note]
+    if len(suspects) > 1:
+        plural = f"{unit}s {numbers([r.log.rank for r in suspects])}"
+        return (
+            [],
+            roles,
+            [
+                f"The device's assert lines carry no {unit} prefix, and {plural} printed nothing "
+                "that says they waited on a peer: it is one of them."
+            ],
+        )
+    return [], roles, []
+
+
 def _when(role: RankRole) -> tuple[float, int, int]:
     time = role.log.time if role.log.time is not None else float("inf")
     return (time, role.log.order, role.log.rank)
@@ -156,24 +209,8 @@ def judge(job: JobLog) -> Verdict:
         roles = [again if r is only else r for r in roles]
         culprits = [again]
     if not culprits and stray is not None:
-        # Only a rank that printed it was waiting on a peer is cleared: an abort alone is also
-        # how NCCL's watchdog ends the rank whose own kernel failed.
-        suspects = [r for r in roles if r.role != "victim" or r.reason == ABORTED]
-        if len(suspects) == 1 and len(roles) >= 2:
-            inferred = RankRole(suspects[0].log, "culprit", stray.title, stray, inferred=True)
-            roles = [inferred if r is suspects[0] else r for r in roles]
-            culprits = [inferred]
-            notes.append(
-                f"The device's assert lines carry no {job.unit} prefix; {job.unit} "
-                f"{inferred.log.rank} is named because every other {job.unit} in the log "
-                "printed that it was waiting on a peer."
-            )
-        elif len(suspects) > 1:
-            plural = f"{job.unit}s {numbers([r.log.rank for r in suspects])}"
-            notes.append(
-                f"The device's assert lines carry no {job.unit} prefix, and {plural} "
-                "printed nothing that says they waited on a peer: it is one of them."
-            )
+        culprits, roles, note = _by_elimination(job, roles, stray)
+        notes.extend(note)
     culprits.sort(key=_when)
     first = culprits[0] if culprits else None
     diagnosis = first.diagnosis if first is not None else stray

@@ -159,17 +159,25 @@ def test_a_peer_stopped_by_nb_cudaguard_quotes_the_cause_but_is_no_culprit():
 def test_torchrun_1_9_layout_without_rank_prefixes():
     log = "\n".join([LABEL_LINE, culprit_traceback(None), TORCH_1_9_SUMMARY])
     found = verdict(log)
-    # Only the summary says which rank is which: one was aborted (as NCCL's watchdog ends a
-    # timed-out peer, and also the rank whose own kernel failed), one exited with status 1.
-    # Nothing says which printed the assert: the verdict names neither.
+    # Only the summary says which rank is which: rank 0 was aborted (as NCCL's watchdog ends
+    # a timed-out peer), rank 1 exited with status 1, as a Python exception ends a process:
+    # the one Python traceback in the log, the assert's, is rank 1's.
     assert found.job.root_cause == 0
     assert found.job.script == "train.py"
+    assert [c.log.rank for c in found.culprits] == [1]
+    assert found.culprits[0].inferred
+    assert found.line == f"rank 1 (local rank 1): {LABEL_TITLE}; rank 0 was stopped because of it"
+    assert "the only rank that exited with an exception's status (1)" in found.notes[0]
+
+
+def test_two_ranks_that_could_have_printed_the_assert_are_both_named_as_suspects():
+    two = TORCH_1_9_SUMMARY.replace("exitcode: -6 (pid: 2201)", "exitcode: 1 (pid: 2201)")
+    two = two.replace("Signal 6 (SIGABRT) received by PID 2201", "Process failed with exitcode 1")
+    found = verdict("\n".join([LABEL_LINE, culprit_traceback(None), two]))
     assert found.culprits == ()
     assert found.line == f"a rank the log does not name: {LABEL_TITLE}"
     assert found.notes[0].endswith("ranks 0 and 1 printed nothing that says they waited on a "
                                    "peer: it is one of them.")
-
-
 
 
 def test_deepspeed_launcher_log_names_the_rank_left_when_the_others_timed_out():
