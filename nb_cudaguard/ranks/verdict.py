@@ -214,6 +214,11 @@ def judge(job: JobLog) -> Verdict:
     culprits.sort(key=_when)
     first = culprits[0] if culprits else None
     diagnosis = first.diagnosis if first is not None else stray
+    notes.extend(
+        f"{job.unit.capitalize()} {c.log.rank} failed too, later: {c.reason}."
+        for c in culprits[1:]
+        if first is not None and c.reason != first.reason
+    )
     if job.root_cause is not None and first is not None and job.root_cause != first.log.rank:
         named = next((r for r in roles if r.log.rank == job.root_cause), None)
         what = f"a {named.role} ({named.reason})" if named else "not the culprit"
@@ -265,7 +270,9 @@ def _line(
         first = culprits[0]
         title = first.reason
         who = f"{unit} {first.log.rank}{_place(first.log, first.diagnosis)}"
-        others = [c.log.rank for c in culprits[1:]]
+        # Later culprits with the same cause (one bad batch split over ranks) join the line;
+        # judge() notes those with another cause.
+        others = [c.log.rank for c in culprits[1:] if c.reason == title]
         if others:
             more = "s" if len(others) > 1 else ""
             who += f", then {unit}{more} {numbers(others)}"

@@ -254,3 +254,29 @@ def test_a_plain_torchelastic_error_file_without_our_key(tmp_path: Path):
 
 def test_a_single_process_log_is_not_a_job():
     assert read_text(culprit_traceback(None)) is None
+
+
+def test_ranks_failing_alike_share_the_line_and_another_cause_is_noted(tmp_path: Path):
+    oom = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
+    records = [
+        {"rank": 2, "time": 10.0, "kind": "cuda-error", "exception": f"RuntimeError: {ASSERT_2_0}"},
+        {"rank": 0, "time": 11.0, "kind": "cuda-error", "exception": f"RuntimeError: {ASSERT_2_0}"},
+        {"rank": 3, "time": 12.0, "kind": "cuda-error", "exception": f"torch.OutOfMemoryError: {oom}"},
+        {"rank": 1, "time": 9.0, "kind": "stopped-by-peer", "exception": "RuntimeError: stopped"},
+    ]
+    for record in records:
+        line = [LABEL_LINE] if "assert" in record["exception"] else []
+        data = {"nb_cudaguard_rank_record": 1, "local_rank": record["rank"], "world_size": 4,
+                "host": "node7", "pid": 100, "device_lines": line, "diagnosis": None, **record}
+        (tmp_path / f"rank-{record['rank']}.json").write_text(json.dumps(data), encoding="utf-8")
+    job = read_directory(tmp_path)
+    assert job is not None
+    found = judge(job)
+    assert [c.log.rank for c in found.culprits] == [2, 0, 3]  # by each rank's own clock
+    assert found.line == (
+        f"rank 2 (node7, local rank 2), then rank 0: {LABEL_TITLE}; rank 1 was stopped because "
+        "of it"
+    )
+    assert found.notes == (
+        "Rank 3 failed too, later: A CUDA error that leaves the CUDA context usable.",
+    )
