@@ -21,7 +21,15 @@ from ..diagnosis.classify import normalize
 
 RECORD_KEY = "nb_cudaguard_rank_record"
 Launcher = Literal[
-    "torchrun", "accelerate", "deepspeed", "spawn", "notebook", "python", "lightning", "unknown"
+    "torchrun",
+    "accelerate",
+    "deepspeed",
+    "spawn",
+    "notebook",
+    "python",
+    "lightning",
+    "srun",
+    "unknown",
 ]
 
 
@@ -164,6 +172,11 @@ def _json(path: Path) -> Any:
 _PREFIX = re.compile(r"^\[(?P<kind>rank|[A-Za-z_]+?)(?P<n>\d+)\]:")
 # Ray's worker prefix ("(RayTrainWorker pid=4009, ip=10.0.0.1) "), in front of torch's own.
 _RAY = re.compile(r"^\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ")
+# pdsh (DeepSpeed's multi-node runner) puts the host in front: "worker-1: [rank5]: ...".
+_PDSH = re.compile(r"^([\w.-]+): (?=\[(?:rank|default)\d+\]:)")
+# Slurm's `srun --label`: "3: Traceback ...", the task number being the global rank.
+_SRUN_LABEL = re.compile(r"^\s*(\d+): ")
+_SRUN_TRACEBACK = re.compile(r"(?m)^\s*\d+: (?:\[rank\d+\]: ?)?Traceback \(most recent call")
 # The elastic agent logs through glog-style prefixes: "E1126 18:42:33.780000 17716 torch/...:836] ".
 _GLOG = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
 # A notebook's traceback: IPython's cell frames, ipykernel's compiled cells.
@@ -271,14 +284,20 @@ def _summary_time(value: str) -> float | None:
         return None
 
 
-def _peel(line: str) -> tuple[int | None, int | None, str]:
-    """(global rank, local rank, the line) from a launcher's prefixes."""
+def _peel(line: str, labelled: bool = False) -> tuple[int | None, int | None, str | None, str]:
+    """(global rank, local rank, host, the line) from a launcher's prefixes; ``labelled``: the
+    log is ``srun --label``'s, each line led by its task number (the global rank)."""
     rank = local = None
+    host = None
     line = _GLOG.sub("", _RAY.sub("", line))
+    if labelled and (task := _SRUN_LABEL.match(line)):
+        rank, line = int(task.group(1)), line[task.end() :]
+    elif pdsh := _PDSH.match(line):
+        host, line = pdsh.group(1), line[pdsh.end() :]
     while True:
         prefix = _PREFIX.match(line)
         if not prefix:
-            return rank, local, line
+            return rank, local, host, line
         number = int(prefix.group("n"))
         if prefix.group("kind") == "rank":
             rank = number
@@ -294,7 +313,14 @@ def _is_multi_rank(text: str) -> bool:
         "ProcessExitedException", "ProcessRaisedException", "[launch.py:", "GLOBAL_RANK:",
         "Watchdog caught collective", "notebook_launcher", "elastic_launch",
     )  # fmt: skip
-    return any(mark in text for mark in marks)
+    return any(mark in text for mark in marks) or _srun_labelled(text)
+
+
+def _srun_labelled(text: str) -> bool:
+    """Lines led by at least two task numbers, and a traceback among them."""
+    if _SRUN_TRACEBACK.search(text) is None:
+        return False
+    return len(set(re.findall(r"(?m)^\s*(\d+): ", text))) >= 2
 
 
 def read_text(text: str) -> JobLog | None:
@@ -322,8 +348,9 @@ def _from_console(text: str) -> JobLog | None:
     raised = False  # the quoted traceback's exception line was seen
     pids: dict[int, str] = {}  # pid -> the signal the launcher sent it
     launcher: Launcher = "unknown"
+    labelled = _srun_labelled(text)
     for number, raw in enumerate(text.splitlines()):
-        rank, local, line = _peel(raw)
+        rank, local, host, line = _peel(raw, labelled)
         if rank is not None and local is not None:
             by_local[local] = rank
         if rank is None and local is not None:
@@ -333,10 +360,11 @@ def _from_console(text: str) -> JobLog | None:
                 # back to the global rank once a "[rankN]:" line or the summary says which.
                 rank = -1 - local
         if rank is not None:
-            launcher = "torchrun"
+            launcher = "srun" if labelled and launcher in ("unknown", "srun") else "torchrun"
             entry = ranks.of(rank)
             if local is not None and rank >= 0:
                 entry.local_rank = local
+            entry.host = entry.host or host
             entry.lines.append(line)
             entry.order = min(entry.order, number) if _failure_line(line) else entry.order
             continue
@@ -565,7 +593,7 @@ def _read_attempt(attempt: Path, ranks: _Ranks) -> None:
         lines: list[str] = []
         rank: int | None = _int(record.get("rank")) if record else None
         for raw in text.splitlines():
-            named, _local, line = _peel(raw)
+            named, _local, _host, line = _peel(raw)
             rank = named if rank is None and named is not None else rank
             if line.strip():
                 lines.append(line)

@@ -122,4 +122,10 @@ def rerun(job: JobLog, local_rank: int | None) -> Rerun:
             placeholders=True,
             note=f"the processes {started} starts inherit the variable",
         )
+    if job.launcher == "srun":
+        return Rerun(
+            f"{BLOCKING} srun --label <your srun options> <your command>",
+            placeholders=True,
+            note="srun passes the environment on to every task (--export=ALL, its default)",
+        )
     return Rerun(f"{BLOCKING} <your launch command>", placeholders=True)

@@ -281,3 +281,16 @@ def test_ranks_failing_alike_share_the_line_and_another_cause_is_noted(tmp_path:
     assert found.notes == (
         "Rank 3 failed too, later: A CUDA error that leaves the CUDA context usable.",
     )
+
+
+def test_pdsh_host_prefixes_give_each_rank_its_host():
+    log = "\n".join(
+        [
+            *(f"worker-1: {line}" for line in culprit_traceback(5).splitlines()),
+            "worker-0: [rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:"
+            "598] Connection closed by peer [10.1.0.2]:42211",
+        ]
+    )
+    found = verdict(log)
+    assert found.line.startswith("rank 5 (worker-1): A GPU kernel hit a device-side assert")
+    assert {r.log.rank: r.log.host for r in found.roles} == {0: "worker-0", 5: "worker-1"}

@@ -217,3 +217,20 @@ def test_a_notebook_launch_names_no_victim_and_reruns_from_a_cell(jobs: Path):
     )
     assert '  import os; os.environ["CUDA_LAUNCH_BLOCKING"] = "1"' in rest
     assert "torchrun" not in result.stdout
+
+
+def test_srun_label_lines_name_the_task_that_raised(jobs: Path):
+    # Ranks started one process each, as `srun` starts them; `srun --label` puts each task's
+    # number in front of every line it prints.
+    outputs = by_hand(jobs, 3, ("--culprit", "2"))
+    labelled = "\n".join(
+        f"{task}: {line}" for task, out in enumerate(outputs) for line in out.splitlines()
+    )
+    log = saved(jobs, "srun.log", labelled)
+    payload = verdict_of(log)
+    assert payload["distributed"]["launcher"] == "srun"
+    assert payload["distributed"]["culprit"] == 2
+    assert roles(payload)[0] == roles(payload)[1] == ("victim", "connection closed by peer")
+    assert payload["distributed"]["rerun"]["command"].startswith(
+        "CUDA_LAUNCH_BLOCKING=1 srun --label "
+    )
