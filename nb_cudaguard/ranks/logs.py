@@ -369,7 +369,9 @@ def _from_console(text: str) -> JobLog | None:
             entry.order = min(entry.order, number) if _failure_line(line) else entry.order
             continue
         inner = _INNER_RANK.search(line)
-        if inner and spawn_index is None:
+        # NCCL's failure lines name their rank; DeepSpeed's info lines ("[Rank 0] DeepSpeed
+        # info: ...") do too, but say nothing of a failure.
+        if inner and spawn_index is None and _failure_line(line):
             entry = ranks.of(int(inner.group(1)))
             entry.lines.append(line)
             entry.order = min(entry.order, number)
@@ -420,7 +422,6 @@ def _from_console(text: str) -> JobLog | None:
         elif match := _DS_WORLD.search(line):
             launcher = "deepspeed"
             facts["world_size"] = len(match.group(2).split(","))
-            facts["host"] = match.group(1)
         elif match := _LIGHTNING.search(line):
             launcher = "lightning" if launcher == "unknown" else launcher
             facts["world_size"] = int(match.group(2))
@@ -475,7 +476,10 @@ def _settle_local_ranks(ranks: _Ranks, by_local: dict[int, int]) -> None:
         entry.order = min(entry.order, holder.order)
 
 
-_FAILURE_WORDS = re.compile(r"Traceback|Error|error|Assertion|Signal|timed out|Timed out|abort")
+_FAILURE_WORDS = re.compile(
+    r"Traceback|[Ee]rror|Exception|Assertion|Signal|[Tt]ime(?:d)? ?out|timing out|[Ww]atchdog"
+    r"|[Aa]bort|failed|what\(\)"
+)
 
 
 def _failure_line(line: str) -> bool:
