@@ -54,9 +54,15 @@ def explain(args: argparse.Namespace) -> int:
     from ..ranks.explain import explain_job
 
     if args.file != "-" and Path(args.file).is_dir():
-        if explain_job(Path(args.file), args.json):
+        found = explain_job(Path(args.file), args.json)
+        if found is None:
+            raise UsageFailure(f"{args.file}: is a directory with no rank logs or records")
+        if found:
             return OK
-        raise UsageFailure(f"{args.file}: is a directory (no rank's CUDA error found in it)")
+        if args.json:
+            print("null")
+        print(f"nb-cudaguard: no CUDA error found in {args.file}.", file=sys.stderr)
+        return NOT_FOUND_OR_FAILED
     text = read_input(args.file)
     if explain_job(text, args.json):
         return OK

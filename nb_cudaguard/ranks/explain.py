@@ -10,13 +10,13 @@ from .report import to_payload, to_report
 from .verdict import judge
 
 
-def explain_job(source: str | Path, as_json: bool) -> bool:
-    """Print the verdict on a job's log (a text) or ``--log-dir``/records (a directory); False,
-    printing nothing, where it shows no multi-rank job or no CUDA error in any of its ranks:
-    the caller then reads it as one process's log."""
+def explain_job(source: str | Path, as_json: bool) -> bool | None:
+    """Print the verdict on a job's log (a text) or ``--log-dir``/records (a directory), and
+    return True; print nothing and return None where it shows no multi-rank job, False where
+    none of its ranks holds a CUDA error (a text is then read as one process's log)."""
     job: JobLog | None = read_directory(source) if isinstance(source, Path) else read_text(source)
     if job is None:
-        return False
+        return None
     verdict = judge(job)
     if verdict.diagnosis is None:
         return False

@@ -52,3 +52,18 @@ def test_a_directory_without_rank_logs_is_a_usage_error(tmp_path: Path):
     result = cli(str(tmp_path))
     assert result.returncode == 2
     assert "is a directory" in result.stderr
+
+
+def test_a_log_dir_whose_ranks_hold_no_cuda_error_is_status_1(tmp_path: Path):
+    folder = tmp_path / "run" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text(
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "train.py", line 3, in <module>\n'
+        "[rank0]: KeyError: 'labels'\n",
+        encoding="utf-8",
+    )
+    result = cli("--json", str(tmp_path))
+    assert result.returncode == 1
+    assert result.stdout.strip() == "null"
+    assert "no CUDA error found" in result.stderr
