@@ -201,12 +201,12 @@ def judge(job: JobLog) -> Verdict:
     stray = diagnose(job.stray) if job.stray.strip() else None
     stray = stray if stray is not None and stray.sticky else None
     notes: list[str] = []
-    if len(culprits) == 1 and stray is not None and not culprits[0].log.text.count("Assertion"):
+    only = culprits[0].diagnosis if len(culprits) == 1 else None
+    if stray is not None and only is not None and only.sticky and not only.assert_lines:
         # The CUDA runtime prints its assert lines without the launcher's rank prefix: they
         # are the one culprit's, and decide its cause.
-        only = culprits[0]
-        again = classify_rank(only.log, device_output=job.stray)
-        roles = [again if r is only else r for r in roles]
+        again = classify_rank(culprits[0].log, device_output=job.stray)
+        roles = [again if r is culprits[0] else r for r in roles]
         culprits = [again]
     if not culprits and stray is not None:
         culprits, roles, note = _by_elimination(job, roles, stray)
@@ -223,11 +223,11 @@ def judge(job: JobLog) -> Verdict:
         named = next((r for r in roles if r.log.rank == job.root_cause), None)
         what = f"a {named.role} ({named.reason})" if named else "not the culprit"
         notes.append(
-            f'torchrun\'s "Root Cause (first observed failure)" names rank {job.root_cause}, '
+            f'The launcher\'s "Root Cause (first observed failure)" names rank {job.root_cause}, '
             f"{what}: it picks the earliest timestamp, not the rank that failed first."
         )
-    return Verdict(job, tuple(roles), tuple(culprits), diagnosis, _line(job, roles, culprits,
-                   diagnosis), tuple(notes))  # fmt: skip
+    line = _line(job, roles, culprits, diagnosis)
+    return Verdict(job, tuple(roles), tuple(culprits), diagnosis, line, tuple(notes))
 
 
 def numbers(values: Sequence[int]) -> str:
