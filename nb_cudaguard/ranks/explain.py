@@ -13,12 +13,13 @@ from .verdict import judge
 def explain_job(source: str | Path, as_json: bool) -> bool | None:
     """Print the verdict on a job's log (a text) or ``--log-dir``/records (a directory), and
     return True; print nothing and return None where it shows no multi-rank job, False where
-    none of its ranks holds a CUDA error (a text is then read as one process's log)."""
+    none of its ranks holds a CUDA error or a guard's refusal (a text is then read as one
+    process's log)."""
     job: JobLog | None = read_directory(source) if isinstance(source, Path) else read_text(source)
     if job is None:
         return None
     verdict = judge(job)
-    if verdict.diagnosis is None:
+    if verdict.diagnosis is None and not verdict.culprits:
         return False
     print(json.dumps(to_payload(verdict), indent=2) if as_json else to_report(verdict))
     return True

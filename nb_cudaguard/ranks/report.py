@@ -9,7 +9,7 @@ from typing import Any
 
 from ..diagnosis.advice import BLOCKING, Setting, script
 from ..diagnosis.render import to_text
-from ..diagnosis.schema import to_json
+from ..diagnosis.schema import SCHEMA_VERSION, to_json
 from .logs import JobLog
 from .rerun import Rerun, rerun
 from .verdict import Verdict
@@ -40,7 +40,9 @@ def setting(job: JobLog, again: Rerun) -> Setting:
     return script(launcher)
 
 
-def to_payload(verdict: Verdict) -> dict[str, Any] | None:
+def to_payload(verdict: Verdict) -> dict[str, Any]:
+    """The diagnosis payload (docs/panel.md) with ``distributed`` beside it; for a guard's
+    refusal, which has no diagnosis, ``distributed`` alone."""
     job = verdict.job
     again = rerun(job, culprit_local_rank(verdict))
     distributed = {
@@ -69,10 +71,12 @@ def to_payload(verdict: Verdict) -> dict[str, Any] | None:
             "command": again.command,
             "placeholders": again.placeholders,
             "note": again.note or None,
-        },
+        }
+        if verdict.diagnosis is not None
+        else None,
     }
     if verdict.diagnosis is None:
-        return None
+        return {"schema_version": SCHEMA_VERSION, "distributed": distributed}
     return {**to_json(verdict.diagnosis, setting(job, again)), "distributed": distributed}
 
 
@@ -93,11 +97,15 @@ def to_report(verdict: Verdict) -> str:
         if verdict.culprits and job.launcher == "torchrun" and local is not None
         else ""
     )
+    if verdict.diagnosis is None:
+        # A guard's refusal: the batch never reached the GPU, so no context broke and a
+        # blocking run would show nothing more.
+        lines += ["", "The guard refused the batch before the GPU saw it: fix that input."]
+        return "\n".join(lines)
     lines += ["", f"Run it again in blocking mode{whose}:", f"  {again.command}"]
     if again.note:
         lines.append(f"  ({again.note})")
     if again.placeholders:
         lines.append("  (<...>: what the log does not show; fill in your own)")
-    if verdict.diagnosis is not None:
-        lines += ["", to_text(verdict.diagnosis, setting=setting(job, again)).strip("\n")]
+    lines += ["", to_text(verdict.diagnosis, setting=setting(job, again)).strip("\n")]
     return "\n".join(lines)

@@ -6,9 +6,12 @@ lines as torch 2.4-2.6 print them, e.g. pytorch/pytorch#118369, XPixelGroup/Basi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from pytorch_texts import ASSERT_2_0, H100_TORCH_2_11, HINT_2_0
 
 from nb_cudaguard.ranks.logs import read_directory, read_text
@@ -294,3 +297,34 @@ def test_pdsh_host_prefixes_give_each_rank_its_host():
     found = verdict(log)
     assert found.line.startswith("rank 5 (worker-1): A GPU kernel hit a device-side assert")
     assert {r.log.rank: r.log.host for r in found.roles} == {0: "worker-0", 5: "worker-1"}
+
+
+def test_a_guard_refusal_record_names_its_rank_without_a_cuda_error(tmp_path: Path):
+    refusal = (
+        "GuardRefusal: cross_entropy: target holds 7, outside 0..4 (num_classes=5); the batch "
+        "never reached the GPU"
+    )
+    records = [
+        {"rank": 1, "kind": "guard-refusal", "headline": refusal, "exception": refusal},
+        {"rank": 0, "kind": "stopped-by-peer", "headline": "stopped because rank 1 failed",
+         "exception": f"RuntimeError: stopped because rank 1 failed: {refusal}"},
+    ]
+    for number, record in enumerate(records):
+        data = {"nb_cudaguard_rank_record": 1, "local_rank": record["rank"], "world_size": 2,
+                "host": "kaggle", "pid": 40 + number, "time": 5.0 - number, "cause_id": None,
+                "device_lines": [], "diagnosis": None, **record}
+        (tmp_path / f"rank-{record['rank']}.json").write_text(json.dumps(data), encoding="utf-8")
+    job = read_directory(tmp_path)
+    assert job is not None
+    found = judge(job)
+    assert found.line == (
+        f"rank 1 (kaggle, local rank 1): {refusal}; rank 0 was stopped because of it"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "nb_cudaguard", "explain", "--json", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)["distributed"]
+    assert payload["culprit"] == 1
+    assert payload["rerun"] is None  # nothing broke: a blocking run would show nothing more
