@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -276,8 +277,6 @@ def _summary_field(entry: _Rank, key: str, value: str) -> None:
 
 
 def _summary_time(value: str) -> float | None:
-    from datetime import datetime
-
     try:  # the agent's local time, to the second: "2026-11-26_18:28:26"
         return datetime.fromisoformat(value.replace("_", "T")).timestamp()
     except ValueError:
@@ -421,7 +420,8 @@ def _from_console(text: str) -> JobLog | None:
             facts["script_command"] = " ".join(words)
         elif match := _DS_WORLD.search(line):
             launcher = "deepspeed"
-            facts["world_size"] = len(match.group(2).split(","))
+            if line.count("': [") == 1:  # one host: its local ranks are the world
+                facts["world_size"] = len(match.group(2).split(","))
         elif match := _LIGHTNING.search(line):
             launcher = "lightning" if launcher == "unknown" else launcher
             facts["world_size"] = int(match.group(2))
@@ -535,9 +535,9 @@ def _from_json_files(items: Iterable[Any], ranks: _Ranks | None = None) -> JobLo
 
 
 def _world(ranks: _Ranks) -> int | None:
-    sizes = {_int(r.record.get("world_size")) for r in ranks.values() if r.record}
-    sizes.discard(None)
-    return max(sizes) if sizes else None  # type: ignore[type-var]
+    sizes = [_int(r.record.get("world_size")) for r in ranks.values() if r.record]
+    known = [size for size in sizes if size is not None]
+    return max(known) if known else None
 
 
 _RECORD_FILE = re.compile(r"^rank-(\d+)\.json$")

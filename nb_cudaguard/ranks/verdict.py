@@ -197,6 +197,14 @@ def _when(role: RankRole) -> tuple[float, int, int]:
 def judge(job: JobLog) -> Verdict:
     """Class every rank and name the culprit (see the module's docstring)."""
     roles = [classify_rank(log) for log in job.ranks]
+    # Ranks of a known world that printed nothing at all are suspects too.
+    present = {log.rank for log in job.ranks}
+    roles += [
+        RankRole(RankLog(rank), "unknown", "nothing of it in the log")
+        for rank in range(job.world_size or 0)
+        if rank not in present
+    ]
+    roles.sort(key=lambda role: role.log.rank)
     culprits = [r for r in roles if r.role == "culprit"]
     stray = diagnose(job.stray) if job.stray.strip() else None
     stray = stray if stray is not None and stray.sticky else None

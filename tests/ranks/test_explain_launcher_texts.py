@@ -328,3 +328,20 @@ def test_a_guard_refusal_record_names_its_rank_without_a_cuda_error(tmp_path: Pa
     payload = json.loads(result.stdout)["distributed"]
     assert payload["culprit"] == 1
     assert payload["rerun"] is None  # nothing broke: a blocking run would show nothing more
+
+
+def test_a_rank_of_a_known_world_that_printed_nothing_is_the_one_left():
+    # Lightning says the world is 3; ranks 0 and 2 print that they timed out, rank 1 nothing:
+    # the unprefixed assert is rank 1's.
+    log = "\n".join(
+        [
+            LIGHTNING_LOG.replace("MEMBER: 2/2", "MEMBER: 2/3").replace("{device}", LABEL_LINE)
+            .replace("{traceback}", culprit_traceback(None)),
+            nccl_timeout(0),
+            nccl_timeout(2),
+        ]
+    )
+    found = verdict(log)
+    assert found.job.world_size == 3
+    assert [c.log.rank for c in found.culprits] == [1]
+    assert found.line == f"rank 1: {LABEL_TITLE}; ranks 0 and 2 were stopped because of it"
