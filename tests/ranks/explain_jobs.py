@@ -107,7 +107,9 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 import failing_job
 
 def train():
-    failing_job.elastic_main(argparse.Namespace(culprit=1, late=0.0, timeout=20.0, records="",
+    # The culprit raises late: its peer's collective times out first, and is what the
+    # launcher reports.
+    failing_job.elastic_main(argparse.Namespace(culprit=1, late=4.0, timeout=1.5, records="",
                                                 plain=False, port=0))
 
 config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="nb",

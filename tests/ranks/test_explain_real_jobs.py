@@ -17,6 +17,7 @@ from explain_jobs import JOB, by_hand, notebook_cell, run, spawn, torchrun
 
 CAUSE = "An index is out of range for the tensor it reads from"  # the H100 line's rule
 LATE = ("--late", "4", "--timeout", "1.5")  # the peers' collective times out first
+TERMINATED = "terminated by the launcher (SIGTERM)"
 
 
 def explain(target: Path, *options: str) -> subprocess.CompletedProcess[str]:
@@ -76,11 +77,11 @@ def test_torchrun_console_names_the_rank_that_raised_and_its_peers_as_victims(to
     assert first.startswith("nb-cudaguard: rank 1 (")
     assert f"{CAUSE}; ranks 0 and 2 were stopped because of it." in first
     payload = verdict_of(torchrun_log)
-    assert roles(payload) == {
-        0: ("victim", "connection closed by peer"),
-        1: ("culprit", CAUSE),
-        2: ("victim", "connection closed by peer"),
-    }
+    found = roles(payload)
+    assert found[1] == ("culprit", CAUSE)
+    # A peer prints that it lost its connection, unless the agent's SIGTERM comes first.
+    stopped = {("victim", "connection closed by peer"), ("collateral", TERMINATED)}
+    assert found[0] in stopped and found[2] in stopped
     assert payload["cause"] == "index-out-of-range"
 
 
@@ -99,14 +100,15 @@ def test_a_victim_that_timed_out_first_is_never_blamed(torchrun_victims_first):
     log = torchrun_victims_first.read_text(encoding="utf-8")
     # What torchrun itself says: its root cause is the peer that timed out first.
     root = log[log.index("Root Cause (first observed failure)") :]
-    assert re.search(r"rank\s+: 0 \(local_rank: 0\)", root), root
+    named = int(re.findall(r"rank\s+: (\d) \(local_rank", root)[0])  # 0 or 2: a race
+    assert named != 1, root
     payload = verdict_of(torchrun_victims_first)
     assert payload["distributed"]["culprit"] == 1
-    assert roles(payload)[0] == ("victim", "collective timed out")
-    assert payload["distributed"]["launcher_root_cause"] == 0
+    assert roles(payload)[named] == ("victim", "collective timed out")
+    assert payload["distributed"]["launcher_root_cause"] == named
     text = explain(torchrun_victims_first).stdout
     assert text.startswith(f"nb-cudaguard: rank 1 (localhost, local rank 1): {CAUSE}")
-    assert 'names rank 0, a victim (collective timed out)' in text
+    assert f"names rank {named}, a victim (collective timed out)" in text
 
 
 def test_a_log_dir_is_read_rank_by_rank(torchrun_log_dir):
@@ -114,7 +116,8 @@ def test_a_log_dir_is_read_rank_by_rank(torchrun_log_dir):
     assert list(logs.rglob("attempt_0/2/stderr.log"))
     payload = verdict_of(logs)
     assert payload["distributed"]["culprit"] == 2
-    assert roles(payload)[0][0] == roles(payload)[1][0] == "victim"
+    assert roles(payload)[0][0] in ("victim", "collateral")
+    assert roles(payload)[1][0] in ("victim", "collateral")
     assert f"--log-dir {logs}" in payload["distributed"]["rerun"]["command"]
     assert "--local-ranks-filter 2" in payload["distributed"]["rerun"]["command"]
 
@@ -142,8 +145,12 @@ def test_an_echoed_torchrun_command_is_rerun_as_it_was_typed(jobs: Path):
 
 def test_mp_spawn_names_the_process_that_raised(jobs: Path):
     log = saved(jobs, "spawn.log", run(spawn(), jobs))
+    text = log.read_text(encoding="utf-8")
+    named = int(re.findall(r"-- Process (\d) terminated with the following error:", text)[0])
     payload = verdict_of(log)
-    assert payload["distributed"]["culprit"] == 1
+    # spawn quotes the culprit's traceback where it saw it die first (nearly always);
+    # where it saw a peer first, the culprit's error is nowhere and no process is named.
+    assert payload["distributed"]["culprit"] == (1 if named == 1 else None)
     assert payload["distributed"]["rerun"]["command"] == (
         f"CUDA_LAUNCH_BLOCKING=1 python {JOB} <your script's arguments>"
     )
