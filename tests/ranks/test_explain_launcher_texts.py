@@ -345,3 +345,28 @@ def test_a_rank_of_a_known_world_that_printed_nothing_is_the_one_left():
     assert found.job.world_size == 3
     assert [c.log.rank for c in found.culprits] == [1]
     assert found.line == f"rank 1: {LABEL_TITLE}; ranks 0 and 2 were stopped because of it"
+
+
+@pytest.mark.parametrize(
+    ("echoed", "expected"),
+    [
+        (
+            "$ python -m torch.distributed.launch --nproc_per_node=2 --use_env train.py --lr 3",
+            "CUDA_LAUNCH_BLOCKING=1 python -m torch.distributed.launch --nproc_per_node=2 "
+            "--use_env --local-ranks-filter 1 --redirects 3 --log-dir <dir> train.py --lr 3",
+        ),
+        (
+            "+ CUDA_LAUNCH_BLOCKING=0 torchrun --nnodes 1 --tee 3 --log-dir runs/a train.py",
+            "CUDA_LAUNCH_BLOCKING=1 torchrun --nnodes 1 --local-ranks-filter 1 --redirects 3 "
+            "--log-dir runs/a train.py",
+        ),
+        (
+            "$ accelerate launch --multi_gpu --num_processes 2 train.py --bf16",
+            "CUDA_LAUNCH_BLOCKING=1 accelerate launch --multi_gpu --num_processes 2 train.py "
+            "--bf16",
+        ),
+    ],
+)
+def test_an_echoed_launch_command_is_rerun_with_its_own_options(echoed: str, expected: str):
+    found = verdict("\n".join([echoed, LABEL_LINE, culprit_traceback(1), nccl_timeout(0)]))
+    assert rerun(found.job, 1).command == expected
