@@ -51,7 +51,22 @@ def read_input(file: str) -> str:
 
 
 def explain(args: argparse.Namespace) -> int:
+    # A job of several ranks (a launcher's log, a --log-dir, per-rank records): its verdict.
+    from ..ranks.explain import explain_job
+
+    if args.file != "-" and Path(args.file).is_dir():
+        found = explain_job(Path(args.file), args.json)
+        if found is None:
+            raise UsageFailure(f"{args.file}: is a directory with no rank logs or records")
+        if found:
+            return OK
+        if args.json:
+            print("null")
+        print(f"nb-cudaguard: no CUDA error found in {args.file}.", file=sys.stderr)
+        return NOT_FOUND_OR_FAILED
     text = read_input(args.file)
+    if explain_job(text, args.json):
+        return OK
     diagnosis = diagnose(text)
     if diagnosis is not None:
         # Read outside the kernel: the fixes may name only what the log shows.

@@ -1,0 +1,1 @@
+"""A job of several processes (torchrun, mp.spawn, accelerate, DeepSpeed): which rank failed."""
