@@ -28,6 +28,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
+from .record import CellRecord
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class Plan:
     # cell builds them anew.
     twice: tuple[str, ...] = ()
     unseeded: tuple[int, ...] = ()  # cells it runs that draw random numbers with no seed set
+    # Names the cells before the failing one deleted last (``del raw``): gone again before it.
+    drop: tuple[str, ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -84,7 +87,17 @@ def plan_replay(
     present = set(present)
     restored = set(restored) & present
     planner = _Planner(facts, failing, present, set(failed), modules, restored)
-    return planner.run(set(after_failure) & restored)
+    return replace(planner.run(set(after_failure) & restored), drop=deleted_before(facts, failing))
+
+
+def deleted_before(facts: Sequence[CellFacts], failing: int) -> tuple[str, ...]:
+    """The names whose last binding before ``failing`` was a ``del`` (a cell that binds and
+    deletes a name, ``raw = load(); data = prep(raw); del raw``, leaves it deleted)."""
+    gone: dict[str, bool] = {}
+    for cell in facts[:failing]:
+        gone.update(dict.fromkeys(cell.defines - cell.deletes, False))
+        gone.update(dict.fromkeys(cell.deletes, True))
+    return tuple(sorted(n for n, deleted in gone.items() if deleted))
 
 
 def module_names(facts: Sequence[CellFacts], own_modules: Collection[str] = ()) -> set[str]:
@@ -531,3 +544,30 @@ def _reason(name: str, facts: CellFacts) -> str:
     if name in facts.mutates and name not in facts.defines - facts.mutates:
         return f"changes {name}"
     return f"defines {name}"
+
+
+def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
+    """A cell's facts from its text, joined with what it was seen to do when it ran: the names it
+    bound, changed in place (``train_result = trainer.train()`` changed ``model``) or deleted,
+    the settings it changed (then it always runs again, as a seed does). Its draws count only
+    where its random state was not kept: a replay starts it from that state."""
+    if record is None:
+        return facts
+    changed = record.changed
+    setup = facts.setup
+    if record.settings:
+        setup = "; ".join(filter(None, [setup, "changes " + ", ".join(record.settings)]))
+    draws = facts.draws
+    if record.rng or not record.drew:
+        draws = ""
+    elif not draws:
+        draws = "drew from " + ", ".join(record.drew) + " when it ran"
+    return replace(
+        facts,
+        defines=facts.defines | record.bound | changed,
+        uses=facts.uses | changed,  # a change in place is a read and a redefinition
+        mutates=facts.mutates | changed,
+        deletes=facts.deletes | record.deleted,
+        setup=setup,
+        draws=draws,
+    )
