@@ -135,7 +135,7 @@ class CudaGuardExtension:
         # also the one that broke it; where the probe could not tell, the panel still named it.
         after_cell = self.last_sticky_cell if after_cell is None else after_cell
         # The cells, for `%cudaguard replay` in the next process.
-        records = self.recorder.records if self.recorder is not None else {}
+        records = self.recorder.settle() if self.recorder is not None else {}
         with cells_kept_for_restart(self.shell, self.outcomes, after_cell, self.seconds, records):
             plan = restart_kernel(
                 blocking,

@@ -16,19 +16,25 @@ analysis, which the plan joins to it, and names too large to see whole are liste
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import random
 import sys
 import zlib
-from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
+from types import ModuleType
 from typing import Any
 
 MAX_NODES = 2000  # objects visited per name
 _SAMPLE = 64  # values read from a large array, evenly spread
+_MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: the key and its position
 _KEEP = 500  # records kept in a long session (as runtime.cells)
 _KEEP_RNG = 200  # of which with a random state (a few KiB each)
-_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), range, frozenset)
+_IMMUTABLE = frozenset({str, bytes, int, float, complex, bool, type(None), range, type(...)})
+_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+_MAY_CHANGE = dict.fromkeys(_IMMUTABLE, False)
 
 
 @dataclass(frozen=True)
@@ -89,50 +95,63 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
     numpy = sys.modules.get("numpy")
     while stack:
         obj = stack.pop()
-        if isinstance(obj, _IMMUTABLE) or id(obj) in seen:
+        kind = type(obj)
+        if kind in _IMMUTABLE or id(obj) in seen:
             tokens.append(id(obj))
             continue
         if len(seen) >= limit:
             return tuple(tokens), False
         seen.add(id(obj))
-        if torch is not None and isinstance(obj, torch.Tensor):
+        if kind in _CONTAINERS:
+            if len(obj) > limit:
+                tokens.append((id(obj), len(obj)))
+                return tuple(tokens), False
+            if kind is dict:
+                tokens.append((id(obj), tuple(map(id, obj)), tuple(map(id, obj.values()))))
+                stack.extend(_mutable(obj.values()))
+            elif kind is set or kind is frozenset:
+                tokens.append((id(obj), len(obj), sum(map(id, obj))))
+            else:
+                tokens.append((id(obj), tuple(map(id, obj))))
+                stack.extend(_mutable(obj))
+        elif torch is not None and isinstance(obj, torch.Tensor):
             tokens.append(_tensor_token(obj))
         elif torch is not None and isinstance(obj, torch.nn.Module):
-            tokens.append((id(obj), obj.training))
             for module in obj.modules():
+                seen.add(id(module))
                 tokens.append(module.training)
-                for tensor in (*module._parameters.values(), *module._buffers.values()):
+                for tensor in module._parameters.values():
                     if tensor is not None:
                         tokens.append(_tensor_token(tensor))
-                        seen.add(id(tensor))
-            stack.extend(_plain_attributes(obj))
+                for tensor in module._buffers.values():
+                    if tensor is not None:
+                        tokens.append(_tensor_token(tensor))
+                # Its own attributes (``self.history = []``); torch's bookkeeping starts with _.
+                for name, attribute in vars(module).items():
+                    if name[:1] != "_":
+                        tokens.append(id(attribute))
+                        if type(attribute) not in _IMMUTABLE:
+                            stack.append(attribute)
         elif torch is not None and isinstance(obj, torch.optim.Optimizer):
             tokens.append((id(obj), len(obj.state)))
             for group in obj.param_groups:
-                tokens.extend((k, v) for k, v in group.items() if isinstance(v, _IMMUTABLE))
-                tokens.append(len(group.get("params", ())))
+                tokens.extend(v for k, v in group.items() if type(v) in _IMMUTABLE)
             for state in obj.state.values():
                 stack.extend(state.values())
         elif numpy is not None and isinstance(obj, numpy.ndarray):
             tokens.append(_array_token(obj))
-        elif isinstance(obj, (list, tuple, set, frozenset, dict)):
-            tokens.append((id(obj), len(obj)))
-            if isinstance(obj, (set, frozenset)):
-                tokens.append(sum(map(id, obj)) if len(obj) <= limit else None)
-                continue
-            if len(obj) > limit:
-                return tuple(tokens), False
-            if isinstance(obj, dict):
-                tokens.extend(map(id, obj))  # keys: strings, mostly; by identity
-                stack.extend(obj.values())
-            else:
-                stack.extend(obj)
-        elif callable(obj) or isinstance(obj, type(sys)):
+        elif callable(obj) or isinstance(obj, ModuleType):
             tokens.append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
-            tokens.append((id(obj), type(obj).__name__))
+            tokens.append((id(obj), kind))
             stack.extend(_plain_attributes(obj))
     return tuple(tokens), True
+
+
+def _mutable(items: Iterable[Any]) -> Iterator[Any]:
+    """The items that may change in place (a C-level filter: no Python call per item)."""
+    items = tuple(items)
+    return compress(items, map(_MAY_CHANGE.get, map(type, items), repeat(True)))
 
 
 def _tensor_token(tensor: Any) -> tuple[Any, ...]:
@@ -140,25 +159,18 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
         pointer = tensor.data_ptr()
     except Exception:  # sparse, meta, or a tensor subclass without storage
         pointer = None
-    grad = tensor.grad if tensor.is_leaf and tensor.requires_grad else None
-    return (
-        id(tensor),
-        tensor._version,
-        pointer,
-        tuple(tensor.shape),
-        None if grad is None else (id(grad), grad._version),
-    )
+    if tensor.requires_grad and tensor.grad is not None:
+        grad = tensor.grad
+        return (id(tensor), tensor._version, pointer, id(grad), grad._version)
+    return (id(tensor), tensor._version, pointer)
 
 
 def _array_token(array: Any) -> tuple[Any, ...]:
-    address = array.__array_interface__["data"][0]
-    flat = array.reshape(-1) if array.flags.c_contiguous else None
-    if flat is None or flat.size == 0 or array.dtype.hasobject:
+    if array.dtype.hasobject or array.size == 0 or not array.flags.c_contiguous:
         sample: Any = None
-    else:
-        step = max(1, flat.size // _SAMPLE)
-        sample = flat[::step].tobytes()  # every value of a small array; spread over a large one
-    return (id(array), address, array.shape, str(array.dtype), sample)
+    else:  # every value of a small array; spread over a large one
+        sample = array.reshape(-1)[:: max(1, array.size // _SAMPLE)].tobytes()
+    return (id(array), array.shape, array.dtype.num, sample)
 
 
 def _plain_attributes(obj: Any) -> list[Any]:
@@ -203,7 +215,7 @@ def rng_states() -> dict[str, Any]:
     states: dict[str, Any] = {"random": random.getstate()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        states["numpy"] = numpy.random.get_state()
+        states["numpy"] = _numpy_state(numpy)
     torch = sys.modules.get("torch")
     if torch is not None:
         states["torch"] = torch.random.get_rng_state()
@@ -213,6 +225,25 @@ def rng_states() -> dict[str, Any]:
         except Exception:  # a poisoned context: its generators cannot be read
             pass
     return states
+
+
+_numpy_cache: list[Any] = [None, b"", None, 0]  # generator, its raw words, get_state(), address
+
+
+def _numpy_state(numpy: Any) -> Any:
+    """numpy's global state (``get_state()``, 30 us), read again only where its generator's
+    raw words moved (``string_at``, 1 us): most cells never draw from numpy."""
+    try:
+        generator = numpy.random.mtrand._rand._bit_generator
+        if _numpy_cache[0] is not generator:
+            _numpy_cache[:] = [generator, b"", None]
+        address = generator.ctypes.state_address if _numpy_cache[2] is None else _numpy_cache[3]
+        raw = ctypes.string_at(address, _MT_BYTES)
+    except Exception:  # another numpy layout: read it whole
+        return numpy.random.get_state()
+    if raw != _numpy_cache[1] or _numpy_cache[2] is None:
+        _numpy_cache[:] = [generator, raw, numpy.random.get_state(), address]
+    return _numpy_cache[2]
 
 
 def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, ...]:
@@ -226,6 +257,8 @@ def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str
 
 
 def _same_state(a: Any, b: Any) -> bool:
+    if a is b:  # numpy's, read again only where it moved
+        return True
     if isinstance(a, tuple) and len(a) == 5 and hasattr(a[1], "tobytes"):  # numpy's
         return bool(a[1].tobytes() == b[1].tobytes() and a[2:] == b[2:])
     torch = sys.modules.get("torch")
@@ -289,11 +322,7 @@ def restore_rng(encoded: str) -> tuple[str, ...]:
 # --- the recorder ---------------------------------------------------------------------------------
 
 
-@dataclass
-class _Seen:
-    value_id: int
-    print: tuple[Any, ...]
-    whole: bool
+_Seen = tuple[int, tuple[Any, ...], bool]  # (id of the value, its fingerprint, seen whole)
 
 
 @dataclass
@@ -302,6 +331,8 @@ class Recorder:
 
     ``hidden``: names that are not the user's (IPython's own); ``own_modules``: which of the
     given top-level module names are the notebook's own (their globals count as its state).
+    The random state is read once per cell, at its start: whether a cell drew is known when the
+    next one starts (or at ``settle``), and its start state is kept only then.
     """
 
     hidden: Collection[str] = frozenset()
@@ -310,15 +341,21 @@ class Recorder:
     _seen: dict[str, _Seen] = field(default_factory=dict)
     _modules: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _own: dict[str, bool] = field(default_factory=dict)  # module name -> the notebook's own
+    _module_of: dict[tuple[str, int], str] = field(default_factory=dict)
     _settings: tuple[tuple[str, Any], ...] = ()
-    _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the running cell
+    _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the last cell
+    _rng_cell: int | None = None  # that cell, once it finished
+    _rng_kept: list[int] = field(default_factory=list)  # cells whose record holds a state
+    _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
+    _names: dict[str, None] = field(default_factory=dict)  # of which the user's, in order
     _depth: int = 0
     _primed: bool = False
 
     def prime(self, namespace: Mapping[str, Any]) -> None:
         """Take the namespace as it is now as the state before the next cell."""
-        self._seen = {n: self._see(v) for n, v in self._user_items(namespace)}
-        self._modules = self._see_modules(namespace)
+        user = self._user(namespace)
+        self._seen = {n: _see(v) for n, v in user.items()}
+        self._modules = self._see_modules(user)
         self._settings = torch_settings()
         self._primed = True
 
@@ -331,83 +368,118 @@ class Recorder:
         if not self._primed:
             self.prime(namespace)
         else:
-            user = dict(self._user_items(namespace))
+            user = self._user(namespace)
             for name in self._seen.keys() - user.keys():
                 del self._seen[name]
             for name, value in user.items():
                 seen = self._seen.get(name)
-                if seen is None or seen.value_id != id(value):
-                    self._seen[name] = self._see(value)
-        self._rng = rng_states()
+                if seen is None or seen[0] != id(value):
+                    self._seen[name] = _see(value)
+        self._rng = self._settle_rng(rng_states())
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
         self._depth = max(0, self._depth - 1)
         if self._depth or not self._primed:
             return
-        now = {n: self._see(v) for n, v in self._user_items(namespace)}
+        user = self._user(namespace)
+        now = {n: _see(v) for n, v in user.items()}
         bound, changed, unseen = set(), set(), set()
+        previous = self._seen
         for name, seen in now.items():
-            before = self._seen.get(name)
-            if before is None or before.value_id != seen.value_id:
+            before = previous.get(name)
+            if before is None or before[0] != seen[0]:
                 bound.add(name)
-            elif before.print != seen.print:
+            elif before[1] != seen[1]:
                 changed.add(name)
-            if not seen.whole:
+            if not seen[2]:
                 unseen.add(name)
-        deleted = self._seen.keys() - now.keys()
-        modules = self._see_modules(namespace)
+        deleted = previous.keys() - now.keys()
+        modules = self._see_modules(user)
         moved = {m for m, s in modules.items() if m in self._modules and self._modules[m] != s}
         if moved:  # a module's global re-bound (``cfg.LR = 0.5``): its names in the namespace
-            changed |= {n for n, v in self._user_items(namespace) if _module_of(v) in moved}
-            changed -= bound
+            changed |= {n for n, v in user.items() if self._module_name(n, v) in moved} - bound
         settings = torch_settings()
         before_settings = dict(self._settings)
         changed_settings = tuple(
             sorted(n for n, v in settings if n in before_settings and before_settings[n] != v)
         )
-        rng_after = rng_states()
-        drew = drawn_from(self._rng, rng_after) if self._rng else ()
-        keep_rng = bool(drew or failed) and cell is not None
-        record = CellRecord(
+        self._seen, self._modules, self._settings = now, modules, settings
+        self._rng_cell = cell
+        if cell is None:
+            return
+        self.records[cell] = CellRecord(
             frozenset(bound),
             frozenset(changed),
             frozenset(deleted),
             changed_settings,
-            drew,
+            (),
             frozenset(unseen),
-            encode_rng(self._rng) if keep_rng and self._rng else "",
+            encode_rng(self._rng) if failed and self._rng else "",
         )
-        self._seen, self._modules, self._settings = now, modules, settings
-        if cell is None:
-            return
-        self.records[cell] = record
+        if failed and self._rng:
+            self._rng_kept.append(cell)
         self._forget_old()
+
+    def settle(self) -> dict[int, CellRecord]:
+        """The records, the last cell's draws included (known at the next cell's start)."""
+        self._settle_rng(rng_states())
+        return self.records
+
+    def _settle_rng(self, now: dict[str, Any]) -> dict[str, Any]:
+        """The last finished cell drew where the state moved since it began: its record says
+        so, and keeps the state it began with."""
+        cell, self._rng_cell = self._rng_cell, None
+        record = self.records.get(cell) if cell is not None else None
+        if record is not None and self._rng:
+            drew = drawn_from(self._rng, now)
+            if drew:
+                rng = record.rng or encode_rng(self._rng)
+                self.records[cell] = replace(record, drew=drew, rng=rng)  # type: ignore[index]
+                if not record.rng:
+                    self._rng_kept.append(cell)  # type: ignore[arg-type]
+        return now
 
     def _forget_old(self) -> None:
         if len(self.records) > 2 * _KEEP:
             for old in sorted(self.records)[:-_KEEP]:
                 del self.records[old]
-        with_rng = [c for c, r in self.records.items() if r.rng]
-        for old in sorted(with_rng)[:-_KEEP_RNG]:
-            record = self.records[old]
-            self.records[old] = CellRecord(**{**record.__dict__, "rng": ""})
+        while len(self._rng_kept) > _KEEP_RNG:
+            old = self._rng_kept.pop(0)
+            if old in self.records:
+                self.records[old] = replace(self.records[old], rng="")
 
-    def _user_items(self, namespace: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    def _user(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
+        """The user's names and values. IPython adds ``_i<N>``, ``_<N>``... at every cell, so a
+        namespace grows without end: only the keys added since the last look are read (a dict
+        keeps insertion order: they are its last ones), and all of them again only where the
+        count does not add up (a ``del``)."""
+        keys, added = self._keys, []
+        for name in reversed(namespace.keys()):  # type: ignore[call-overload]
+            if name in keys:
+                break
+            added.append(name)
+        if len(namespace) != len(keys) + len(added):
+            keys.clear()
+            self._names.clear()
+            added = list(namespace)
+        keys.update(added)
         hidden = self.hidden
-        return ((n, v) for n, v in namespace.items() if n[:1] != "_" and n not in hidden)
+        self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
+        return {n: namespace[n] for n in self._names}
 
-    @staticmethod
-    def _see(value: Any) -> _Seen:
-        try:
-            tokens, whole = fingerprint(value)
-        except Exception:  # an object whose attributes raise: seen by identity only
-            tokens, whole = (id(value),), False
-        return _Seen(id(value), tokens, whole)
+    def _module_name(self, name: str, value: Any) -> str:
+        key = (name, id(value))
+        found = self._module_of.get(key)
+        if found is None:
+            if len(self._module_of) > 4 * _KEEP:
+                self._module_of.clear()
+            found = self._module_of[key] = _module_of(value)
+        return found
 
-    def _see_modules(self, namespace: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    def _see_modules(self, user: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
         """The notebook's own modules' globals, for the modules the namespace uses."""
-        names = {_module_of(v) for _, v in self._user_items(namespace)} - {""}
+        names = {self._module_name(n, v) for n, v in user.items()} - {""}
         unknown = [n for n in names if n not in self._own]
         if unknown:
             own = set(self.own_modules(unknown))
@@ -417,16 +489,22 @@ class Recorder:
             module = sys.modules.get(name)
             if module is not None:
                 found[name] = tuple(
-                    (k, self._see(v).print)
-                    for k, v in sorted(vars(module).items())
-                    if not k.startswith("__")
+                    (k, _see(v)[1]) for k, v in sorted(vars(module).items()) if k[:2] != "__"
                 )
         return found
 
 
+def _see(value: Any) -> _Seen:
+    try:
+        tokens, whole = fingerprint(value)
+    except Exception:  # an object whose attributes raise: seen by identity only
+        tokens, whole = (id(value),), False
+    return (id(value), tokens, whole)
+
+
 def _module_of(value: Any) -> str:
     """The top-level module a value comes from (itself, for a module), or ""."""
-    if isinstance(value, type(sys)):
+    if isinstance(value, ModuleType):
         return value.__name__.partition(".")[0]
     module = getattr(value, "__module__", None)
     if not isinstance(module, str):

@@ -46,7 +46,7 @@ def _run(shell: Any, cells: Sequence[str]) -> SavedCells:
     assert state is not None and state.recorder is not None
     failing_count = shell.execution_count - 1
     kept, failing = replay_glue.cells_to_save(
-        shell, state.outcomes, failing_count, state.seconds, state.recorder.records
+        shell, state.outcomes, failing_count, state.seconds, state.recorder.settle()
     )
     assert failing is not None
     return SavedCells(tuple(kept), failing, time.time(), 1)
@@ -176,7 +176,7 @@ def test_what_a_cell_did_is_seen_from_its_effects_not_its_text():
         recorder.start(namespace)
         exec(code, namespace)
         recorder.finish(namespace, count, failed=False)
-        return recorder.records[count]
+        return recorder.settle()[count]
 
     cell(1, "import torch\nx = torch.zeros(3)\nhistory = [1, 2]\ncfg = {'lr': 1}")
     assert cell(2, "y = x.add_(1)") == CellRecord(frozenset({"y"}), frozenset({"x"}))
