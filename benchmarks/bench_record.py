@@ -143,7 +143,9 @@ def main() -> None:
         f"{low:.2f} ms (min), {median:.2f} ms (median) per cell"
     )
     off, on = loop_cell(args.loop)
-    print(f"top-level loop cell: {off * 1e3:.1f} ms without, {on * 1e3:.1f} ms with: {on / off:.3f}x")
+    print(
+        f"top-level loop cell: {off * 1e3:.1f} ms without, {on * 1e3:.1f} ms with: {on / off:.3f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from ..diagnosis.render import (
 from ..replay.analysis import CellFacts, analyse_cell, runnable_source
 from ..replay.flags import cell_flags, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
-from ..replay.planner import Plan, joined, plan_replay
+from ..replay.planner import Plan, joined, plan_replay, with_records
 from ..replay.record import CellRecord, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
 from .locate import kernel_connection, profile_dirs
@@ -200,7 +200,7 @@ def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
 
     modules = {m for f in facts for m in f.imported_from.values()}
     restored, after_failure = restored_names(shell)
-    return plan_replay(
+    plan = plan_replay(
         facts,
         saved.failing,
         set(shell.user_ns),
@@ -209,6 +209,7 @@ def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
         after_failure=after_failure,
         own_modules=own_modules(modules),
     )
+    return with_records(plan, facts, [c.record for c in cells])
 
 
 def own_modules(names: Iterable[str]) -> set[str]:

@@ -53,6 +53,10 @@ class Plan:
     unseeded: tuple[int, ...] = ()  # cells it runs that draw random numbers with no seed set
     # Names the cells before the failing one deleted last (``del raw``): gone again before it.
     drop: tuple[str, ...] = ()
+    # Cells it runs that ran before nb_cudaguard was loaded: planned from their text alone.
+    unrecorded: tuple[int, ...] = ()
+    # Names it rebuilds too large to compare whole when they ran: a change inside may be missed.
+    unseen: tuple[str, ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -238,7 +242,7 @@ class _Planner:
         for name in sorted(target.uses & target.defines & set(after_failure)):
             self.stale[name] = "the one restored has the failing cell's change already"
             self.need(name, self.failing, self.failing)
-        for name in target.uses | target.deferred:
+        for name in sorted(target.uses | target.deferred):  # a stable order of reasons
             self.need(name, self.failing, self.failing)
         while True:
             before = set(self.reasons)
@@ -468,10 +472,10 @@ class _Planner:
         first = index not in self.reasons
         self.reasons.setdefault(index, []).append(reason)
         facts = self.facts[index]
-        for name in facts.deferred:  # what the functions it defines read, when called
+        for name in sorted(facts.deferred):  # what the functions it defines read, when called
             self.need(name, deferred_at, deferred_at)
         if first and index != self.failing:
-            for name in facts.uses:
+            for name in sorted(facts.uses):
                 self.need(name, index, index)
 
     def _counts(self, name: str, facts: CellFacts) -> bool:
@@ -491,7 +495,7 @@ class _Planner:
             for index in self._touching(name, before):
                 facts = self.facts[index]
                 if name in facts.defines - facts.mutates:
-                    for other in facts.deferred:
+                    for other in sorted(facts.deferred):
                         self.need(other, deferred_at, deferred_at)
                     break
             return
@@ -571,3 +575,14 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
         setup=setup,
         draws=draws,
     )
+
+
+def with_records(
+    plan: Plan, facts: Sequence[CellFacts], records: Sequence[CellRecord | None]
+) -> Plan:
+    """``plan``, saying which of its cells were planned from their text alone (no record) and
+    which names it rebuilds could not be compared whole when they ran."""
+    unrecorded = tuple(s.index for s in plan.steps if records[s.index] is None)
+    rebuilt = {n for s in plan.steps for n in facts[s.index].defines}
+    unseen = {n for r in records if r is not None for n in r.unseen} & rebuilt
+    return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)))

@@ -204,3 +204,58 @@ def test_a_fingerprint_sees_a_module_trained_and_a_container_filled():
     assert fingerprint(items)[0] != before
     big = list(range(10_000))
     assert fingerprint(big)[1] is False  # too large to see whole: said, never guessed
+
+
+def test_cells_run_before_the_extension_loaded_are_named_as_planned_from_text(
+    shell: Any, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process())
+    shell.run_cell("early_base = [1, 2]", store_history=True)
+    early = shell.execution_count - 1
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    try:
+        saved = _run(shell, ["early_total = sum(early_base)", "early_out = early_total\n[][0]"])
+        _new_process(shell, ["early_base", "early_total", "early_out"])
+        summary = plan_summary(make_plan(shell, saved), saved.cells)
+        assert f"[{early}] ran before nb_cudaguard was loaded: planned from their text" in summary
+        later = next(c.count for c in saved.cells if c.source.startswith("early_total"))
+        assert f"[{later}] ran before" not in summary
+    finally:
+        for name in ("early_base", "early_total", "early_out"):
+            shell.user_ns.pop(name, None)
+
+
+STABLE = """
+import json, sys
+from nb_cudaguard.replay.analysis import analyse_cell
+from nb_cudaguard.replay.planner import plan_replay
+cells = json.loads(sys.argv[1])
+facts = [analyse_cell(c, lambda s: s) for c in cells]
+plan = plan_replay(facts, len(cells) - 1, set())
+print(json.dumps([[s.index, list(s.reasons)] for s in plan.steps]))
+"""
+
+
+def test_the_plan_is_the_same_in_every_process():
+    import json
+    import os
+    import subprocess
+
+    cells = [
+        "import torch\na = torch.ones(2)\nb = torch.zeros(2)\nc = torch.ones(3)",
+        "d = [a, b, c]\ne = {'x': a, 'y': c}\nf, g, h = a + 1, b + 1, c + 1",
+        "out = (a, b, c, d, e, f, g, h)",
+    ]
+    plans = set()
+    for seed in ("1", "2", "3", "4"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", STABLE, json.dumps(cells)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        plans.add(done.stdout)
+    assert len(plans) == 1, plans
