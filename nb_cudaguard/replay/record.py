@@ -35,6 +35,7 @@ _KEEP_RNG = 200  # of which with a random state (a few KiB each)
 _IMMUTABLE = frozenset({str, bytes, int, float, complex, bool, type(None), range, type(...)})
 _CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
 _MAY_CHANGE = dict.fromkeys(_IMMUTABLE, False)
+_NOT_MODULES = frozenset({"", "__main__", "builtins", "__mp_main__"})
 
 
 @dataclass(frozen=True)
@@ -479,7 +480,8 @@ class Recorder:
 
     def _see_modules(self, user: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
         """The notebook's own modules' globals, for the modules the namespace uses."""
-        names = {self._module_name(n, v) for n, v in user.items()} - {""}
+        # Not the namespace itself (IPython's __main__ module) nor builtins: not imported code.
+        names = {self._module_name(n, v) for n, v in user.items()} - _NOT_MODULES
         unknown = [n for n in names if n not in self._own]
         if unknown:
             own = set(self.own_modules(unknown))
