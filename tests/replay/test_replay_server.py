@@ -416,8 +416,9 @@ RECORDED = (
     "    def train(self):\n        for _ in range(3):\n            self.o.zero_grad()\n"
     "            self.m(torch.ones(8, 4)).pow(2).sum().backward()\n            self.o.step()\n"
     "        return 'trained'\ntrainer = Trainer(model, opt)",
-    "print('RAN:train')\ntrain_result = trainer.train()",
-    "print('RAN:peek')\npeek = torch.randn(7)",
+    "print('RAN:train')\nresults = [trainer.train() for _ in range(2)]",
+    "print('RAN:noisy')\ndef noisy():\n    return torch.randn(7)",
+    "print('RAN:peek')\npeek = noisy()",
     "print('RAN:grad')\ntorch.set_grad_enabled(False)",
 )
 RECORDED_FAIL = (
@@ -442,7 +443,8 @@ def test_replay_from_what_the_cells_did_reaches_the_state_before_the_failure(ser
     before = re.findall(r"STATE (.*)", failed.stream)
     after = re.findall(r"STATE (.*)", replay.stream)
     assert before and after and json.loads(after[-1]) == json.loads(before[-1])
-    # The training call bound to a name and the grad-mode setting ran again; the peek did not,
-    # and the failing cell drew what it drew (its random state restored).
+    # The training calls inside a comprehension and the grad-mode setting ran again; the peek
+    # through a notebook function did not, and the failing cell drew what it drew (its random
+    # state restored).
     plan = " ".join(d["text/plain"] for d in replay.displays)
     assert _markers(replay.stream) == ["setup", "trainer", "train", "grad", "fail"], plan
