@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.assert_lines import parse_assert_lines
 from ..diagnosis.engine import diagnose
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
+from ..replay.record import Recorder
 from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
 from ..runtime.probe import Probe, probe_devices
@@ -57,6 +59,7 @@ class CudaGuardExtension:
         self.seconds: dict[int, float] = {}  # execution count -> how long it ran (the same)
         self._started: list[float] = []  # per running cell (a replay's nest), when it began
         self._sync: SyncAfterCell | None = None
+        self.recorder: Recorder | None = None  # what each cell did, for a replay
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -66,6 +69,9 @@ class CudaGuardExtension:
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self._register_magics()
         self.loaded = True
+        with contextlib.suppress(Exception):  # a replay then plans from the cells' text alone
+            self.recorder = Recorder(set(self.shell.user_ns_hidden), _own_modules)
+            self.recorder.prime(self.shell.user_ns)
         try:
             from .display import on_load
 
@@ -131,7 +137,8 @@ class CudaGuardExtension:
         # also the one that broke it; where the probe could not tell, the panel still named it.
         after_cell = self.last_sticky_cell if after_cell is None else after_cell
         # The cells, for `%cudaguard replay` in the next process.
-        with cells_kept_for_restart(self.shell, self.outcomes, after_cell, self.seconds):
+        records = self.recorder.settle() if self.recorder is not None else {}
+        with cells_kept_for_restart(self.shell, self.outcomes, after_cell, self.seconds, records):
             plan = restart_kernel(
                 blocking,
                 after_cell=after_cell,
@@ -172,6 +179,8 @@ class CudaGuardExtension:
         with contextlib.suppress(BaseException):  # bookkeeping only: never break the user's cell
             self._started.append(time.perf_counter())
             self.cells.start()
+            if self.recorder is not None:
+                self.recorder.start(self.shell.user_ns)
             if not self._tee_failed:
                 self._start_tee()
 
@@ -198,6 +207,9 @@ class CudaGuardExtension:
                 self.outcomes[cell] = bool(result.success)
                 if started is not None:
                     self.seconds[cell] = time.perf_counter() - started
+            if self.recorder is not None:
+                failed = not getattr(result, "success", True)
+                self.recorder.finish(self.shell.user_ns, cell if stored else None, failed)
         try:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
@@ -279,6 +291,12 @@ def _with_context(diagnosis: Diagnosis, probe: Probe) -> Diagnosis:
 
 
 _STATES: dict[int, CudaGuardExtension] = {}
+
+
+def _own_modules(names: Collection[str]) -> Collection[str]:
+    from .replay_glue import own_modules  # imported when a cell first uses a module
+
+    return own_modules(names)
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:

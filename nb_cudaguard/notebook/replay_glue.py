@@ -31,7 +31,8 @@ from ..diagnosis.render import (
 from ..replay.analysis import CellFacts, analyse_cell, runnable_source
 from ..replay.flags import cell_flags, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
-from ..replay.planner import Plan, plan_replay
+from ..replay.planner import Plan, joined, plan_replay, with_records
+from ..replay.record import CellRecord, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
 from .locate import kernel_connection, profile_dirs
 
@@ -67,18 +68,24 @@ _PROCESS = _Process()
 
 
 def own_cells(
-    shell: InteractiveShell, outcomes: dict[int, bool], seconds: Mapping[int, float] | None = None
+    shell: InteractiveShell,
+    outcomes: dict[int, bool],
+    seconds: Mapping[int, float] | None = None,
+    records: Mapping[int, CellRecord] | None = None,
 ) -> list[tuple[Cell, bool]]:
     """This process's cells in the order they ran, each with whether a replay ran it (those
     stand right after the cell that ran them, or the last one before the click); ``seconds``:
-    how long each ran, by execution count, where known."""
+    how long each ran, ``records``: what it did (``replay.record``), by execution count, where
+    known. A cell that ran a replay has no record: what its replay did is the replayed cells'."""
     raw = _history(shell)
     seconds = seconds or {}
+    records = records or {}
     cells: list[tuple[Cell, bool]] = [(c, True) for c in _PROCESS.replayed.get(1, [])]
     for count, source in enumerate(raw[1:], start=1):
         ok = outcomes.get(count)
         failed = None if ok is None else not ok
-        cells.append((Cell(source, count, failed, seconds.get(count)), False))
+        record = None if count + 1 in _PROCESS.replayed else records.get(count)
+        cells.append((Cell(source, count, failed, seconds.get(count), record), False))
         cells.extend((c, True) for c in _PROCESS.replayed.get(count + 1, []))
     return cells
 
@@ -93,6 +100,7 @@ def cells_to_save(
     outcomes: dict[int, bool],
     after_cell: int | None,
     seconds: Mapping[int, float] | None = None,
+    records: Mapping[int, CellRecord] | None = None,
 ) -> tuple[list[Cell], int | None]:
     """(cells, index of the failing one). The previous kernel's cells come first while they
     were not replayed here (a restart that only switches blocking mode on keeps them). The
@@ -104,7 +112,7 @@ def cells_to_save(
     previous = _PROCESS.previous
     if previous is not None and not _PROCESS.replayed:
         carried, carried_failing = list(previous.cells), previous.failing
-    own = own_cells(shell, outcomes, seconds)
+    own = own_cells(shell, outcomes, seconds, records)
     # A cell that ran a replay fails where the replay did: the cell it replayed is the target.
     ran_replay = {count - 1 for count in _PROCESS.replayed}
     found = [
@@ -132,6 +140,7 @@ def cells_kept_for_restart(
     outcomes: dict[int, bool],
     after_cell: int | None,
     seconds: Mapping[int, float] | None = None,
+    records: Mapping[int, CellRecord] | None = None,
 ) -> Iterator[None]:
     """Around our restart: save this kernel's cells for its next process; discard them again if
     the restart could not be asked for. Saving never stands in the restart's way."""
@@ -139,7 +148,7 @@ def cells_kept_for_restart(
     saved = False
     if profile is not None and connection is not None:
         try:
-            cells, failing = cells_to_save(shell, outcomes, after_cell, seconds)
+            cells, failing = cells_to_save(shell, outcomes, after_cell, seconds, records)
             save_cells(profile[0], connection, cells, failing)
             saved = True
         except Exception as error:
@@ -185,13 +194,13 @@ def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
             found = _PROCESS.facts[cell.source] = analyse_cell(
                 runnable_source(cell.source), transform
             )
-        facts.append(found)
+        facts.append(joined(found, cell.record))
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     from .keep_glue import restored_names
 
     modules = {m for f in facts for m in f.imported_from.values()}
     restored, after_failure = restored_names(shell)
-    return plan_replay(
+    plan = plan_replay(
         facts,
         saved.failing,
         set(shell.user_ns),
@@ -200,6 +209,7 @@ def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
         after_failure=after_failure,
         own_modules=own_modules(modules),
     )
+    return with_records(plan, facts, [c.record for c in cells])
 
 
 def own_modules(names: Iterable[str]) -> set[str]:
@@ -505,6 +515,7 @@ def run_steps(
     _PROCESS.running = True
     # Not the execution count: IPython 9 moves it on for a nested run_cell too.
     position = len(_history(shell))
+    present = set(shell.user_ns)
     ran: list[Cell] = []
     said = ""
     ok = True
@@ -516,13 +527,21 @@ def run_steps(
                 flush=True,
             )
             here = {n: shell.user_ns[n] for n in step.keeps if n in shell.user_ns}
+            if step.failing:  # deleted before it failed (``del raw``), made again by the replay
+                for name in plan.drop:
+                    if name not in present:
+                        shell.user_ns.pop(name, None)
+            if cell.record is not None and cell.record.rng:
+                restore_rng(cell.record.rng)  # it draws as it did when it ran
             started = time.perf_counter()
             try:
                 result = shell.run_cell(runnable_source(cell.source), store_history=False)
             finally:
                 shell.user_ns.update(here)
             ok = bool(getattr(result, "success", False))
-            ran.append(Cell(cell.source, cell.count, not ok, time.perf_counter() - started))
+            ran.append(
+                Cell(cell.source, cell.count, not ok, time.perf_counter() - started, cell.record)
+            )
             if not ok:
                 said = (
                     f"Replay stopped at cell {cell_label(cell)} of the previous kernel"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..files.private import NotPrivate, check_dir, private_dir, read_private, write_atomic
 from ..restart.injection import kernel_key, state_dir
+from .record import CellRecord
 
 FORMAT = 1
 TTL_S = 24 * 3600.0  # a record nobody read within a day is a leftover
@@ -44,6 +45,7 @@ class Cell:
     count: int | None  # its execution count in the kernel that ran it; None: run by a replay
     failed: bool | None  # None: unknown (run before nb_cudaguard was loaded)
     seconds: float | None = None  # how long it ran, where nb_cudaguard timed it
+    record: CellRecord | None = None  # what it did when it ran, where nb_cudaguard saw it
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ def save_cells(
         "created": time.time() if now is None else now,
         "pid": os.getpid(),
         "failing": failing,
-        "cells": [[c.source, c.count, c.failed, c.seconds] for c in cells],
+        "cells": [
+            [c.source, c.count, c.failed, c.seconds, c.record and c.record.to_json()] for c in cells
+        ],
     }
     path = cells_path(profile_location, kernel_key(connection_path))
     private_dir(path.parent)
@@ -168,14 +172,20 @@ def _parse(data: dict[str, object], connection_path: str) -> SavedCells:
     if not isinstance(raw_cells, list):
         raise TypeError("cells is not a list")
     cells = []
-    for source, count, failed, *more in raw_cells:  # an older record has no time
+    for source, count, failed, *more in raw_cells:  # an older record has no time, no record
         seconds = more[0] if more else None
+        seen = more[1] if len(more) > 1 else None
+        if not isinstance(seen, (dict, type(None))):
+            raise TypeError("a cell's record is not an object")
         if not isinstance(source, str) or not isinstance(count, (int, type(None))):
             raise TypeError("a cell is not (source, count, failed, seconds)")
         if not isinstance(seconds, (int, float, type(None))):
             raise TypeError("a cell's seconds is not a number")
         failed = None if failed is None else bool(failed)
-        cells.append(Cell(source, count, failed, None if seconds is None else float(seconds)))
+        record = None if seen is None else CellRecord.from_json(seen)
+        cells.append(
+            Cell(source, count, failed, None if seconds is None else float(seconds), record)
+        )
     failing = data["failing"]
     if failing is not None and not (isinstance(failing, int) and 0 <= failing < len(cells)):
         raise ValueError(f"failing cell {failing!r}")

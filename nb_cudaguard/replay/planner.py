@@ -28,6 +28,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
+from .record import CellRecord
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class Plan:
     # cell builds them anew.
     twice: tuple[str, ...] = ()
     unseeded: tuple[int, ...] = ()  # cells it runs that draw random numbers with no seed set
+    # Names the cells before the failing one deleted last (``del raw``): gone again before it.
+    drop: tuple[str, ...] = ()
+    # Cells it runs that ran before nb_cudaguard was loaded: planned from their text alone.
+    unrecorded: tuple[int, ...] = ()
+    # Names it rebuilds too large to compare whole when they ran: a change inside may be missed.
+    unseen: tuple[str, ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -84,7 +91,17 @@ def plan_replay(
     present = set(present)
     restored = set(restored) & present
     planner = _Planner(facts, failing, present, set(failed), modules, restored)
-    return planner.run(set(after_failure) & restored)
+    return replace(planner.run(set(after_failure) & restored), drop=deleted_before(facts, failing))
+
+
+def deleted_before(facts: Sequence[CellFacts], failing: int) -> tuple[str, ...]:
+    """The names whose last binding before ``failing`` was a ``del`` (a cell that binds and
+    deletes a name, ``raw = load(); data = prep(raw); del raw``, leaves it deleted)."""
+    gone: dict[str, bool] = {}
+    for cell in facts[:failing]:
+        gone.update(dict.fromkeys(cell.defines - cell.deletes, False))
+        gone.update(dict.fromkeys(cell.deletes, True))
+    return tuple(sorted(n for n, deleted in gone.items() if deleted))
 
 
 def module_names(facts: Sequence[CellFacts], own_modules: Collection[str] = ()) -> set[str]:
@@ -225,7 +242,7 @@ class _Planner:
         for name in sorted(target.uses & target.defines & set(after_failure)):
             self.stale[name] = "the one restored has the failing cell's change already"
             self.need(name, self.failing, self.failing)
-        for name in target.uses | target.deferred:
+        for name in sorted(target.uses | target.deferred):  # a stable order of reasons
             self.need(name, self.failing, self.failing)
         while True:
             before = set(self.reasons)
@@ -455,10 +472,10 @@ class _Planner:
         first = index not in self.reasons
         self.reasons.setdefault(index, []).append(reason)
         facts = self.facts[index]
-        for name in facts.deferred:  # what the functions it defines read, when called
+        for name in sorted(facts.deferred):  # what the functions it defines read, when called
             self.need(name, deferred_at, deferred_at)
         if first and index != self.failing:
-            for name in facts.uses:
+            for name in sorted(facts.uses):
                 self.need(name, index, index)
 
     def _counts(self, name: str, facts: CellFacts) -> bool:
@@ -478,7 +495,7 @@ class _Planner:
             for index in self._touching(name, before):
                 facts = self.facts[index]
                 if name in facts.defines - facts.mutates:
-                    for other in facts.deferred:
+                    for other in sorted(facts.deferred):
                         self.need(other, deferred_at, deferred_at)
                     break
             return
@@ -531,3 +548,41 @@ def _reason(name: str, facts: CellFacts) -> str:
     if name in facts.mutates and name not in facts.defines - facts.mutates:
         return f"changes {name}"
     return f"defines {name}"
+
+
+def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
+    """A cell's facts from its text, joined with what it was seen to do when it ran: the names it
+    bound, changed in place (``train_result = trainer.train()`` changed ``model``) or deleted,
+    the settings it changed (then it always runs again, as a seed does). Its draws count only
+    where its random state was not kept: a replay starts it from that state."""
+    if record is None:
+        return facts
+    changed = record.changed
+    setup = facts.setup
+    if record.settings:
+        setup = "; ".join(filter(None, [setup, "changes " + ", ".join(record.settings)]))
+    draws = facts.draws
+    if record.rng or not record.drew:
+        draws = ""
+    elif not draws:
+        draws = "drew from " + ", ".join(record.drew) + " when it ran"
+    return replace(
+        facts,
+        defines=facts.defines | record.bound | changed,
+        uses=facts.uses | changed,  # a change in place is a read and a redefinition
+        mutates=facts.mutates | changed,
+        deletes=facts.deletes | record.deleted,
+        setup=setup,
+        draws=draws,
+    )
+
+
+def with_records(
+    plan: Plan, facts: Sequence[CellFacts], records: Sequence[CellRecord | None]
+) -> Plan:
+    """``plan``, saying which of its cells were planned from their text alone (no record) and
+    which names it rebuilds could not be compared whole when they ran."""
+    unrecorded = tuple(s.index for s in plan.steps if records[s.index] is None)
+    rebuilt = {n for s in plan.steps for n in facts[s.index].defines}
+    unseen = {n for r in records if r is not None for n in r.unseen} & rebuilt
+    return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)))

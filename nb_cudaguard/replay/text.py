@@ -89,4 +89,15 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             f"{labels} draw random numbers with no seed set before: what they draw differs "
             "from the previous kernel's"
         )
+    if plan.unrecorded:
+        labels = ", ".join(cell_label(cells[i]) for i in plan.unrecorded[:12])
+        notes.append(
+            f"{labels} ran before nb_cudaguard was loaded: planned from their text alone, so a "
+            "change they made through a call may be missed"
+        )
+    if plan.unseen:
+        notes.append(
+            "too large to compare whole when the cells ran, a change inside them may be "
+            "missed: " + ", ".join(plan.unseen[:12])
+        )
     return head + (" (" + "; ".join(notes) + ")" if notes else "") + "."

@@ -405,3 +405,46 @@ def test_the_plan_shows_each_cells_whole_code_and_flags_what_it_does_beyond_pyth
     assert took is not None and float(took.group(1)) >= 1.2, text
     assert "Look before running" in text
     assert page.count("<details>") == 4 and "shutil.rmtree(&#x27;scratch&#x27;)" in page
+
+
+# Forms the text alone misses; the record of what each cell did when it ran catches them.
+RECORDED = (
+    "print('RAN:setup')\nimport torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 2)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.5)",
+    "print('RAN:trainer')\nclass Trainer:\n    def __init__(self, m, o):\n"
+    "        self.m, self.o = m, o\n"
+    "    def train(self):\n        for _ in range(3):\n            self.o.zero_grad()\n"
+    "            self.m(torch.ones(8, 4)).pow(2).sum().backward()\n            self.o.step()\n"
+    "        return 'trained'\ntrainer = Trainer(model, opt)",
+    "print('RAN:train')\nresults = [trainer.train() for _ in range(2)]",
+    "print('RAN:noisy')\ndef noisy():\n    return torch.randn(7)",
+    "print('RAN:peek')\npeek = noisy()",
+    "print('RAN:grad')\ntorch.set_grad_enabled(False)",
+)
+RECORDED_FAIL = (
+    "print('RAN:fail')\nweights = model.weight.sum().item()\ndraw = torch.rand(3).tolist()\n"
+    "grad_on = torch.is_grad_enabled()\n"
+    "print('STATE', json.dumps([weights, draw, grad_on]))\n"
+    f"raise torch.AcceleratorError({ASSERT_2_9!r})"
+)
+
+
+def test_replay_from_what_the_cells_did_reaches_the_state_before_the_failure(server, server_kernel):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
+        assert sock.execute("%load_ext nb_cudaguard\nimport json").status == "ok"
+        for cell in RECORDED:
+            assert sock.execute(cell).status == "ok"
+        failed = sock.execute(RECORDED_FAIL, timeout=60)
+        assert failed.status == "error"
+        sock.execute("%cudaguard restart")
+    wait_for_new_process(server, kid, pid)
+    _, replay = _load_then_replay(server, kid, "import json")
+    before = re.findall(r"STATE (.*)", failed.stream)
+    after = re.findall(r"STATE (.*)", replay.stream)
+    assert before and after and json.loads(after[-1]) == json.loads(before[-1])
+    # The training calls inside a comprehension and the grad-mode setting ran again; the peek
+    # through a notebook function did not, and the failing cell drew what it drew (its random
+    # state restored).
+    plan = " ".join(d["text/plain"] for d in replay.displays)
+    assert _markers(replay.stream) == ["setup", "trainer", "train", "grad", "fail"], plan

@@ -1,0 +1,152 @@
+"""What recording each cell's effects (``replay.record``) costs a notebook.
+
+Usage::
+
+    python benchmarks/bench_record.py [--names 1000] [--mb 2048] [--cells 2000] [--loop 300000]
+
+Three measures, each side by side in one run, by the main thread's CPU time (the hooks run there;
+a loaded machine's other processes do not count):
+
+- per cell on a small namespace: a real InteractiveShell runs the same successful cell with the
+  extension loaded, with and without its recorder, in alternating blocks (medians), and without
+  the extension at all (the hook's whole cost);
+- per cell on a large namespace: ``--names`` names holding ``--mb`` MiB of tensors and arrays
+  in all (a third each tensors, arrays, and lists/dicts/modules), the recorder's start + finish
+  timed on their own (the minimum and median of repeats);
+- a cell whose own code is a top-level Python loop (``--loop`` iterations), with and without the
+  recorder: its ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _shell() -> Any:
+    from IPython.testing.globalipapp import get_ipython
+
+    return get_ipython()
+
+
+def per_cell(cells: int, blocks: int = 10) -> dict[str, float]:
+    """Median µs per successful cell: no extension, loaded without recorder, loaded."""
+    from IPython.utils.capture import capture_output
+
+    from nb_cudaguard.notebook.extension import current_state
+
+    shell = _shell()
+    shell.run_cell("import torch, numpy as np\nsmall = [torch.ones(3) for _ in range(5)]")
+    code = "x = sum(range(10))"
+    timings: dict[str, list[float]] = {"bare": [], "no recorder": [], "recorder": []}
+    with capture_output():
+        for block in range(blocks * 3):
+            kind = list(timings)[block % 3]
+            if kind != "bare":
+                shell.run_line_magic("load_ext", "nb_cudaguard")
+                state = current_state(shell)
+                assert state is not None
+                if kind == "no recorder":
+                    state.recorder = None
+                shell.run_cell(code, store_history=False)  # starts the fd 2 tee's child
+            start = time.thread_time()
+            for _ in range(cells // blocks):
+                shell.run_cell(code, store_history=True)
+            timings[kind].append((time.thread_time() - start) / (cells // blocks) * 1e6)
+            if kind != "bare":
+                shell.run_line_magic("unload_ext", "nb_cudaguard")
+    return {k: statistics.median(v) for k, v in timings.items()}
+
+
+def large_namespace(names: int, mb: int, repeat: int = 30) -> tuple[float, float, int]:
+    """(min, median) ms of the recorder's start + finish per cell, and the bytes held."""
+    import numpy as np
+    import torch
+
+    from nb_cudaguard.replay.record import Recorder
+
+    per = max(1, mb * 2**20 // max(1, (2 * names) // 3))
+    namespace: dict[str, Any] = {}
+    held = 0
+    for i in range(names):
+        kind = i % 3
+        if kind == 0:
+            namespace[f"t{i}"] = torch.empty(per // 4, dtype=torch.float32)
+            held += per
+        elif kind == 1:
+            namespace[f"a{i}"] = np.empty(per // 8, dtype=np.float64)
+            held += per
+        elif i % 9 == 2:
+            namespace[f"m{i}"] = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+        else:
+            namespace[f"c{i}"] = {"lr": 0.1, "items": list(range(20))}
+    recorder = Recorder()
+    recorder.prime(namespace)
+    times = []
+    for cell in range(repeat):
+        start = time.thread_time()
+        recorder.start(namespace)
+        recorder.finish(namespace, cell, failed=False)
+        times.append((time.thread_time() - start) * 1e3)
+    return min(times), statistics.median(times), held
+
+
+def loop_cell(iterations: int, repeat: int = 7) -> tuple[float, float]:
+    """Best seconds of a top-level loop cell, (without recorder, with)."""
+    from IPython.utils.capture import capture_output
+
+    from nb_cudaguard.notebook.extension import current_state
+
+    shell = _shell()
+    code = f"total = 0\nfor i in range({iterations}):\n    total += i * 2"
+    best = {False: float("inf"), True: float("inf")}
+    with capture_output():
+        shell.run_line_magic("load_ext", "nb_cudaguard")
+        state = current_state(shell)
+        assert state is not None
+        recorder = state.recorder
+        for _ in range(repeat):
+            for on in (False, True):
+                state.recorder = recorder if on else None
+                start = time.thread_time()
+                shell.run_cell(code, store_history=True)
+                best[on] = min(best[on], time.thread_time() - start)
+        shell.run_line_magic("unload_ext", "nb_cudaguard")
+    return best[False], best[True]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--names", type=int, default=1000)
+    parser.add_argument("--mb", type=int, default=2048)
+    parser.add_argument("--cells", type=int, default=2000)
+    parser.add_argument("--loop", type=int, default=300_000)
+    args = parser.parse_args()
+
+    small = per_cell(args.cells)
+    print(
+        f"small namespace, per cell: bare {small['bare']:.1f} us, loaded without recorder "
+        f"{small['no recorder']:.1f} us, loaded {small['recorder']:.1f} us; the hook's whole "
+        f"cost +{small['recorder'] - small['bare']:.1f} us, the recorder's "
+        f"+{small['recorder'] - small['no recorder']:.1f} us"
+    )
+    low, median, held = large_namespace(args.names, args.mb)
+    print(
+        f"{args.names} names holding {held / 2**30:.2f} GiB: recorder start + finish "
+        f"{low:.2f} ms (min), {median:.2f} ms (median) per cell"
+    )
+    off, on = loop_cell(args.loop)
+    print(
+        f"top-level loop cell: {off * 1e3:.1f} ms without, {on * 1e3:.1f} ms with: {on / off:.3f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,514 @@
+"""What each cell really did, seen while it ran: the names it bound, changed in place or deleted,
+the process settings it changed, and the random state it started from.
+
+A replay plans from this where a cell has it, and from the cell's text only where it has not
+(cells run before the extension loaded). Changes are seen by comparing cheap fingerprints taken
+at the end of each cell (and, for names re-bound between cells, at its start): a tensor's version
+counter and data pointer, an array's buffer address and a sample of its values, a container's
+length and the identity of what it holds, an ``nn.Module``'s parameters and buffers, an object's
+attributes; up to ``MAX_NODES`` objects per name. ElasticNotebook (VLDB'24) and Kishu (VLDB'25)
+detect changed objects by identity graphs the same way; no tracing function runs, so a cell's own
+Python code pays nothing. What a fingerprint cannot see (a write through ``.data`` or ``.numpy()``,
+an element past the sample of a large array, past ``MAX_NODES`` objects) is covered by the text
+analysis, which the plan joins to it, and names too large to see whole are listed as such.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import random
+import sys
+import zlib
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
+from types import ModuleType
+from typing import Any
+
+MAX_NODES = 2000  # objects visited per name
+_SAMPLE = 64  # values read from a large array, evenly spread
+_MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: the key and its position
+_KEEP = 500  # records kept in a long session (as runtime.cells)
+_KEEP_RNG = 200  # of which with a random state (a few KiB each)
+_IMMUTABLE = frozenset({str, bytes, int, float, complex, bool, type(None), range, type(...)})
+_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+_MAY_CHANGE = dict.fromkeys(_IMMUTABLE, False)
+_NOT_MODULES = frozenset({"", "__main__", "builtins", "__mp_main__"})
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """What one cell did to the user namespace and the process, seen when it ran."""
+
+    bound: frozenset[str] = frozenset()  # new, or bound to another object
+    changed: frozenset[str] = frozenset()  # the same object, changed in place
+    deleted: frozenset[str] = frozenset()
+    settings: tuple[str, ...] = ()  # process settings it changed (``torch.backends.cudnn...``)
+    drew: tuple[str, ...] = ()  # the generators it drew from (``torch``, ``numpy``, ``random``)
+    unseen: frozenset[str] = frozenset()  # names too large to see whole: a change may be missed
+    rng: str = ""  # the generators' state when it began (where it drew, or failed), encoded
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bound": sorted(self.bound),
+            "changed": sorted(self.changed),
+            "deleted": sorted(self.deleted),
+            "settings": list(self.settings),
+            "drew": list(self.drew),
+            "unseen": sorted(self.unseen),
+            "rng": self.rng,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CellRecord:
+        def names(key: str) -> frozenset[str]:
+            value = data.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise TypeError(f"record {key} is not a list of names")
+            return frozenset(value)
+
+        rng = data.get("rng", "")
+        if not isinstance(rng, str):
+            raise TypeError("record rng is not text")
+        return cls(
+            names("bound"),
+            names("changed"),
+            names("deleted"),
+            tuple(sorted(names("settings"))),
+            tuple(sorted(names("drew"))),
+            names("unseen"),
+            rng,
+        )
+
+
+# --- fingerprints ---------------------------------------------------------------------------------
+
+
+def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bool]:
+    """(what changes when ``value`` or what it holds changes in place, whether all of it was
+    seen within ``limit`` objects)."""
+    tokens: list[Any] = []
+    seen: set[int] = set()
+    stack = [value]
+    torch = sys.modules.get("torch")
+    numpy = sys.modules.get("numpy")
+    while stack:
+        obj = stack.pop()
+        kind = type(obj)
+        if kind in _IMMUTABLE or id(obj) in seen:
+            tokens.append(id(obj))
+            continue
+        if len(seen) >= limit:
+            return tuple(tokens), False
+        seen.add(id(obj))
+        if kind in _CONTAINERS:
+            if len(obj) > limit:
+                tokens.append((id(obj), len(obj)))
+                return tuple(tokens), False
+            if kind is dict:
+                tokens.append((id(obj), tuple(map(id, obj)), tuple(map(id, obj.values()))))
+                stack.extend(_mutable(obj.values()))
+            elif kind is set or kind is frozenset:
+                tokens.append((id(obj), len(obj), sum(map(id, obj))))
+            else:
+                tokens.append((id(obj), tuple(map(id, obj))))
+                stack.extend(_mutable(obj))
+        elif torch is not None and isinstance(obj, torch.Tensor):
+            tokens.append(_tensor_token(obj))
+        elif torch is not None and isinstance(obj, torch.nn.Module):
+            for module in obj.modules():
+                seen.add(id(module))
+                tokens.append(module.training)
+                for tensor in module._parameters.values():
+                    if tensor is not None:
+                        tokens.append(_tensor_token(tensor))
+                for tensor in module._buffers.values():
+                    if tensor is not None:
+                        tokens.append(_tensor_token(tensor))
+                # Its own attributes (``self.history = []``); torch's bookkeeping starts with _.
+                for name, attribute in vars(module).items():
+                    if name[:1] != "_":
+                        tokens.append(id(attribute))
+                        if type(attribute) not in _IMMUTABLE:
+                            stack.append(attribute)
+        elif torch is not None and isinstance(obj, torch.optim.Optimizer):
+            tokens.append((id(obj), len(obj.state)))
+            for group in obj.param_groups:
+                tokens.extend(v for k, v in group.items() if type(v) in _IMMUTABLE)
+            for state in obj.state.values():
+                stack.extend(state.values())
+        elif numpy is not None and isinstance(obj, numpy.ndarray):
+            tokens.append(_array_token(obj))
+        elif callable(obj) or isinstance(obj, ModuleType):
+            tokens.append(id(obj))  # a function, class or module: by identity (modules: apart)
+        else:
+            tokens.append((id(obj), kind))
+            stack.extend(_plain_attributes(obj))
+    return tuple(tokens), True
+
+
+def _mutable(items: Iterable[Any]) -> Iterator[Any]:
+    """The items that may change in place (a C-level filter: no Python call per item)."""
+    items = tuple(items)
+    return compress(items, map(_MAY_CHANGE.get, map(type, items), repeat(True)))
+
+
+def _tensor_token(tensor: Any) -> tuple[Any, ...]:
+    try:
+        pointer = tensor.data_ptr()
+    except Exception:  # sparse, meta, or a tensor subclass without storage
+        pointer = None
+    if tensor.requires_grad and tensor.grad is not None:
+        grad = tensor.grad
+        return (id(tensor), tensor._version, pointer, id(grad), grad._version)
+    return (id(tensor), tensor._version, pointer)
+
+
+def _array_token(array: Any) -> tuple[Any, ...]:
+    if array.dtype.hasobject or array.size == 0 or not array.flags.c_contiguous:
+        sample: Any = None
+    else:  # every value of a small array; spread over a large one
+        sample = array.reshape(-1)[:: max(1, array.size // _SAMPLE)].tobytes()
+    return (id(array), array.shape, array.dtype.num, sample)
+
+
+def _plain_attributes(obj: Any) -> list[Any]:
+    try:
+        attributes = vars(obj)
+    except TypeError:
+        return []
+    return list(attributes.values()) if isinstance(attributes, dict) else []
+
+
+# --- process state --------------------------------------------------------------------------------
+
+
+def torch_settings() -> tuple[tuple[str, Any], ...]:
+    """torch's process-wide settings a cell may change (only where torch is imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    readers: list[tuple[str, Callable[[], Any]]] = [
+        ("torch.set_grad_enabled", torch.is_grad_enabled),
+        ("torch.set_default_dtype", torch.get_default_dtype),
+        ("torch.use_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+        ("torch.set_float32_matmul_precision", torch.get_float32_matmul_precision),
+        ("torch.backends.cudnn.deterministic", lambda: torch.backends.cudnn.deterministic),
+        ("torch.backends.cudnn.benchmark", lambda: torch.backends.cudnn.benchmark),
+        ("torch.backends.cudnn.enabled", lambda: torch.backends.cudnn.enabled),
+        ("torch.backends.cuda.matmul.allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+        ("torch.set_num_threads", torch.get_num_threads),
+    ]
+    found = []
+    for name, read in readers:
+        try:
+            found.append((name, read()))
+        except Exception:
+            continue
+    return tuple(found)
+
+
+def rng_states() -> dict[str, Any]:
+    """The global generators' states: ``random``'s, numpy's and torch's where imported, CUDA's
+    only where CUDA is initialised already (it never initialises CUDA)."""
+    states: dict[str, Any] = {"random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy"] = _numpy_state(numpy)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        states["torch"] = torch.random.get_rng_state()
+        try:
+            if torch.cuda.is_initialized():
+                states["cuda"] = torch.cuda.get_rng_state_all()
+        except Exception:  # a poisoned context: its generators cannot be read
+            pass
+    return states
+
+
+_numpy_cache: list[Any] = [None, b"", None, 0]  # generator, its raw words, get_state(), address
+
+
+def _numpy_state(numpy: Any) -> Any:
+    """numpy's global state (``get_state()``, 30 us), read again only where its generator's
+    raw words moved (``string_at``, 1 us): most cells never draw from numpy."""
+    try:
+        generator = numpy.random.mtrand._rand._bit_generator
+        if _numpy_cache[0] is not generator:
+            _numpy_cache[:] = [generator, b"", None]
+        address = generator.ctypes.state_address if _numpy_cache[2] is None else _numpy_cache[3]
+        raw = ctypes.string_at(address, _MT_BYTES)
+    except Exception:  # another numpy layout: read it whole
+        return numpy.random.get_state()
+    if raw != _numpy_cache[1] or _numpy_cache[2] is None:
+        _numpy_cache[:] = [generator, raw, numpy.random.get_state(), address]
+    return _numpy_cache[2]
+
+
+def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, ...]:
+    """The generators whose state moved between ``before`` and ``after``."""
+    moved = []
+    for name, state in before.items():
+        other = after.get(name)
+        if other is None or not _same_state(state, other):
+            moved.append(name)
+    return tuple(sorted(moved))
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    if a is b:  # numpy's, read again only where it moved
+        return True
+    if isinstance(a, tuple) and len(a) == 5 and hasattr(a[1], "tobytes"):  # numpy's
+        return bool(a[1].tobytes() == b[1].tobytes() and a[2:] == b[2:])
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        return bool(torch.equal(a, b))
+    if isinstance(a, list):  # CUDA's, a tensor per device
+        return len(a) == len(b) and all(map(_same_state, a, b))
+    return bool(a == b)  # random's: a tuple of ints, compared in C
+
+
+def encode_rng(states: Mapping[str, Any]) -> str:
+    """The states as text (JSON, compressed): kept with the cells for the next process."""
+    plain: dict[str, Any] = {}
+    for name, state in states.items():
+        if name == "random":
+            version, internal, gauss = state
+            plain[name] = [version, list(internal), gauss]
+        elif name == "numpy":
+            kind, keys, pos, has_gauss, cached = state
+            plain[name] = [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+        elif name == "torch":
+            plain[name] = state.tolist()
+        elif name == "cuda":
+            plain[name] = [s.tolist() for s in state]
+    raw = zlib.compress(json.dumps(plain).encode("utf-8"))
+    return base64.b64encode(raw).decode("ascii")
+
+
+def restore_rng(encoded: str) -> tuple[str, ...]:
+    """Set the global generators to ``encoded`` (``encode_rng``); returns those set. torch's and
+    numpy's only where imported; CUDA's only where CUDA is initialised (the cell that needs it
+    initialises it; its draws then differ, and the plan says which cells draw)."""
+    if not encoded:
+        return ()
+    plain = json.loads(zlib.decompress(base64.b64decode(encoded)).decode("utf-8"))
+    done = []
+    if "random" in plain:
+        version, internal, gauss = plain["random"]
+        random.setstate((version, tuple(internal), gauss))
+        done.append("random")
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy" in plain:
+        kind, keys, pos, has_gauss, cached = plain["numpy"]
+        keys = numpy.array(keys, dtype=numpy.uint32)
+        numpy.random.set_state((kind, keys, pos, has_gauss, cached))
+        done.append("numpy")
+    torch = sys.modules.get("torch")
+    if torch is not None and "torch" in plain:
+        torch.random.set_rng_state(torch.tensor(plain["torch"], dtype=torch.uint8))
+        done.append("torch")
+        try:
+            if "cuda" in plain and torch.cuda.is_initialized():
+                states = [torch.tensor(s, dtype=torch.uint8) for s in plain["cuda"]]
+                torch.cuda.set_rng_state_all(states)
+                done.append("cuda")
+        except Exception:
+            pass
+    return tuple(done)
+
+
+# --- the recorder ---------------------------------------------------------------------------------
+
+
+_Seen = tuple[int, tuple[Any, ...], bool]  # (id of the value, its fingerprint, seen whole)
+
+
+@dataclass
+class Recorder:
+    """Fingerprints the namespace at the end of each cell and says what the cell did.
+
+    ``hidden``: names that are not the user's (IPython's own); ``own_modules``: which of the
+    given top-level module names are the notebook's own (their globals count as its state).
+    The random state is read once per cell, at its start: whether a cell drew is known when the
+    next one starts (or at ``settle``), and its start state is kept only then.
+    """
+
+    hidden: Collection[str] = frozenset()
+    own_modules: Callable[[Collection[str]], Collection[str]] = lambda names: ()
+    records: dict[int, CellRecord] = field(default_factory=dict)
+    _seen: dict[str, _Seen] = field(default_factory=dict)
+    _modules: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    _own: dict[str, bool] = field(default_factory=dict)  # module name -> the notebook's own
+    _module_of: dict[tuple[str, int], str] = field(default_factory=dict)
+    _settings: tuple[tuple[str, Any], ...] = ()
+    _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the last cell
+    _rng_cell: int | None = None  # that cell, once it finished
+    _rng_kept: list[int] = field(default_factory=list)  # cells whose record holds a state
+    _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
+    _names: dict[str, None] = field(default_factory=dict)  # of which the user's, in order
+    _depth: int = 0
+    _primed: bool = False
+
+    def prime(self, namespace: Mapping[str, Any]) -> None:
+        """Take the namespace as it is now as the state before the next cell."""
+        user = self._user(namespace)
+        self._seen = {n: _see(v) for n, v in user.items()}
+        self._modules = self._see_modules(user)
+        self._settings = torch_settings()
+        self._primed = True
+
+    def start(self, namespace: Mapping[str, Any]) -> None:
+        """At a cell's start: its random state; names re-bound since the last cell ended (a
+        restore, a widget's callback) are taken as they are now: the cell did not bind them."""
+        self._depth += 1
+        if self._depth > 1:
+            return  # a replay's nested cells: the outer cell's record covers them
+        if not self._primed:
+            self.prime(namespace)
+        else:
+            user = self._user(namespace)
+            for name in self._seen.keys() - user.keys():
+                del self._seen[name]
+            for name, value in user.items():
+                seen = self._seen.get(name)
+                if seen is None or seen[0] != id(value):
+                    self._seen[name] = _see(value)
+        self._rng = self._settle_rng(rng_states())
+
+    def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
+        """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
+        self._depth = max(0, self._depth - 1)
+        if self._depth or not self._primed:
+            return
+        user = self._user(namespace)
+        now = {n: _see(v) for n, v in user.items()}
+        bound, changed, unseen = set(), set(), set()
+        previous = self._seen
+        for name, seen in now.items():
+            before = previous.get(name)
+            if before is None or before[0] != seen[0]:
+                bound.add(name)
+            elif before[1] != seen[1]:
+                changed.add(name)
+            if not seen[2]:
+                unseen.add(name)
+        deleted = previous.keys() - now.keys()
+        modules = self._see_modules(user)
+        moved = {m for m, s in modules.items() if m in self._modules and self._modules[m] != s}
+        if moved:  # a module's global re-bound (``cfg.LR = 0.5``): its names in the namespace
+            changed |= {n for n, v in user.items() if self._module_name(n, v) in moved} - bound
+        settings = torch_settings()
+        before_settings = dict(self._settings)
+        changed_settings = tuple(
+            sorted(n for n, v in settings if n in before_settings and before_settings[n] != v)
+        )
+        self._seen, self._modules, self._settings = now, modules, settings
+        self._rng_cell = cell
+        if cell is None:
+            return
+        self.records[cell] = CellRecord(
+            frozenset(bound),
+            frozenset(changed),
+            frozenset(deleted),
+            changed_settings,
+            (),
+            frozenset(unseen),
+            encode_rng(self._rng) if failed and self._rng else "",
+        )
+        if failed and self._rng:
+            self._rng_kept.append(cell)
+        self._forget_old()
+
+    def settle(self) -> dict[int, CellRecord]:
+        """The records, the last cell's draws included (known at the next cell's start)."""
+        self._settle_rng(rng_states())
+        return self.records
+
+    def _settle_rng(self, now: dict[str, Any]) -> dict[str, Any]:
+        """The last finished cell drew where the state moved since it began: its record says
+        so, and keeps the state it began with."""
+        cell, self._rng_cell = self._rng_cell, None
+        record = self.records.get(cell) if cell is not None else None
+        if record is not None and self._rng:
+            drew = drawn_from(self._rng, now)
+            if drew:
+                rng = record.rng or encode_rng(self._rng)
+                self.records[cell] = replace(record, drew=drew, rng=rng)  # type: ignore[index]
+                if not record.rng:
+                    self._rng_kept.append(cell)  # type: ignore[arg-type]
+        return now
+
+    def _forget_old(self) -> None:
+        if len(self.records) > 2 * _KEEP:
+            for old in sorted(self.records)[:-_KEEP]:
+                del self.records[old]
+        while len(self._rng_kept) > _KEEP_RNG:
+            old = self._rng_kept.pop(0)
+            if old in self.records:
+                self.records[old] = replace(self.records[old], rng="")
+
+    def _user(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
+        """The user's names and values. IPython adds ``_i<N>``, ``_<N>``... at every cell, so a
+        namespace grows without end: only the keys added since the last look are read (a dict
+        keeps insertion order: they are its last ones), and all of them again only where the
+        count does not add up (a ``del``)."""
+        keys, added = self._keys, []
+        for name in reversed(namespace.keys()):  # type: ignore[call-overload]
+            if name in keys:
+                break
+            added.append(name)
+        if len(namespace) != len(keys) + len(added):
+            keys.clear()
+            self._names.clear()
+            added = list(namespace)
+        keys.update(added)
+        hidden = self.hidden
+        self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
+        return {n: namespace[n] for n in self._names}
+
+    def _module_name(self, name: str, value: Any) -> str:
+        key = (name, id(value))
+        found = self._module_of.get(key)
+        if found is None:
+            if len(self._module_of) > 4 * _KEEP:
+                self._module_of.clear()
+            found = self._module_of[key] = _module_of(value)
+        return found
+
+    def _see_modules(self, user: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+        """The notebook's own modules' globals, for the modules the namespace uses."""
+        # Not the namespace itself (IPython's __main__ module) nor builtins: not imported code.
+        names = {self._module_name(n, v) for n, v in user.items()} - _NOT_MODULES
+        unknown = [n for n in names if n not in self._own]
+        if unknown:
+            own = set(self.own_modules(unknown))
+            self._own.update((n, n in own) for n in unknown)
+        found = {}
+        for name in sorted(n for n in names if self._own.get(n)):
+            module = sys.modules.get(name)
+            if module is not None:
+                found[name] = tuple(
+                    (k, _see(v)[1]) for k, v in sorted(vars(module).items()) if k[:2] != "__"
+                )
+        return found
+
+
+def _see(value: Any) -> _Seen:
+    try:
+        tokens, whole = fingerprint(value)
+    except Exception:  # an object whose attributes raise: seen by identity only
+        tokens, whole = (id(value),), False
+    return (id(value), tokens, whole)
+
+
+def _module_of(value: Any) -> str:
+    """The top-level module a value comes from (itself, for a module), or ""."""
+    if isinstance(value, ModuleType):
+        return value.__name__.partition(".")[0]
+    module = getattr(value, "__module__", None)
+    if not isinstance(module, str):
+        module = getattr(type(value), "__module__", "")
+    return module.partition(".")[0] if isinstance(module, str) else ""
