@@ -88,7 +88,7 @@ def keep_before_restart(
         if manifest.kept:
             from ..keep.lifetime import watch
 
-            watch(profile[0], connection, manifest.created)  # gone with the kernel
+            watch(profile[0])  # gone with the kernel
     except BaseException as error:  # the restart goes on, whatever happened here
         why = f"{type(error).__name__}: {error}"
         return f"Nothing was kept ({why}).{_earlier_still(connection, profile)}"
