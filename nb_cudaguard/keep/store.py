@@ -68,6 +68,7 @@ from ..files.private import (
 )
 from ..restart.injection import kernel_key, state_dir
 from . import pickling
+from .own_modules import bind_back, module_globals
 from .select import describe, importable_module, is_ipython_name, reason_not_to_try
 
 FORMAT = 3  # 3: one file per group of names that share state, memory written once
@@ -96,6 +97,7 @@ class Kept:
     module: str | None = None
     note: str = ""
     ram: bool = False  # the file is in the manifest's RAM directory, not the profile's
+    global_of: str | None = None  # ``module:attribute`` of the notebook's own module it was
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,7 @@ class _Saver:
         self.values = values
         self.order = {name: index for index, (name, _) in enumerate(values)}
         self.pickler = pickling.KeepPickler(namespace, substitutes)
+        self.module_globals = module_globals(dict(values))
         self.budget = budget
         self.variable_cap = variable_cap
         self.notes = notes
@@ -482,7 +485,17 @@ class _Saver:
             self._spend(written, ram)
             for e in group:
                 self.kept.append(
-                    Kept(e.name, describe(e.value), e.pickled.size, file, e.kind, None, e.note, ram)
+                    Kept(
+                        e.name,
+                        describe(e.value),
+                        e.pickled.size,
+                        file,
+                        e.kind,
+                        None,
+                        e.note,
+                        ram,
+                        self.module_globals.get(e.name),
+                    )
                 )
                 self.done.add(e.name)
 
@@ -850,9 +863,7 @@ def _carry_over(
         if mates:
             names = ", ".join(f"`{m}`" for m in mates)
             note += f"; it shares state with the {names} of then, not with the one kept now"
-        carried.append(
-            Kept(item.name, item.type, item.size, file, item.kind, item.module, note, in_ram)
-        )
+        carried.append(replace(item, file=file, note=note, ram=in_ram))
     if not carried:
         return manifest
     total = manifest.total
@@ -967,6 +978,7 @@ class Restored:
     already: tuple[Kept, ...] = ()
     restored_at: float = 0.0  # when ``already`` were last restored
     read: int = 0  # bytes of the files read (what names share counted once)
+    unbound: tuple[tuple[str, str], ...] = ()  # (name, why): restored, not its module's again
 
 
 def _defined(namespace: dict[str, Any], item: Kept) -> bool:
@@ -1018,6 +1030,7 @@ def restore(
     skipped: list[Kept] = []
     held: list[tuple[str, tuple[str, ...]]] = []
     failed: list[tuple[str, str]] = []
+    unbound: list[tuple[str, str]] = []  # restored, but not bound back to their module
     groups: dict[tuple[str, bool], list[Kept]] = {}  # one file: one pickle graph
     for item in chosen:
         groups.setdefault((item.file or f"module {item.name}", item.ram), []).append(item)
@@ -1045,6 +1058,10 @@ def restore(
             for item in items:
                 namespace[item.name] = values[item.name]
                 restored.append(item)
+                if item.global_of is not None:
+                    why = bind_back(item.global_of, values[item.name])
+                    if why is not None:
+                        unbound.append((item.name, why))
         except FileNotFoundError:
             where = "in RAM (the machine restarted since?)" if in_ram else "in the profile"
             failed.extend((item.name, f"its file {where} is gone") for item in items)
@@ -1087,6 +1104,7 @@ def restore(
         already,
         manifest.restored_at,
         read,
+        tuple(unbound),
     )
 
 

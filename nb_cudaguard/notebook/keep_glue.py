@@ -434,6 +434,8 @@ def restored_text(done: Restored, seconds: float, now: float | None = None) -> s
             )
     for name, why in done.failed:
         parts.append(f"`{name}` could not be restored: {why}.")
+    for name, why in done.unbound:
+        parts.append(f"`{name}` was restored, but {why}: the two are different objects now.")
     if done.already:
         age = max(0.0, (time.time() if now is None else now) - done.restored_at)
         verb = "was" if len(done.already) == 1 else "were"
