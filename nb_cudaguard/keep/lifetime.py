@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from ..files.keys import state_dir
 from ..files.private import make_dirs, read_private
-from ..restart.injection import state_dir
 from . import store
 
 POLL_S = 1.0

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nb_cudaguard.keep import store
+from nb_cudaguard.keep import store, swap
 
 MB = 1024**2
 
@@ -272,7 +272,7 @@ def test_a_save_that_fails_leaves_nothing_in_ram(profile, ram, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("the profile's disk is full")
 
-    monkeypatch.setattr(store, "write_manifest", broken)  # the real write, failing as a disk
+    monkeypatch.setattr(swap, "write_manifest", broken)  # the real write, failing as a disk
     with pytest.raises(OSError, match="disk is full"):
         store.save({"a": np.ones(10)}, location, connection, ram=[ram])
     assert not store.ram_dir(ram, location, connection).exists()
