@@ -45,6 +45,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ __all__ = [
     "Manifest",
     "NotKept",
     "Restored",
+    "SaveOptions",
     "Skipped",
     "StoreError",
     "discard",
@@ -116,37 +118,46 @@ TIMEOUT_S = 30.0  # the restart waits no longer than this for the save
 FREE_SPACE_KEPT = 1024**3  # never fill the disk: this much stays free, and at most half of it used
 
 
+@dataclass(frozen=True)
+class SaveOptions:
+    """How ``save`` saves. ``hidden``: IPython's hidden names, not kept; ``substitutes`` stand
+    CPU copies in for CUDA tensors (snapshots); ``extra`` adds (name, value) pairs; ``notes``
+    says what a kept name is (``snapshot after cell [3]``); ``fallbacks`` give, for a name that
+    cannot be written, another (name, value) to write instead (a snapshot's state dict);
+    ``why_not`` replaces the reason a name was not kept; ``timeout``, ``variable_cap`` and
+    ``total_cap`` bound the save; ``now`` is its time; ``ram``: the RAM filesystems to try
+    (default ``ram_roots()``; empty: the profile only)."""
+
+    hidden: Iterable[str] = ()
+    substitutes: Mapping[tuple[Any, ...], Any] = field(default_factory=dict)
+    extra: Iterable[tuple[str, Any]] = ()
+    notes: Mapping[str, str] = field(default_factory=dict)
+    fallbacks: Mapping[str, Callable[[], tuple[str, Any]]] = field(default_factory=dict)
+    why_not: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = TIMEOUT_S
+    variable_cap: int = VARIABLE_CAP
+    total_cap: int = TOTAL_CAP
+    now: float | None = None
+    ram: Iterable[Path] | None = None
+
+
 def save(
     namespace: dict[str, Any],
     profile_location: str | os.PathLike[str],
     connection: str,
-    *,
-    hidden: Iterable[str] = (),
-    substitutes: dict[tuple[Any, ...], Any] | None = None,
-    extra: Iterable[tuple[str, Any]] = (),
-    notes: Mapping[str, str] | None = None,
-    fallbacks: Mapping[str, Callable[[], tuple[str, Any]]] | None = None,
-    why_not: Mapping[str, str] | None = None,
-    timeout: float = TIMEOUT_S,
-    variable_cap: int = VARIABLE_CAP,
-    total_cap: int = TOTAL_CAP,
-    now: float | None = None,
-    ram: Iterable[Path] | None = None,
+    options: SaveOptions | None = None,
 ) -> Manifest:
-    """Save the CPU state of ``namespace`` for the next process of this kernel; returns what was
-    kept and what not. ``substitutes`` stand CPU copies in for CUDA tensors (snapshots); ``extra``
-    adds (name, value) pairs; ``notes`` says what a kept name is (``snapshot after cell [3]``);
-    ``fallbacks`` give, for a name that cannot be written, another (name, value) to write
-    instead (a snapshot's state dict); ``why_not`` replaces the reason a name was not kept.
-    ``ram``: the RAM filesystems to try (default ``ram_roots()``; empty: the profile only).
-    Raises where nothing could be kept; an earlier keep is then left as it was."""
-    now = time.time() if now is None else now
-    ram = ram_roots() if ram is None else list(ram)
+    """Save the CPU state of ``namespace`` for the next process of this kernel, as ``options``
+    say; returns what was kept and what not. Raises where nothing could be kept; an earlier
+    keep is then left as it was."""
+    options = SaveOptions() if options is None else options
+    now = time.time() if options.now is None else options.now
+    ram = ram_roots() if options.ram is None else list(options.ram)
     remove_expired(profile_location, now=now, ram=ram)
     remove_unfinished(profile_location, connection, ram)
     staging = staging_of(keep_dir(profile_location, connection))
     private_dir(staging)
-    hidden_names = frozenset(hidden)
+    hidden_names = frozenset(options.hidden)
     values: list[tuple[str, Any]] = []
     ipython_names = 0
     for name, value in list(namespace.items()):
@@ -154,7 +165,7 @@ def save(
             ipython_names += 1
         else:
             values.append((name, value))
-    values.extend(extra)
+    values.extend(options.extra)
     free = shutil.disk_usage(staging).free
     disk_room = max(0, (free - FREE_SPACE_KEPT) // 2)
     final_ram, ram_left = ram_place(profile_location, connection, ram, estimate(dict(values)))
@@ -163,21 +174,21 @@ def save(
         staging_ram = staging_of(final_ram)
         places = (staging_ram, final_ram) if make_ram_dir(staging_ram) else None
     budget = Budget(
-        deadline=time.monotonic() + timeout,
-        total_left=min(total_cap, disk_room + (ram_left if places else 0)),
+        deadline=time.monotonic() + options.timeout,
+        total_left=min(options.total_cap, disk_room + (ram_left if places else 0)),
     )
     saver = Saver(
         staging,
         kernel_path(connection),
         values,
-        substitutes or {},
+        dict(options.substitutes),
         namespace,
         budget,
-        variable_cap,
-        notes or {},
+        options.variable_cap,
+        options.notes,
         now,
-        fallbacks or {},
-        why_not or {},
+        options.fallbacks,
+        options.why_not,
         places,
         ram_left,
         disk_room,
@@ -185,7 +196,7 @@ def save(
     saver.ipython_names = ipython_names
     worker = threading.Thread(target=saver.run, name="nb_cudaguard-keep", daemon=True)
     worker.start()
-    worker.join(timeout)
+    worker.join(options.timeout)
     try:
         with saver.lock:
             if not saver.finished:

@@ -79,11 +79,13 @@ def keep_before_restart(
             shell.user_ns,
             profile[0],
             connection,
-            hidden=getattr(shell, "user_ns_hidden", {}),
-            substitutes=substitutes,
-            notes=notes,
-            fallbacks=fallbacks,
-            why_not={n: f"holds GPU memory, and {why}" for n, why in missing.items()},
+            store.SaveOptions(
+                hidden=getattr(shell, "user_ns_hidden", {}),
+                substitutes=substitutes,
+                notes=notes,
+                fallbacks=fallbacks,
+                why_not={n: f"holds GPU memory, and {why}" for n, why in missing.items()},
+            ),
         )
         if manifest.kept:
             from ..keep.lifetime import watch

@@ -4,6 +4,7 @@ and real files."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -43,7 +44,9 @@ def _keep(tmp_path: Path, name: str) -> Keep:
     connection.parent.mkdir(exist_ok=True)
     connection.write_text("{}")
     location = str(tmp_path / "profile")
-    manifest = store.save({"a": np.ones(1000)}, location, str(connection), ram=[ram])
+    manifest = store.save(
+        {"a": np.ones(1000)}, location, str(connection), store.SaveOptions(ram=[ram])
+    )
     return Keep(location, str(connection), ram, manifest)
 
 
@@ -138,7 +141,9 @@ def test_a_kernel_still_running_keeps_it_though_its_file_is_gone(kept):
 
 
 def test_a_newer_keep_of_the_same_kernel_is_watched_on(kept):
-    newer = store.save({"b": 2}, kept.location, kept.connection, ram=[kept.ram])  # our restart
+    newer = store.save(
+        {"b": 2}, kept.location, kept.connection, store.SaveOptions(ram=[kept.ram])
+    )  # our restart
     assert newer.created != kept.manifest.created
     watcher, ended = _in_thread(kept, grace=0.2)
     time.sleep(0.5)
@@ -169,12 +174,13 @@ def test_one_watcher_watches_every_keep_of_the_user(tmp_path, kept, no_watcher_l
         pid = lifetime.watcher_pid(kept.location)
         assert lifetime.watch(second.location)  # the second restart's save
         time.sleep(2.0)
-        watchers = [
-            p
+        watchers = [  # of this profile (other tests' kernels may have theirs)
+            p.pid
             for p in psutil.process_iter(["environ"])
-            if lifetime._ENV in (p.info["environ"] or {})
+            if json.loads((p.info["environ"] or {}).get(lifetime._ENV, "[null]"))[0]
+            == kept.location
         ]
-        assert [p.pid for p in watchers] == [pid]
+        assert watchers == [pid]
         assert kept.exists() and second.exists()
     finally:
         _stop(*kernels)
