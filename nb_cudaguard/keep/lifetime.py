@@ -171,6 +171,7 @@ class _Watch:
         self.profile, self.grace, self.ram = profile_location, grace, ram
         self.gone_since: dict[str, float] = {}
         self.kernels: dict[str, int] = {}  # a process running with a removed connection file
+        self.created: dict[str, float] = {}
 
     def poll(self) -> int:
         """Discard what is no longer needed; returns how many keeps are left to watch."""
@@ -178,7 +179,11 @@ class _Watch:
 
         left = 0
         for connection, manifest in list(_keeps(self.profile)):
-            if time.time() - manifest.created > store.TTL_S:
+            # Aged from the newest date seen: a manifest dated back since (by another writer)
+            # is the store's to judge when it is read, not this watcher's to remove.
+            created = max(self.created.get(connection, manifest.created), manifest.created)
+            self.created[connection] = created
+            if time.time() - created > store.TTL_S:
                 store.discard_keep(self.profile, connection, ram=self.ram)
                 continue
             alive = os.path.exists(connection)

@@ -221,3 +221,29 @@ def test_the_watcher_holds_no_notebook_directory_and_imports_the_standard_librar
         _stop(kernel)
     Path(kept.connection).unlink()
     assert _until(kept.gone, 20)
+
+
+def test_a_manifest_dated_back_is_not_this_watchers_to_remove(kept):
+    # Another writer's manifest (here: the same keep dated back past the time limit, as a test
+    # of expiry does): removing it, and the message the next load gives, is the store's business
+    # when it is read.
+    watcher, ended = _in_thread(kept, grace=0.2)
+    time.sleep(0.3)
+    directory = store.keep_dir(kept.location, kept.connection)
+    older = dataclasses.replace(kept.manifest, created=kept.manifest.created - store.TTL_S - 60)
+    store.write_manifest(directory, older)
+    time.sleep(0.5)
+    assert not ended and kept.exists()
+    with pytest.raises(store.StoreError, match="expired"):
+        store.read_manifest(kept.location, kept.connection)
+    watcher.join(10)
+    assert ended == ["done"]
+
+
+def test_a_keep_past_its_age_is_discarded_though_its_kernel_runs(tmp_path):
+    keep = _keep(tmp_path, "old")
+    directory = store.keep_dir(keep.location, keep.connection)
+    aged = dataclasses.replace(keep.manifest, created=time.time() - store.TTL_S - 60)
+    store.write_manifest(directory, aged)  # saved a day ago, its kernel still there
+    assert lifetime.run(keep.location, poll=0.05, grace=0.2, ram=[keep.ram]) == "done"
+    assert keep.gone()
