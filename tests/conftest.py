@@ -42,14 +42,21 @@ def keep_ram_in_a_temporary_directory(tmp_path_factory: pytest.TempPathFactory) 
     """Every restart keeps the namespace, in RAM where there is room (``keep/store.py``): the
     tests' kernels put it in a temporary directory instead of the machine's /dev/shm, where
     what no test restores would stay until it expires. Tests of the real places set it back."""
-    name = "NB_CUDAGUARD_KEEP_RAM"
-    before = os.environ.get(name)
-    os.environ[name] = str(tmp_path_factory.mktemp("keep-ram"))
+    values = {
+        "NB_CUDAGUARD_KEEP_RAM": str(tmp_path_factory.mktemp("keep-ram")),
+        # The watcher waits 30 s after a kernel's shutdown before it discards its keep (a
+        # restart by a launcher that removed the connection file early); the tests that shut
+        # kernels down wait 3 s (tests/keep/test_lifetime.py covers the grace itself).
+        "NB_CUDAGUARD_KEEP_GRACE": "3",
+    }
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     yield
-    if before is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = before
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)

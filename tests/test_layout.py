@@ -113,6 +113,26 @@ def test_nothing_below_the_glue_imports_the_glue():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_keep_and_files_sit_below_restart():
+    # restart/ hands keep/ what it needs (keep_glue calls the save); keys and paths that both
+    # use live in files/, the lowest layer, which imports nothing else of the package.
+    offenders = {
+        name: sorted(m for m in imports_of(name) if m.startswith("nb_cudaguard.restart"))
+        for name in MODULES
+        if name.startswith(("nb_cudaguard.keep", "nb_cudaguard.files"))
+    }
+    offenders |= {
+        name: sorted(
+            m
+            for m in imports_of(name)
+            if m.startswith("nb_cudaguard.") and not m.startswith("nb_cudaguard.files")
+        )
+        for name in MODULES
+        if name.startswith("nb_cudaguard.files")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
 def test_no_two_modules_differ_by_a_suffix_only():
     stems = [p.stem for p in PACKAGE.rglob("*.py") if not p.stem.startswith("__")]
     clashes = sorted((a, b) for a in stems for b in stems if a != b and b.startswith(a))

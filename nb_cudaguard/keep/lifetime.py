@@ -1,18 +1,23 @@
-"""What a restart kept lives as long as the kernel it was kept for.
+"""What a restart kept lives as long as the kernel it was kept for: one watcher per user.
 
 A keep is made for the next process of a kernel. If that process never restores it (the
 notebook closed and its kernel shut down, the server stopped), nothing else would free it
 before it expires a day later, and in RAM (``/dev/shm``) that is memory held for nobody. The
-new process may never load nb_cudaguard, so the keep is watched from outside it: ``watch``
-starts a small process of its own per keep, detached from the kernel (a session of its own: a
-kernel's process group is killed at shutdown), which
+new process may never load nb_cudaguard, so keeps are watched from outside it: ``watch``
+starts one small process per user and profile (a lock in the private state directory says
+whether one runs already), detached from the kernel (a kernel's process group is killed at
+shutdown). Each poll (a ``stat`` a second) it looks at every keep there and
 
-- discards the keep once the kernel is gone: its connection file removed (Jupyter removes it
-  when a kernel is shut down or its server stops; a restart, ours or the Kernel menu's, keeps
-  it) and no process running with it;
-- ends once the keep is gone (discarded, expired) or replaced by a newer one, which has its own.
+- discards one whose kernel has been gone for ``GRACE_S``: its connection file removed
+  (Jupyter removes it when a kernel is shut down or its server stops; a restart keeps it) and
+  no process running with it. The grace covers a restart by a launcher that removed the file
+  early (the old process gone, the new one not yet started: 0.05 to 0.14 s measured through
+  ``jupyter_client``'s restart on a loaded 2-core machine);
+- discards one past its age (``store.TTL_S``);
+- ends once no keep is left to watch (all restored, discarded or expired).
 
-It polls (a ``stat`` a second); nothing is read from the kernel.
+It runs from the state directory (it holds no notebook's working directory) with the standard
+library ahead of every other path, site-packages included.
 """
 
 from __future__ import annotations
@@ -23,31 +28,60 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
+from ..files.keys import state_dir
+from ..files.private import make_dirs, read_private
 from . import store
 
 POLL_S = 1.0
+# A kernel gone this long is shut down, not restarting (see above); the variable shortens it.
+GRACE_S = float(os.environ.get("NB_CUDAGUARD_KEEP_GRACE", 30.0))
+LOCK = "keep-watcher.lock"  # in the state directory; holds the running watcher's pid
 _ENV = "NB_CUDAGUARD_KEEP_WATCH"  # the watcher's arguments (not on its command line, where
 # looking for the kernel's process would find the watcher itself)
 
+# Started with -I (no PYTHONPATH, no user site, no working directory on sys.path); the package
+# and psutil are found after the standard library, never ahead of it.
+_BOOT = (
+    "import json, os, sys, sysconfig\n"
+    "profile, extra = json.loads(os.environ['NB_CUDAGUARD_KEEP_WATCH'])\n"
+    "std = {os.path.realpath(sysconfig.get_paths()[k]) for k in ('stdlib', 'platstdlib')}\n"
+    "def is_std(p):\n"
+    "    p = os.path.realpath(p)\n"
+    "    return any(p == s or p.startswith(s + os.sep) for s in std) or p.endswith('.zip')\n"
+    "at = max((i + 1 for i, p in enumerate(sys.path) if is_std(p)), default=len(sys.path))\n"
+    "sys.path[at:at] = [p for p in extra if p not in sys.path[:at]]\n"
+    "from nb_cudaguard.keep.lifetime import main\n"
+    "main(profile)\n"
+)
 
-def watch(profile_location: str, connection: str, created: float) -> bool:
-    """Start the watcher of the keep this kernel's save made at ``created``; False where it
-    could not be started (the keep then expires as before). Never raises."""
+
+def watch(profile_location: str | os.PathLike[str]) -> bool:
+    """Make sure this profile's keeps are watched: start the watcher unless one runs. False
+    where it could not be started (the keeps then expire as before). Never raises."""
     if os.name != "posix":
         return False
-    env = dict(os.environ)
-    env[_ENV] = json.dumps([str(profile_location), connection, created])
-    # This very package, wherever the kernel found it.
-    here = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH", "")]))
     try:
+        place = state_dir(profile_location)
+        if _running(place):
+            return True
+        here = str(Path(__file__).resolve().parents[2])  # this very package, where it was found
+        extra = [here]
+        with contextlib.suppress(Exception):
+            import psutil
+
+            extra.append(str(Path(psutil.__file__).resolve().parents[1]))
+        env = dict(os.environ)
+        env[_ENV] = json.dumps([str(profile_location), extra])
         # Through a shell that starts it in the background and exits at once: the watcher is
         # nobody's child to reap, whatever the kernel does next (exit, or execve in place).
-        start = '"$0" -m nb_cudaguard.keep.lifetime </dev/null >/dev/null 2>&1 &'
+        start = '"$0" -I -c "$1" </dev/null >/dev/null 2>&1 &'
         launcher = subprocess.Popen(
-            ["/bin/sh", "-c", start, sys.executable],
+            ["/bin/sh", "-c", start, sys.executable, _BOOT],
+            cwd=place,
             env=env,
             start_new_session=True,
             stdin=subprocess.DEVNULL,
@@ -58,6 +92,40 @@ def watch(profile_location: str, connection: str, created: float) -> bool:
         return launcher.wait(timeout=10) == 0
     except Exception:
         return False
+
+
+def watcher_pid(profile_location: str | os.PathLike[str]) -> int | None:
+    """The pid of the watcher running for this profile, or None."""
+    place = state_dir(profile_location)
+    if not _running(place):
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        return int((place / LOCK).read_text().strip())
+    return None
+
+
+def _running(place: Path) -> bool:
+    """A watcher holds the lock (it is released by the kernel when its process ends)."""
+    lock = _lock(place)
+    if lock is None:
+        return (place / LOCK).exists()
+    lock.close()
+    return False
+
+
+def _lock(place: Path) -> IO[str] | None:
+    """The lock, held open; None where another process holds it."""
+    import fcntl
+
+    make_dirs(place)
+    fd = os.open(place / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    handle = os.fdopen(fd, "r+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
 
 
 def kernel_process(connection: str) -> int | None:
@@ -83,56 +151,91 @@ def _connection_flags(argv: list[str]) -> set[str]:
     return found
 
 
+def _keeps(profile_location: str) -> Iterator[tuple[str, store.Manifest]]:
+    """(connection file, manifest) of each keep in the profile with something still kept."""
+    for directory in sorted(state_dir(profile_location).glob("keep-*")):
+        with contextlib.suppress(Exception):
+            manifest = store.Manifest.from_json(
+                read_private(directory / store.MANIFEST).decode("utf-8")
+            )
+            # The manifest names its kernel; a directory not under that kernel's name is not
+            # a keep of ours to act on.
+            if store.keep_dir(profile_location, manifest.kernel) == directory and manifest.kept:
+                yield manifest.kernel, manifest
+
+
+class _Watch:
+    """The state of one watcher: since when each keep's kernel has been seen gone."""
+
+    def __init__(self, profile_location: str, grace: float, ram: list[Path] | None) -> None:
+        self.profile, self.grace, self.ram = profile_location, grace, ram
+        self.gone_since: dict[str, float] = {}
+        self.kernels: dict[str, int] = {}  # a process running with a removed connection file
+        self.created: dict[str, float] = {}
+
+    def poll(self) -> int:
+        """Discard what is no longer needed; returns how many keeps are left to watch."""
+        import psutil
+
+        left = 0
+        for connection, manifest in list(_keeps(self.profile)):
+            # Aged from the newest date seen: a manifest dated back since (by another writer)
+            # is the store's to judge when it is read, not this watcher's to remove.
+            created = max(self.created.get(connection, manifest.created), manifest.created)
+            self.created[connection] = created
+            if time.time() - created > store.TTL_S:
+                store.discard_keep(self.profile, connection, ram=self.ram)
+                continue
+            alive = os.path.exists(connection)
+            if not alive:
+                pid = self.kernels.get(connection)
+                if pid is None or not psutil.pid_exists(pid):
+                    pid = kernel_process(connection)
+                alive = pid is not None
+                if pid is not None:
+                    self.kernels[connection] = pid
+            if alive:
+                self.gone_since.pop(connection, None)
+            else:
+                since = self.gone_since.setdefault(connection, time.monotonic())
+                if time.monotonic() - since >= self.grace:
+                    store.discard_keep(self.profile, connection, ram=self.ram)
+                    self.gone_since.pop(connection, None)
+                    continue
+            left += 1
+        return left
+
+
 def run(
     profile_location: str,
-    connection: str,
-    created: float,
     poll: float = POLL_S,
+    grace: float = GRACE_S,
     ram: list[Path] | None = None,
 ) -> str:
-    """Watch the keep made at ``created`` until one of the ends above; returns which:
-    ``discarded``, ``gone``, ``replaced``, ``expired`` or ``unreadable``."""
-    import psutil
-
-    manifest_path = store.keep_dir(profile_location, connection) / store.MANIFEST
-    seen: tuple[int, int] | None = None
-    kernel: int | None = None  # a process running with the connection file, once it is gone
+    """Watch this profile's keeps until none is left; returns ``done``, or ``running`` where
+    another watcher has them already."""
+    place = state_dir(profile_location)
+    lock = _lock(place)
+    if lock is None:
+        return "running"
+    watcher = _Watch(profile_location, grace, ram)
     while True:
-        try:
-            info = os.stat(manifest_path)
-        except FileNotFoundError:
-            return "gone"
-        except OSError:
-            return "unreadable"
-        if (info.st_ino, info.st_mtime_ns) != seen:  # read again only once it changed
-            seen = (info.st_ino, info.st_mtime_ns)
-            try:
-                # Its age is judged below, by this keep's own time: a manifest changed since
-                # (a newer keep) is not this watcher's to remove.
-                manifest = store.read_manifest(profile_location, connection, check_age=False)
-            except store.StoreError:
-                return "unreadable"
-            if manifest is None:
-                return "gone"
-            if manifest.created != created:
-                return "replaced"
-        if time.time() - created > store.TTL_S:
-            store.discard_keep(profile_location, connection, ram=ram)
-            return "expired"
-        if not os.path.exists(connection):
-            if kernel is None or not psutil.pid_exists(kernel):
-                kernel = kernel_process(os.path.realpath(os.path.abspath(connection)))
-            if kernel is None:
-                store.discard_keep(profile_location, connection, ram=ram)
-                return "discarded"
-        time.sleep(poll)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        while watcher.poll():
+            time.sleep(poll)
+        # A keep saved while this one decided to end found the lock held and did not start a
+        # watcher of its own: look once more with the lock released.
+        lock.close()
+        if not any(_keeps(profile_location)):
+            return "done"
+        lock = _lock(place)
+        if lock is None:
+            return "running"  # a new watcher has them
 
 
-def main() -> None:
+def main(profile_location: str) -> None:
     with contextlib.suppress(Exception):
-        profile_location, connection, created = json.loads(os.environ.get(_ENV, "null"))
-        run(str(profile_location), str(connection), float(created))
-
-
-if __name__ == "__main__":
-    main()
+        run(profile_location)

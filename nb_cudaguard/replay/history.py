@@ -2,7 +2,7 @@
 
 Written by the old process just before it asks for the restart, to
 ``<profile>/nb_cudaguard/cells-<key>.json`` (0600 in a 0700 directory, atomically; ``key`` is
-``restart.injection.kernel_key`` of the connection file, which survives the restart). Read once by
+``files.keys.kernel_key`` of the connection file, which survives the restart). Read once by
 the new process (then removed), and only if all of these hold:
 
 - the file is a regular file owned by this user with no group/other bits, in a directory likewise;
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files.keys import kernel_key, state_dir
 from ..files.private import NotPrivate, check_dir, private_dir, read_private, write_atomic
-from ..restart.injection import kernel_key, state_dir
 from .record import CellRecord
 
 FORMAT = 1

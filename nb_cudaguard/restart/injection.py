@@ -27,13 +27,13 @@ so (its banner) and a later in-place restart can drop it again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..files.keys import kernel_key, state_dir
 from ..files.private import make_dirs, private_dir, write_atomic
 from ..runtime.blocking import BLOCKING
 
@@ -48,15 +48,6 @@ STARTUP_PREFIX = "0-nb_cudaguard-once-"  # "0-" sorts before the usual "00-..." 
 def startup_text() -> str:
     """The startup file's fixed text: ``startup_once.py`` as it is."""
     return (Path(__file__).with_name("startup_once.py")).read_text(encoding="utf-8")
-
-
-def kernel_key(connection_path: str) -> str:
-    resolved = os.path.realpath(os.path.abspath(connection_path))
-    return hashlib.sha256(resolved.encode()).hexdigest()[:24]
-
-
-def state_dir(profile_location: str | os.PathLike[str]) -> Path:
-    return Path(profile_location) / "nb_cudaguard"
 
 
 def pending_path(profile_location: str | os.PathLike[str], key: str) -> Path:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..files.keys import kernel_key
 from ..runtime.blocking import BLOCKING, MARKER
 from . import injection
 from .environment import (
@@ -207,7 +208,7 @@ def restart_kernel(
             if blocking:
                 raise RestartError("cannot find this kernel's IPython profile or connection file")
         else:
-            key = injection.kernel_key(plan.connection_file)
+            key = kernel_key(plan.connection_file)
             if blocking:
                 injection.write_pending(*profile, plan.connection_file, after_cell=after_cell)
             else:

@@ -63,7 +63,9 @@ def test_a_snapshot_brings_the_model_and_optimizer_back_on_the_cpu_and_training_
     expected = {k: v.cpu() for k, v in model.state_dict().items()}
     substitutes, notes, missing = snapshots.for_keep()
     assert missing == {} and notes["model"] == "snapshot after cell [5]"
-    manifest = store.save(namespace, *profile, substitutes=substitutes, notes=notes)
+    manifest = store.save(
+        namespace, *profile, store.SaveOptions(substitutes=substitutes, notes=notes)
+    )
     assert {k.name: k.kind for k in manifest.kept} == {"model": "snapshot", "optimizer": "snapshot"}
     fresh: dict[str, object] = {}
     store.restore(fresh, *profile)

@@ -1,34 +1,58 @@
-"""A keep lives as long as its kernel: the watcher, with real processes and real files."""
+"""A keep lives as long as its kernel: the one watcher of a user's keeps, with real processes
+and real files."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from nb_cudaguard.keep import lifetime, store
 
 
-@pytest.fixture
-def kept(tmp_path: Path) -> tuple[str, str, Path, store.Manifest]:
+@dataclasses.dataclass
+class Keep:
+    location: str
+    connection: str
+    ram: Path
+    manifest: store.Manifest
+
+    def places(self) -> list[Path]:
+        return [store.keep_dir(self.location, self.connection), Path(str(self.manifest.ram))]
+
+    def exists(self) -> bool:
+        return all(p.exists() for p in self.places())
+
+    def gone(self) -> bool:
+        return not any(p.exists() for p in self.places())
+
+
+def _keep(tmp_path: Path, name: str) -> Keep:
     ram = tmp_path / "ram"
-    ram.mkdir(mode=0o1777)
-    connection = tmp_path / "runtime" / "kernel-1234.json"
-    connection.parent.mkdir()
+    ram.mkdir(mode=0o1777, exist_ok=True)
+    connection = tmp_path / "runtime" / f"kernel-{name}.json"
+    connection.parent.mkdir(exist_ok=True)
     connection.write_text("{}")
     location = str(tmp_path / "profile")
-    manifest = store.save({"a": np.ones(1000)}, location, str(connection), ram=[ram])
-    return location, str(connection), ram, manifest
+    manifest = store.save(
+        {"a": np.ones(1000)}, location, str(connection), store.SaveOptions(ram=[ram])
+    )
+    return Keep(location, str(connection), ram, manifest)
 
 
-def _places(location: str, connection: str, manifest: store.Manifest) -> list[Path]:
-    return [store.keep_dir(location, connection), Path(str(manifest.ram))]
+@pytest.fixture
+def kept(tmp_path: Path) -> Keep:
+    return _keep(tmp_path, "1234")
 
 
 def _a_kernel_with(connection: str) -> subprocess.Popen[bytes]:
@@ -37,78 +61,189 @@ def _a_kernel_with(connection: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code, "-f", connection])
 
 
-def test_the_keep_is_discarded_once_its_kernel_is_gone(kept):
-    location, connection, ram, manifest = kept
-    Path(connection).unlink()  # what Jupyter does when it shuts a kernel down
-    assert lifetime.run(location, connection, manifest.created, poll=0.05, ram=[ram]) == (
-        "discarded"
+def _stop(*processes: subprocess.Popen[bytes]) -> None:
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def _until(condition: object, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return bool(condition())  # type: ignore[operator]
+
+
+def _in_thread(keep: Keep, grace: float) -> tuple[threading.Thread, list[str]]:
+    ended: list[str] = []
+    watcher = threading.Thread(
+        target=lambda: ended.append(
+            lifetime.run(keep.location, poll=0.05, grace=grace, ram=[keep.ram])
+        )
     )
-    assert not any(p.exists() for p in _places(location, connection, manifest))
+    watcher.start()
+    return watcher, ended
+
+
+@pytest.fixture
+def no_watcher_left(kept: Keep, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("NB_CUDAGUARD_KEEP_GRACE", "1")  # the detached watcher's
+    monkeypatch.setenv("NB_CUDAGUARD_KEEP_RAM", str(kept.ram))
+    yield
+    pid = lifetime.watcher_pid(kept.location)
+    if pid is not None:
+        os.kill(pid, 9)
+
+
+def test_the_keep_is_discarded_once_its_kernel_is_gone(kept):
+    Path(kept.connection).unlink()  # what Jupyter does when it shuts a kernel down
+    assert lifetime.run(kept.location, poll=0.05, grace=0.2, ram=[kept.ram]) == "done"
+    assert kept.gone()
+
+
+def test_a_kernel_restarting_within_the_grace_keeps_it(kept):
+    # A launcher that removed the connection file early (VS Code's, Colab's), restarting the
+    # kernel: for a moment no process runs with it. One poll then must not discard the keep.
+    old = _a_kernel_with(kept.connection)
+    Path(kept.connection).unlink()
+    watcher, ended = _in_thread(kept, grace=3.0)
+    new = None
+    try:
+        time.sleep(0.5)
+        _stop(old)
+        time.sleep(1.0)  # the restart gap, a lot longer than the 0.05-0.14 s measured
+        new = _a_kernel_with(kept.connection)
+        time.sleep(3.5)  # longer than the grace: the new process is the kernel now
+        assert not ended and kept.exists()
+    finally:
+        _stop(*(p for p in (old, new) if p is not None))
+    watcher.join(15)
+    assert ended == ["done"] and kept.gone()
 
 
 def test_a_kernel_still_running_keeps_it_though_its_file_is_gone(kept):
-    location, connection, ram, manifest = kept
-    kernel = _a_kernel_with(connection)
-    client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", connection])
+    kernel = _a_kernel_with(kept.connection)
+    client = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", kept.connection]
+    )
     try:
-        Path(connection).unlink()
-        ended: list[str] = []
-        watcher = threading.Thread(
-            target=lambda: ended.append(
-                lifetime.run(location, connection, manifest.created, poll=0.05, ram=[ram])
-            )
-        )
-        watcher.start()
+        Path(kept.connection).unlink()
+        watcher, ended = _in_thread(kept, grace=0.2)
         time.sleep(1.0)
-        assert not ended and all(p.exists() for p in _places(location, connection, manifest))
-        kernel.kill()  # a client naming the file (not after -f) is no kernel: it does not count
-        kernel.wait()
+        assert not ended and kept.exists()
+        _stop(kernel)  # a client naming the file (not after -f) is no kernel: it does not count
         watcher.join(10)
-        assert ended == ["discarded"]
+        assert ended == ["done"]
     finally:
-        for process in (kernel, client):
-            process.kill()
-            process.wait()
+        _stop(kernel, client)
 
 
-def test_a_restart_of_ours_keeps_it_and_a_newer_keep_ends_the_watch(kept):
-    location, connection, ram, manifest = kept
-    newer = store.save({"b": 2}, location, connection, ram=[ram])  # our next restart's save
-    assert newer.created != manifest.created
-    assert lifetime.run(location, connection, manifest.created, poll=0.05, ram=[ram]) == (
-        "replaced"
-    )
-    assert store.keep_dir(location, connection).exists()
+def test_a_newer_keep_of_the_same_kernel_is_watched_on(kept):
+    newer = store.save(
+        {"b": 2}, kept.location, kept.connection, store.SaveOptions(ram=[kept.ram])
+    )  # our restart
+    assert newer.created != kept.manifest.created
+    watcher, ended = _in_thread(kept, grace=0.2)
+    time.sleep(0.5)
+    assert not ended and store.keep_dir(kept.location, kept.connection).exists()
+    Path(kept.connection).unlink()
+    watcher.join(10)
+    assert ended == ["done"] and not store.keep_dir(kept.location, kept.connection).exists()
 
 
-def test_the_watcher_runs_detached_and_cleans_up_after_its_kernel(kept):
-    location, connection, _, manifest = kept
-    kernel = _a_kernel_with(connection)
+def test_the_watch_ends_once_everything_is_restored(kept):
+    watcher, ended = _in_thread(kept, grace=0.2)
+    time.sleep(0.3)
+    assert not ended
+    namespace: dict[str, object] = {}
+    store.restore(namespace, kept.location, kept.connection)
+    watcher.join(10)
+    assert ended == ["done"] and "a" in namespace
+    # the manifest stays, saying what was restored, for a later restore to tell
+    assert store.read_manifest(kept.location, kept.connection) is not None
+
+
+def test_one_watcher_watches_every_keep_of_the_user(tmp_path, kept, no_watcher_left):
+    second = _keep(tmp_path, "5678")
+    kernels = [_a_kernel_with(k.connection) for k in (kept, second)]
     try:
-        assert lifetime.watch(location, connection, manifest.created)
+        assert lifetime.watch(kept.location)
+        assert _until(lambda: lifetime.watcher_pid(kept.location) is not None, 20)
+        pid = lifetime.watcher_pid(kept.location)
+        assert lifetime.watch(second.location)  # the second restart's save
         time.sleep(2.0)
-        assert all(p.exists() for p in _places(location, connection, manifest))
+        watchers = [  # of this profile (other tests' kernels may have theirs)
+            p.pid
+            for p in psutil.process_iter(["environ"])
+            if json.loads((p.info["environ"] or {}).get(lifetime._ENV, "[null]"))[0]
+            == kept.location
+        ]
+        assert watchers == [pid]
+        assert kept.exists() and second.exists()
     finally:
-        kernel.kill()
-        kernel.wait()
-    Path(connection).unlink()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and store.keep_dir(location, connection).exists():
-        time.sleep(0.1)
-    assert not any(p.exists() for p in _places(location, connection, manifest))
+        _stop(*kernels)
+    for keep in (kept, second):
+        Path(keep.connection).unlink()
+    assert _until(lambda: kept.gone() and second.gone(), 20)
+    assert pid is not None and _until(lambda: _ended(pid), 10)  # with no keep left, it ends
 
 
-def test_a_manifest_changed_to_an_older_date_is_not_this_watchers_to_remove(kept):
+def _ended(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_watcher_holds_no_notebook_directory_and_imports_the_standard_library(
+    tmp_path, kept, no_watcher_left, monkeypatch
+):
+    # A directory on PYTHONPATH (or a site-packages) holding a module named as a standard one
+    # (an old backport) must not be what the watcher imports; nor may it keep the directory
+    # the notebook runs in (a mount the user wants to unmount, a folder to delete).
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "contextlib.py").write_text("raise ImportError('the shadowing module')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shadow), os.getcwd()]))
+    notebook_dir = tmp_path / "notebook"
+    notebook_dir.mkdir()
+    monkeypatch.chdir(notebook_dir)
+    kernel = _a_kernel_with(kept.connection)
+    try:
+        assert lifetime.watch(kept.location)
+        assert _until(lambda: lifetime.watcher_pid(kept.location) is not None, 20)
+        pid = lifetime.watcher_pid(kept.location)
+        assert pid is not None
+        assert psutil.Process(pid).cwd() == str(store.state_dir(kept.location))
+    finally:
+        _stop(kernel)
+    Path(kept.connection).unlink()
+    assert _until(kept.gone, 20)
+
+
+def test_a_manifest_dated_back_is_not_this_watchers_to_remove(kept):
     # Another writer's manifest (here: the same keep dated back past the time limit, as a test
-    # of expiry does) ends this watcher; removing it, and the message the next load would give,
-    # is the store's business when it is read.
-    location, connection, ram, manifest = kept
-    directory = store.keep_dir(location, connection)
-    older = dataclasses.replace(manifest, created=manifest.created - store.TTL_S - 60)
+    # of expiry does): removing it, and the message the next load gives, is the store's business
+    # when it is read.
+    watcher, ended = _in_thread(kept, grace=0.2)
+    time.sleep(0.3)
+    directory = store.keep_dir(kept.location, kept.connection)
+    older = dataclasses.replace(kept.manifest, created=kept.manifest.created - store.TTL_S - 60)
     store.write_manifest(directory, older)
-    assert lifetime.run(location, connection, manifest.created, poll=0.05, ram=[ram]) == (
-        "replaced"
-    )
-    assert all(p.exists() for p in _places(location, connection, manifest))
+    time.sleep(0.5)
+    assert not ended and kept.exists()
     with pytest.raises(store.StoreError, match="expired"):
-        store.read_manifest(location, connection)
+        store.read_manifest(kept.location, kept.connection)
+    watcher.join(10)
+    assert ended == ["done"]
+
+
+def test_a_keep_past_its_age_is_discarded_though_its_kernel_runs(tmp_path):
+    keep = _keep(tmp_path, "old")
+    directory = store.keep_dir(keep.location, keep.connection)
+    aged = dataclasses.replace(keep.manifest, created=time.time() - store.TTL_S - 60)
+    store.write_manifest(directory, aged)  # saved a day ago, its kernel still there
+    assert lifetime.run(keep.location, poll=0.05, grace=0.2, ram=[keep.ram]) == "done"
+    assert keep.gone()

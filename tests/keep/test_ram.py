@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nb_cudaguard.keep import store
+from nb_cudaguard.keep import store, swap
 
 MB = 1024**2
 
@@ -69,7 +69,7 @@ def _files(manifest: store.Manifest) -> dict[str, bool]:
 def test_values_go_to_ram_where_there_is_room_and_come_back(profile, ram):
     location, connection = profile
     data = {"a": np.arange(1000.0), "b": [np.ones(10), np.zeros(5)], "n": 3}
-    manifest = store.save(data, location, connection, ram=[ram])
+    manifest = store.save(data, location, connection, store.SaveOptions(ram=[ram]))
     where = store.ram_dir(ram, location, connection)
     assert manifest.ram == str(where)
     assert _files(manifest) == {"a": True, "b": True, "n": True}
@@ -87,7 +87,7 @@ def test_values_go_to_ram_where_there_is_room_and_come_back(profile, ram):
 
 def test_the_ram_files_are_private_to_the_user(profile, ram):
     location, connection = profile
-    store.save({"a": np.ones(100)}, location, connection, ram=[ram])
+    store.save({"a": np.ones(100)}, location, connection, store.SaveOptions(ram=[ram]))
     where = store.ram_dir(ram, location, connection)
     assert where.parent.name == f"nb_cudaguard-{os.geteuid()}"
     assert where.parent.stat().st_mode & 0o777 == 0o700
@@ -101,14 +101,14 @@ def test_a_ram_base_others_can_enter_is_not_used(profile, ram):
     base = ram / f"nb_cudaguard-{os.geteuid()}"
     base.mkdir()
     base.chmod(0o777)  # made by someone else's hand: files there could be swapped
-    manifest = store.save({"a": np.ones(100)}, location, connection, ram=[ram])
+    manifest = store.save({"a": np.ones(100)}, location, connection, store.SaveOptions(ram=[ram]))
     assert manifest.ram is None and _files(manifest) == {"a": False}
     assert list(base.iterdir()) == []
 
 
 def test_ram_files_others_could_write_are_refused(profile, ram):
     location, connection = profile
-    store.save({"a": np.ones(100)}, location, connection, ram=[ram])
+    store.save({"a": np.ones(100)}, location, connection, store.SaveOptions(ram=[ram]))
     store.ram_dir(ram, location, connection).chmod(0o755)
     with pytest.raises(store.StoreError, match="other users"):
         store.restore({}, location, connection)
@@ -116,7 +116,7 @@ def test_ram_files_others_could_write_are_refused(profile, ram):
 
 def test_a_manifest_naming_another_ram_directory_is_refused(profile, ram, tmp_path):
     location, connection = profile
-    manifest = store.save({"a": np.ones(100)}, location, connection, ram=[ram])
+    manifest = store.save({"a": np.ones(100)}, location, connection, store.SaveOptions(ram=[ram]))
     elsewhere = tmp_path / "elsewhere" / f"nb_cudaguard-{os.geteuid()}" / "keep-0123456789ab"
     store.write_manifest(
         store.keep_dir(location, connection),
@@ -129,7 +129,9 @@ def test_a_manifest_naming_another_ram_directory_is_refused(profile, ram, tmp_pa
 def test_a_small_shm_like_dockers_is_passed_over_for_the_profile(profile, small_shm):
     location, connection = profile
     assert store.ram_room(small_shm, store.memory_available()) == 0  # 64 MB, all of it margin
-    manifest = store.save({"a": np.ones(1000)}, location, connection, ram=[small_shm])
+    manifest = store.save(
+        {"a": np.ones(1000)}, location, connection, store.SaveOptions(ram=[small_shm])
+    )
     assert manifest.ram is None and _files(manifest) == {"a": False}
     assert list(small_shm.iterdir()) == []
 
@@ -149,7 +151,7 @@ def test_what_does_not_fit_in_ram_goes_to_the_profile(profile, shm):
         "hidden": Holder(np.ones(60 * MB // 8)),  # over what is left in RAM once written
         "last": np.ones(1 * MB // 8),
     }
-    manifest = store.save(data, location, connection, ram=[shm])
+    manifest = store.save(data, location, connection, store.SaveOptions(ram=[shm]))
     assert manifest.skipped == ()
     assert _files(manifest) == {"small": True, "big": False, "hidden": False, "last": True}
     assert not [p for p in store.ram_dir(shm, location, connection).iterdir() if "v2" in p.name]
@@ -167,13 +169,15 @@ def test_ram_is_capped_by_the_memory_available(ram):
 
 def test_the_first_root_with_room_is_used(profile, ram, small_shm):
     location, connection = profile
-    manifest = store.save({"a": np.ones(1000)}, location, connection, ram=[small_shm, ram])
+    manifest = store.save(
+        {"a": np.ones(1000)}, location, connection, store.SaveOptions(ram=[small_shm, ram])
+    )
     assert manifest.ram == str(store.ram_dir(ram, location, connection))
 
 
 def test_discard_removes_the_ram_files_too(profile, ram):
     location, connection = profile
-    store.save({"a": np.ones(100)}, location, connection, ram=[ram])
+    store.save({"a": np.ones(100)}, location, connection, store.SaveOptions(ram=[ram]))
     store.discard_keep(location, connection, ram=[])  # found through the manifest
     assert not store.ram_dir(ram, location, connection).exists()
     assert not store.keep_dir(location, connection).exists()
@@ -185,25 +189,25 @@ def test_a_save_that_never_finished_leaves_nothing_in_ram_at_the_next(profile, r
     leftover.mkdir(parents=True, mode=0o700)
     leftover.parent.chmod(0o700)
     (leftover / "v7.bin").write_bytes(b"half written")
-    store.save({"b": 1}, location, connection, ram=[ram])
+    store.save({"b": 1}, location, connection, store.SaveOptions(ram=[ram]))
     assert not (leftover / "v7.bin").exists()
 
 
 def test_ram_leftovers_of_other_kernels_expire_at_the_next_save(profile, ram, tmp_path):
     location, connection = profile
     other = str(tmp_path / "runtime" / "kernel-gone.json")
-    store.save({"a": np.ones(100)}, location, other, ram=[ram])
+    store.save({"a": np.ones(100)}, location, other, store.SaveOptions(ram=[ram]))
     gone = store.ram_dir(ram, location, other)
     old = time.time() - store.TTL_S - 60
     os.utime(gone, (old, old))
-    store.save({"a": np.ones(100)}, location, connection, ram=[ram])
+    store.save({"a": np.ones(100)}, location, connection, store.SaveOptions(ram=[ram]))
     assert not gone.exists()
     assert store.ram_dir(ram, location, connection).exists()
 
 
 def test_an_expired_keep_removes_its_ram_files(profile, ram):
     location, connection = profile
-    store.save({"a": np.ones(100)}, location, connection, ram=[ram])
+    store.save({"a": np.ones(100)}, location, connection, store.SaveOptions(ram=[ram]))
     with pytest.raises(store.StoreError, match="expired"):
         store.read_manifest(location, connection, now=time.time() + store.TTL_S + 60)
     assert not store.ram_dir(ram, location, connection).exists()
@@ -212,8 +216,8 @@ def test_an_expired_keep_removes_its_ram_files(profile, ram):
 def test_ram_files_of_an_earlier_restart_are_carried_and_stay_in_ram(profile, ram):
     location, connection = profile
     first = np.arange(50.0)
-    store.save({"a": first, "b": 1}, location, connection, ram=[ram])
-    manifest = store.save({"b": 2}, location, connection, ram=[ram])
+    store.save({"a": first, "b": 1}, location, connection, store.SaveOptions(ram=[ram]))
+    manifest = store.save({"b": 2}, location, connection, store.SaveOptions(ram=[ram]))
     assert _files(manifest) == {"b": True, "a": True}
     fresh: dict[str, object] = {}
     assert store.restore(fresh, location, connection).failed == ()
@@ -223,7 +227,7 @@ def test_ram_files_of_an_earlier_restart_are_carried_and_stay_in_ram(profile, ra
 
 def test_a_ram_file_lost_to_a_reboot_is_reported_and_the_rest_restored(profile, ram):
     location, connection = profile
-    store.save({"a": np.ones(10), "b": 2}, location, connection, ram=[ram])
+    store.save({"a": np.ones(10), "b": 2}, location, connection, store.SaveOptions(ram=[ram]))
     where = store.ram_dir(ram, location, connection)
     kept = {k.name: k.file for k in store.read_manifest(location, connection).kept}  # type: ignore[union-attr]
     (where / str(kept["a"])).unlink()
@@ -253,7 +257,7 @@ def test_a_file_the_old_process_was_still_writing_is_removed_at_the_offer(profil
     # The process ended while a value past the deadline was being written: not in the
     # manifest, and in RAM nothing else would free it before the restore.
     location, connection = profile
-    manifest = store.save({"a": np.ones(10)}, location, connection, ram=[ram])
+    manifest = store.save({"a": np.ones(10)}, location, connection, store.SaveOptions(ram=[ram]))
     where = store.ram_dir(ram, location, connection)
     (where / "v9.bin").write_bytes(b"cut short")
     (store.keep_dir(location, connection) / "v8.bin").write_bytes(b"cut short")
@@ -272,16 +276,16 @@ def test_a_save_that_fails_leaves_nothing_in_ram(profile, ram, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("the profile's disk is full")
 
-    monkeypatch.setattr(store, "write_manifest", broken)  # the real write, failing as a disk
+    monkeypatch.setattr(swap, "write_manifest", broken)  # the real write, failing as a disk
     with pytest.raises(OSError, match="disk is full"):
-        store.save({"a": np.ones(10)}, location, connection, ram=[ram])
+        store.save({"a": np.ones(10)}, location, connection, store.SaveOptions(ram=[ram]))
     assert not store.ram_dir(ram, location, connection).exists()
 
 
 def test_what_a_save_cut_short_left_is_removed_by_the_next(profile, ram):
     # Its process ended while it wrote (the kernel killed mid-save): in RAM, that is memory.
     location, connection = profile
-    store.save({"a": np.ones(10)}, location, connection, ram=[ram])
+    store.save({"a": np.ones(10)}, location, connection, store.SaveOptions(ram=[ram]))
     final = store.ram_dir(ram, location, connection)
     left = [
         final.with_name(f".{final.name}-new-999"),
@@ -292,5 +296,5 @@ def test_what_a_save_cut_short_left_is_removed_by_the_next(profile, ram):
     for place in left:
         place.mkdir(mode=0o700)
         (place / "v0.bin").write_bytes(b"half written")
-    store.save({"b": 2}, location, connection, ram=[ram])
+    store.save({"b": 2}, location, connection, store.SaveOptions(ram=[ram]))
     assert not any(place.exists() for place in left)

@@ -66,7 +66,9 @@ def notebook(code: str = CELLS) -> dict[str, object]:
 
 def save_and_restore(namespace, profile, **options):
     location, connection = profile
-    manifest = store.save(namespace, location, connection, hidden={"__builtins__"}, **options)
+    manifest = store.save(
+        namespace, location, connection, store.SaveOptions(hidden={"__builtins__"}, **options)
+    )
     fresh: dict[str, object] = {"__name__": "__main__"}
     done = store.restore(fresh, location, connection)
     return manifest, done, fresh
@@ -272,7 +274,9 @@ def test_a_large_pure_python_value_is_stopped_at_the_cap_while_it_is_pickled(pro
     location, connection = profile
     tracemalloc.start()
     try:
-        manifest = store.save(namespace, location, connection, variable_cap=1_000_000)
+        manifest = store.save(
+            namespace, location, connection, store.SaveOptions(variable_cap=1_000_000)
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -373,7 +377,9 @@ unrelated = np.ones(1000)
 
 def test_what_shares_state_is_written_once_into_one_file(profile):
     location, connection = profile
-    manifest = store.save(notebook(SHARED), location, connection, hidden={"__builtins__"})
+    manifest = store.save(
+        notebook(SHARED), location, connection, store.SaveOptions(hidden={"__builtins__"})
+    )
     files = {k.name: k.file for k in manifest.kept}
     assert files["model"] == files["opt"] == files["sched"]
     assert files["base"] == files["as_tensor"] == files["back"] == files["window"]
@@ -386,7 +392,7 @@ def test_what_shares_state_is_written_once_into_one_file(profile):
 
 def test_a_name_comes_back_with_every_name_it_shares_state_with(profile):
     location, connection = profile
-    store.save(notebook(SHARED), location, connection, hidden={"__builtins__"})
+    store.save(notebook(SHARED), location, connection, store.SaveOptions(hidden={"__builtins__"}))
     fresh: dict[str, object] = {}
     done = store.restore(fresh, location, connection, ["opt"])
     assert {k.name for k in done.along} == {"model", "sched"}
@@ -402,7 +408,7 @@ def test_a_name_comes_back_with_every_name_it_shares_state_with(profile):
 
 def test_a_name_defined_again_is_left_and_so_is_what_shares_state_with_it(profile):
     location, connection = profile
-    store.save(notebook(SHARED), location, connection, hidden={"__builtins__"})
+    store.save(notebook(SHARED), location, connection, store.SaveOptions(hidden={"__builtins__"}))
     fresh: dict[str, object] = {"model": "mine", "unrelated": "mine too"}
     done = store.restore(fresh, location, connection)
     assert fresh["model"] == "mine" and fresh["unrelated"] == "mine too"
@@ -421,14 +427,16 @@ def test_a_save_whose_manifest_cannot_be_written_leaves_the_earlier_keep(profile
     import resource
 
     location, connection = profile
-    store.save(notebook("epochs = 12\n"), location, connection, hidden={"__builtins__"})
+    store.save(
+        notebook("epochs = 12\n"), location, connection, store.SaveOptions(hidden={"__builtins__"})
+    )
     many = notebook("\n".join(f"name_{i} = {i}" for i in range(60)))
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     # A real write error (EFBIG): the values' files are small, the manifest of 60 names is not.
     resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
     try:
         with pytest.raises(OSError):
-            store.save(many, location, connection, hidden={"__builtins__"})
+            store.save(many, location, connection, store.SaveOptions(hidden={"__builtins__"}))
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     fresh: dict[str, object] = {}
@@ -445,9 +453,9 @@ def test_a_carried_name_says_its_partner_of_then_is_not_the_one_kept_now(profile
         "import torch\nmodel = torch.nn.Linear(2, 2)\n"
         "opt = torch.optim.SGD(model.parameters(), 0.1)\n"
     )
-    store.save(first, location, connection, hidden={"__builtins__"})
+    store.save(first, location, connection, store.SaveOptions(hidden={"__builtins__"}))
     second = notebook("import torch\nmodel = torch.nn.Linear(2, 2)\n")
-    manifest = store.save(second, location, connection, hidden={"__builtins__"})
+    manifest = store.save(second, location, connection, store.SaveOptions(hidden={"__builtins__"}))
     notes = {k.name: k.note for k in manifest.kept}
     assert "kept at an earlier restart" in notes["opt"]
     assert "shares state with the `model` of then, not with the one kept now" in notes["opt"]

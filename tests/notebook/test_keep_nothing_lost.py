@@ -339,3 +339,49 @@ def test_restore_says_what_was_kept_and_what_was_restored_already(server, server
     assert last.status == "ok" and "nothing was kept" not in last.stream
     assert "`alpha`, `beta`, `os` were already restored" in last.stream
     assert "Nothing else is kept." in last.stream
+
+
+# --- the notebook's own modules: a name bound from one stays that module's object -------------
+
+HELPERS = """
+registry = []
+settings = {"lr": 0.1}
+
+def register(item):
+    registry.append(item)
+    return len(registry)
+"""
+
+OWN_MODULE = """
+import helpers
+from helpers import registry, register, settings
+register("a"); register("b")
+settings["lr"] = 0.5
+"""
+
+SAME_OBJECTS = """
+import json, helpers
+register("c")
+print(json.dumps({
+    "registry is helpers.registry": registry is helpers.registry,
+    "settings is helpers.settings": settings is helpers.settings,
+    "registry": registry,
+    "helpers.registry": helpers.registry,
+    "lr": helpers.settings["lr"],
+}))
+"""
+
+
+def test_names_from_the_notebooks_own_module_stay_that_modules_objects(server, server_kernel):
+    (server.root / "helpers.py").write_text(HELPERS)  # a module next to the notebook
+    kid, pid = server_kernel
+    _restart(server, kid, pid, OWN_MODULE)
+    out = _run(server, kid, "%load_ext nb_cudaguard\n%cudaguard restore\n" + SAME_OBJECTS)
+    said = json.loads(out.strip().splitlines()[-1])
+    assert said == {
+        "registry is helpers.registry": True,
+        "settings is helpers.settings": True,
+        "registry": ["a", "b", "c"],  # what it held before the restart, and the module adds to it
+        "helpers.registry": ["a", "b", "c"],
+        "lr": 0.5,
+    }

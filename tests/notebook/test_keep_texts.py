@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nb_cudaguard.keep.store import Kept, Manifest, NotKept, Restored, Skipped
-from nb_cudaguard.notebook.keep_glue import kept_sentence, not_kept_text, offer_text, restored_text
+from nb_cudaguard.keep.text import kept_sentence, not_kept_text, offer_text, restored_text
 
 GPU_REASON = (
     "holds GPU memory (a tensor on cuda:0, shape [4, 3]): GPU memory is never read here "
