@@ -30,7 +30,7 @@ from .advice import (
     true_line,
 )
 from .model import ContextState, Diagnosis
-from .schema import MIME_TYPE, to_json
+from .schema import MIME_TYPE, to_json, verdict
 
 _CODE = re.compile(r"`([^`]+)`")
 
@@ -183,7 +183,7 @@ def _top(
 def to_text(diagnosis: Diagnosis, blocking: bool = False, setting: Setting = KERNEL) -> str:
     """The plain-text panel; ``setting``: where the failure happened (the live kernel by
     default, a notebook run or a script's log for the CLI), which decides the advice's words."""
-    lines = ["", f"nb_cudaguard: {headline(diagnosis, setting)}"]
+    lines = [verdict(diagnosis, blocking, setting), f"nb_cudaguard: {headline(diagnosis, setting)}"]
     for label, items, preformatted in _top(diagnosis, blocking, setting):
         if len(items) == 1 and not preformatted:
             lines.append(f"{label}: {items[0]}" if label else items[0])
@@ -272,18 +272,41 @@ def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
 @dataclass(frozen=True)
 class Panel:
     """A displayable diagnosis: IPython's display() asks it for its mimebundle. ``blocking``: this
-    kernel already runs with CUDA_LAUNCH_BLOCKING in force, so the traceback is already right."""
+    kernel already runs with CUDA_LAUNCH_BLOCKING in force, so the traceback is already right.
+
+    Every reader gets the verdict line first. ``text/plain`` is what VS Code's "attach cell
+    output" and terminals take; ``text/markdown`` is what text-only readers prefer (the Jupyter
+    MCP server reads markdown, LaTeX, ``application/json``, then plain text, never HTML or vendor
+    types), so it carries the diagnosis as a JSON block too. Frontends rank ``text/html`` above
+    markdown (JupyterLab, Notebook 7, VS Code, Colab, nbconvert), so what they render is
+    unchanged; plain ``application/json`` is left out on purpose: JupyterLab ranks its JSON
+    viewer above HTML."""
 
     diagnosis: Diagnosis
     blocking: bool = False
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+        text = to_text(self.diagnosis, self.blocking)
+        payload = to_json(self.diagnosis, blocking_on=self.blocking)
         return {
-            "text/plain": to_text(self.diagnosis, self.blocking),
+            "text/plain": text,
             "text/html": to_html(self.diagnosis, self.blocking),
-            # for assistants and tools that read outputs
-            MIME_TYPE: to_json(self.diagnosis, blocking_on=self.blocking),
+            "text/markdown": to_markdown(text, payload),
+            # for tools that know the type
+            MIME_TYPE: payload,
         }
+
+
+def to_markdown(text: str, payload: dict[str, Any]) -> str:
+    """The plain-text panel as a literal block, then the machine-readable diagnosis as JSON."""
+    import json
+
+    first, _, rest = text.partition("\n")
+    return (
+        f"{first}\n\n```text\n{rest}\n```\n\n"
+        f"Machine-readable diagnosis (`{MIME_TYPE}`):\n\n"
+        f"```json\n{json.dumps(payload, indent=1, ensure_ascii=False)}\n```\n"
+    )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,12 @@ BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
 LOST = "Either button starts a new kernel process: CPU variables are kept, GPU memory is not."
-RERUN = "then `%load_ext nb_cudaguard` there restores the CPU variables; re-run the rest"
+# What the next kernel does: `%load_ext` only lists what was kept and offers it back; the values
+# return on the Restore button or `%cudaguard restore` (keep_glue.offer_restore).
+RERUN = (
+    "then, in the new kernel, `%load_ext nb_cudaguard` lists the kept CPU variables and "
+    "`%cudaguard restore` puts them back; re-run the rest"
+)
 
 
 def command_text(blocking_on: bool) -> str:

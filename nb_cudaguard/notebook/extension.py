@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.assert_lines import parse_assert_lines
-from ..diagnosis.engine import diagnose
+from ..diagnosis.engine import explain, recognise
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
 from ..runtime.capture import FdTee
@@ -64,6 +64,8 @@ class CudaGuardExtension:
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self._register_magics()
         self.loaded = True
+        with contextlib.suppress(Exception):  # without it, device lines reach the cell unfolded
+            self.tee.fold = _fold_spec()
         try:
             from .display import on_load
 
@@ -219,7 +221,8 @@ class CudaGuardExtension:
             self.tee.clear()
 
     def _explain(self, error: BaseException, cell: int | None) -> None:
-        if diagnose(error) is None:
+        recognised = recognise(error)
+        if recognised is None:
             return  # not a CUDA error (from its own text): no need to ask the tee's child
         launched = self.cells.settle(timeout=0.1)  # answers still on their way: ms at most
         where = where_sentence(error, cell, launched, synced=is_sync_frame(error))
@@ -227,11 +230,9 @@ class CudaGuardExtension:
         # besides assert lines (_forget_device_output); read once: later errors start afresh.
         device_output = self.tee.text()
         self.tee.clear()
-        diagnosis = diagnose(
-            error, device_output=device_output, namespace=self.shell.user_ns, where=where
+        diagnosis = explain(
+            recognised, device_output=device_output, namespace=self.shell.user_ns, where=where
         )
-        if diagnosis is None:
-            return
         if self.poisoned_since is not None:
             self._show_fallout(diagnosis)
             return
@@ -253,6 +254,20 @@ class CudaGuardExtension:
 
         message = diagnosis.error.message if diagnosis.error is not None else diagnosis.title
         show_fallout(self.poisoned_in_cell, message)
+
+
+def _fold_spec() -> tuple[str, str, str]:
+    """What the tee's child needs to fold repeated device assert lines (runtime/capture.py):
+    where this package is, the module that reads the lines, the command its verdict names."""
+    import os
+
+    from ..diagnosis import folding
+    from ..diagnosis.advice import KERNEL
+    from .display import blocking_in_force
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(folding.__file__))))
+    command = KERNEL.plain_command if blocking_in_force()[0] else KERNEL.command
+    return root, folding.__name__, command
 
 
 def _with_context(diagnosis: Diagnosis, probe: Probe) -> Diagnosis:
