@@ -76,9 +76,7 @@ def _without_collaboration(base: Path) -> tuple[str, ...]:
     (settings / "page_config.json").write_text(
         json.dumps({"disabledExtensions": list(_COLLABORATION_FRONTENDS)})
     )
-    return tuple(
-        f"--{app}.app_settings_dir={settings}" for app in ("LabApp", "JupyterNotebookApp")
-    )
+    return tuple(f"--{app}.app_settings_dir={settings}" for app in ("LabApp", "JupyterNotebookApp"))
 
 
 class JupyterServer:
