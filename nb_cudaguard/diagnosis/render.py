@@ -15,7 +15,6 @@ Knows neither torch nor IPython.
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,21 +31,16 @@ from .advice import (
 from .model import ContextState, Diagnosis
 from .schema import MIME_TYPE, to_json, verdict
 
-_CODE = re.compile(r"`([^`]+)`")
-
-# Colours from the frontend's theme: JupyterLab and Notebook 7 (``--jp-*``, which nbconvert's lab
-# template defines too), then VS Code (``--vscode-*``). No fixed colour reads at 4.5:1 on both a
-# light and a dark background (issue 23: #b71c1c on #111 is 2.9:1), so text falls back to the
-# colour around it (Colab, GitHub); only the bars, which carry no text, fall back to a fixed one.
-# The JupyterLab Light / Dark values: error 5.0 / 5.1, quiet 4.6 / 9.5 (tests/notebook/
-# test_browser_panel.py measures them in the rendered page).
-TEXT_ERROR = "var(--jp-error-color1, var(--vscode-errorForeground, inherit))"
-TEXT_QUIET = "var(--jp-content-font-color2, var(--vscode-descriptionForeground, inherit))"
-BAR_ERROR = "var(--jp-error-color1, #d32f2f)"
-BAR_WARN = "var(--jp-warn-color1, #f57c00)"
-BAR_INFO = "var(--jp-brand-color1, #1976d2)"
-BAR_DONE = "var(--jp-success-color1, #388e3c)"
-BAR_QUIET = "var(--jp-border-color1, #bdbdbd)"
+# Re-exported for the glue that still imports them from here; their home is theme.py.
+from .theme import BAR_DONE as BAR_DONE
+from .theme import BAR_ERROR as BAR_ERROR
+from .theme import BAR_INFO as BAR_INFO
+from .theme import BAR_QUIET as BAR_QUIET
+from .theme import BAR_WARN as BAR_WARN
+from .theme import TEXT_ERROR as TEXT_ERROR
+from .theme import TEXT_QUIET as TEXT_QUIET
+from .theme import inline_html as inline_html
+from .theme import note_html as note_html
 
 _DSA_FACT = "TORCH_USE_CUDA_DSA"  # a fact about a build flag, not a fix: shown with the above
 
@@ -197,20 +191,6 @@ def to_text(diagnosis: Diagnosis, blocking: bool = False, setting: Setting = KER
     return "\n".join(lines)
 
 
-def inline_html(text: str) -> str:
-    """Escape user-derived text, then turn `code` spans into <code>."""
-    return _CODE.sub(r"<code>\1</code>", html.escape(text))
-
-
-def note_html(css_class: str, color: str, text: str) -> str:
-    """A one-paragraph note with a bar in ``color`` (one of the ``BAR_*``), in the text colour
-    around it: the fallout line, the blocking-mode banner."""
-    return (
-        f"<div class='{css_class}' style='border-left:4px solid {color};padding:2px 8px;"
-        f"margin:4px 0;font-family:sans-serif'>{inline_html(text)}</div>"
-    )
-
-
 def _html_items(items: list[str], preformatted: bool, ordered: bool = False) -> str:
     if preformatted:
         body = html.escape("\n".join(items))
@@ -238,16 +218,15 @@ def _summary(sections: Iterable[tuple[str, list[str], bool]]) -> str:
 
 
 def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
+    # The bar says how bad it is; the headline keeps the text colour around it, so the panel
+    # looks the same in a trusted and a sanitized (untrusted) notebook (theme.py).
     bar = BAR_ERROR if diagnosis.sticky else BAR_WARN
-    # Not sticky: the headline in the text colour (the theme's warning colours read at 3.8:1 on
-    # white); the bar says it is a warning.
-    color = TEXT_ERROR if diagnosis.sticky else "inherit"
     parts = [
         f"<div class='nb-cudaguard-panel' data-cause='{html.escape(diagnosis.cause)}' "
         f"data-blocking='{str(blocking).lower()}' "
         f"style='border-left:4px solid {bar};padding:4px 10px;margin:6px 0;"
         "font-family:sans-serif;line-height:1.4'>",
-        f"<div class='nb-cudaguard-headline' style='font-weight:bold;color:{color}'>"
+        "<div class='nb-cudaguard-headline' style='font-weight:bold'>"
         f"&#9888; {inline_html(headline(diagnosis))}</div>",
     ]
     for label, items, preformatted in _top(diagnosis, blocking):
@@ -259,7 +238,7 @@ def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
     details = _details(diagnosis, blocking)
     parts.append(
         "<details class='nb-cudaguard-details' style='margin-top:2px'>"
-        f"<summary style='cursor:pointer;color:{TEXT_QUIET}'>"
+        "<summary style='cursor:pointer'>"
         f"{html.escape(_summary(details))}</summary>"
     )
     for heading, items, preformatted in details:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..diagnosis.render import TEXT_ERROR, TEXT_QUIET, inline_html
+from ..diagnosis.theme import TEXT_ERROR, TEXT_QUIET, inline_html
 from ..server_extension.live_views import MARK, MARK_VALUE
 from ..server_extension.live_views import WIDGET_VIEW_MIME as WIDGET_MIME
 

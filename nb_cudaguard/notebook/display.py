@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnosis.model import Diagnosis
-from ..diagnosis.render import BAR_INFO, Fallout, Panel, note_html
+from ..diagnosis.render import Fallout, Panel
+from ..diagnosis.theme import BAR_INFO, note_html
 from ..runtime.blocking import Marker
 from .actions import Restarter
 
