@@ -41,7 +41,13 @@ def show_diagnosis(diagnosis: Diagnosis, cell: int | None, restart: Restarter) -
     if diagnosis.sticky:
         from .actions import restart_actions
 
-        actions = restart_actions(restart, cell, blocking_on=blocking_on, blocking_ours=ours)
+        actions = restart_actions(
+            restart,
+            cell,
+            blocking_on=blocking_on,
+            blocking_ours=ours,
+            cause_known=bool(diagnosis.evidence),  # the user's own objects name cause and fix
+        )
         if actions is not None:
             display(actions)
 

@@ -190,8 +190,14 @@ def test_the_panel_reads_in_the_theme_and_its_buttons_are_whole_at_1000_and_1300
                 panel.locator(".nb-cudaguard-headline"),
                 panel.locator("summary"),
                 panel.locator(":scope > div").nth(1),  # the evidence
-                failing.locator(".widget-html span").first,  # the note by the buttons
+                failing.locator(".nb-cudaguard-does").first,  # what the primary button does
             ]
+            # One primary action, the one the diagnosis calls for: the panel named the cause
+            # from the user's `labels`, so a plain restart keeping the variables comes first.
+            primary = failing.locator(".jp-OutputArea-output button.mod-danger")
+            assert primary.count() == 1, theme
+            assert primary.inner_text().strip() == PLAIN_LABEL
+            assert "apply the fix above" in failing.locator(".nb-cudaguard-does").first.inner_text()
             low = [(round(r, 2), t) for r, t in map(contrast, texts) if r < MIN_CONTRAST]
             assert low == [], f"{theme}: text under {MIN_CONTRAST}:1"
             SCREENS.mkdir(parents=True, exist_ok=True)
