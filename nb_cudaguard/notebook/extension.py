@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.assert_lines import parse_assert_lines
@@ -55,6 +56,10 @@ class CudaGuardExtension:
         self.seconds: dict[int, float] = {}  # execution count -> how long it ran (the same)
         self._started: list[float] = []  # per running cell (a replay's nest), when it began
         self._sync: SyncAfterCell | None = None
+        # Callbacks of other parts of the glue (the snapshots of `%cudaguard keep`, a recorder)
+        # run at the end of this object's own post_run_cell, in the order added: this object owns
+        # the one IPython hook, and unload removes them all with it.
+        self.cell_hooks: list[Callable[[ExecutionResult], None]] = []
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -95,7 +100,17 @@ class CudaGuardExtension:
 
             close(self.shell)
         self.tee.close()
+        self.cell_hooks.clear()
         self._unregister_magics()
+
+    def add_cell_hook(self, callback: Callable[[ExecutionResult], None]) -> None:
+        """Run ``callback(result)`` after every cell, after the diagnosis (once per callback)."""
+        if callback not in self.cell_hooks:
+            self.cell_hooks.append(callback)
+
+    def remove_cell_hook(self, callback: Callable[[ExecutionResult], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self.cell_hooks.remove(callback)
 
     def set_sync(self, on: bool) -> None:
         """Synchronise CUDA at the end of every cell (``%cudaguard sync on``), or stop."""
@@ -202,8 +217,8 @@ class CudaGuardExtension:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
                     self._forget_device_output()
-                return
-            self._explain(error, cell)
+            else:
+                self._explain(error, cell)
         except BaseException as internal:  # never let our failure cost the user their traceback
             with contextlib.suppress(BaseException):
                 print(
@@ -211,6 +226,10 @@ class CudaGuardExtension:
                     f"{internal}); the traceback above is complete.",
                     file=sys.stderr,
                 )
+        if result is not None:
+            for callback in list(self.cell_hooks):
+                with contextlib.suppress(BaseException):  # one hook's failure stops no other
+                    callback(result)
 
     def _forget_device_output(self) -> None:
         """After a successful cell, older output never decides a later error, except assert

@@ -501,7 +501,12 @@ class SnapshotHook:
                 raise KeyError(name)
             self.snapshots.add(name, self.shell.user_ns[name])
         if self.snapshots.names and not self.registered:
-            self.shell.events.register("post_run_cell", self.post_run_cell)
+            from .extension import current_state
+
+            state = current_state(self.shell)  # the extension owns every hook
+            if state is None:
+                raise NotSnapshottable("load the extension first: `%load_ext nb_cudaguard`")
+            state.add_cell_hook(self.post_run_cell)
             self.registered = True
 
     def stop(self, names: Iterable[str] | None = None) -> None:
@@ -512,8 +517,11 @@ class SnapshotHook:
 
     def close(self) -> None:
         if self.registered:
-            with contextlib.suppress(ValueError):
-                self.shell.events.unregister("post_run_cell", self.post_run_cell)
+            from .extension import current_state
+
+            state = current_state(self.shell)
+            if state is not None:
+                state.remove_cell_hook(self.post_run_cell)
             self.registered = False
 
 

@@ -383,3 +383,33 @@ def test_a_restart_in_an_in_process_kernel_is_refused_and_its_host_lives_on():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused: cannot restart: this is not a Jupyter kernel" in proc.stdout
     assert "host alive" in proc.stdout
+
+
+def test_the_extension_owns_every_hook_the_snapshots_included(shell):
+    # `%cudaguard keep` takes its snapshots through the extension's own post_run_cell: IPython
+    # sees one hook of ours, and unload leaves none behind.
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    ours = [
+        cb
+        for cb in shell.events.callbacks["post_run_cell"]
+        if "nb_cudaguard" in getattr(cb, "__module__", "")
+    ]
+    shell.run_cell("import torch\nweights = torch.zeros(3)")
+    with capture_output():
+        shell.run_line_magic("cudaguard", "keep weights")
+    after = [
+        cb
+        for cb in shell.events.callbacks["post_run_cell"]
+        if "nb_cudaguard" in getattr(cb, "__module__", "")
+    ]
+    assert after == ours and len(ours) == 1
+    shell.run_cell("weights += 1")
+    with capture_output() as captured:
+        shell.run_line_magic("cudaguard", "keep")
+    assert "weights" in captured.stdout
+    shell.run_line_magic("unload_ext", "nb_cudaguard")
+    assert not [
+        cb
+        for cb in shell.events.callbacks["post_run_cell"]
+        if "nb_cudaguard" in getattr(cb, "__module__", "")
+    ]
