@@ -21,7 +21,6 @@ from ..server_extension.live_views import WIDGET_VIEW_MIME as WIDGET_MIME
 BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
-LOST = "Either button starts a new kernel process: CPU variables are kept, GPU memory is not."
 # What the next kernel does: `%load_ext` only lists what was kept and offers it back; the values
 # return on the Restore button or `%cudaguard restore` (keep_glue.offer_restore).
 RERUN = (

@@ -20,7 +20,8 @@ from nb_cudaguard.diagnosis.model import ContextState
 from nb_cudaguard.diagnosis.render import Panel, to_html, to_text
 from nb_cudaguard.notebook.actions import (
     BLOCKING_LABEL,
-    LOST,
+    DOES_BLOCKING,
+    DOES_PLAIN_FIX,
     PLAIN_LABEL,
     PLAIN_OFF_LABEL,
     WIDGET_MIME,
@@ -85,8 +86,9 @@ def test_no_sentence_twice_across_panel_buttons_and_hint():
     diagnosis = label_diagnosis()
     texts = [
         to_text(diagnosis),
-        LOST,
-        command_text(False),
+        DOES_PLAIN_FIX,
+        DOES_BLOCKING,
+        command_text(False, cause_known=True),
         after_restart_text("rest", True),
     ]
     seen: dict[str, int] = {}
