@@ -36,5 +36,5 @@ def verdict(cause: str, command: str) -> str:
 def folded(count: int) -> str:
     return (
         f"nb_cudaguard: {count} more line{'s' if count != 1 else ''} of the same assert from "
-        "other GPU threads folded here; the panel's details list every site."
+        "other GPU threads folded here; every line is in the panel's details."
     )

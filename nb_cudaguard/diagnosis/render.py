@@ -217,7 +217,11 @@ def _summary(sections: Iterable[tuple[str, list[str], bool]]) -> str:
     return "Details: " + ", ".join(parts) if parts else "Details"
 
 
-def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
+def to_html(
+    diagnosis: Diagnosis, blocking: bool = False, device_lines: tuple[str, ...] = ()
+) -> str:
+    """The HTML panel; ``device_lines``: every assert line the GPU printed, one per thread, as
+    captured (the cell's stream shows each site once, with a count: runtime/capture.py)."""
     # The bar says how bad it is; the headline keeps the text colour around it, so the panel
     # looks the same in a trusted and a sanitized (untrusted) notebook (theme.py).
     bar = BAR_ERROR if diagnosis.sticky else BAR_WARN
@@ -241,6 +245,8 @@ def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
         "<summary style='cursor:pointer'>"
         f"{html.escape(_summary(details))}</summary>"
     )
+    if len(device_lines) > len(diagnosis.assert_lines):
+        details.append((f"Every line the GPU printed ({len(device_lines)})", [*device_lines], True))
     for heading, items, preformatted in details:
         parts.append(f"<div style='margin-top:4px;font-weight:bold'>{html.escape(heading)}</div>")
         parts.append(_html_items(items, preformatted, ordered=heading.startswith("Likely")))
@@ -263,13 +269,14 @@ class Panel:
 
     diagnosis: Diagnosis
     blocking: bool = False
+    device_lines: tuple[str, ...] = ()  # every assert line captured, for the HTML details
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         text = to_text(self.diagnosis, self.blocking)
         payload = to_json(self.diagnosis, blocking_on=self.blocking)
         return {
             "text/plain": text,
-            "text/html": to_html(self.diagnosis, self.blocking),
+            "text/html": to_html(self.diagnosis, self.blocking, self.device_lines),
             "text/markdown": to_markdown(text, payload),
             # for tools that know the type
             MIME_TYPE: payload,

@@ -30,14 +30,19 @@ def blocking_in_force() -> tuple[bool, bool]:
     return ours or blocking_state(initialised).effective is True, ours
 
 
-def show_diagnosis(diagnosis: Diagnosis, cell: int | None, restart: Restarter) -> None:
+def show_diagnosis(
+    diagnosis: Diagnosis,
+    cell: int | None,
+    restart: Restarter,
+    device_lines: tuple[str, ...] = (),
+) -> None:
     """The panel; under it, for a broken context, the restart actions (naming ``cell``). In a
     kernel already in blocking mode the panel says the traceback is right, and only a plain
     restart is offered."""
     from IPython.display import display
 
     blocking_on, ours = blocking_in_force()
-    display(Panel(diagnosis, blocking=blocking_on))
+    display(Panel(diagnosis, blocking=blocking_on, device_lines=device_lines))
     if diagnosis.sticky:
         from .actions import restart_actions
 

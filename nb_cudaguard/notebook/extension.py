@@ -266,7 +266,8 @@ class CudaGuardExtension:
             self.poisoned_in_cell, self.poisoned_since = cell, diagnosis
         from .display import show_diagnosis
 
-        show_diagnosis(diagnosis, cell, self.restart)
+        raw = tuple(line for line in device_output.splitlines() if "ssert" in line)
+        show_diagnosis(diagnosis, cell, self.restart, raw)
 
     def _show_fallout(self, diagnosis: Diagnosis) -> None:
         from .display import show_fallout

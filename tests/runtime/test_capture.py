@@ -219,6 +219,9 @@ def test_device_lines_are_still_shown_by_a_kernel_that_forwards_fd2():
         # the panel still counts every thread's line
         panel = next(d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", ""))
         assert "(x200 threads)" in panel["text/plain"]
+        # every raw line, one per thread, in the panel's details
+        assert "Every line the GPU printed (200)" in panel["text/html"]
+        assert panel["text/html"].count("Assertion `t &gt;= 0 &amp;&amp; t &lt; n_classes`") == 201
     finally:
         kernel.shutdown()
 
