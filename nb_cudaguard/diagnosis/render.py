@@ -301,6 +301,7 @@ class Fallout:
 
     first_cell: int | None
     message: str
+    verdict: str = ""  # the first failure's verdict line: a reader of this cell gets it first
 
     def text(self) -> str:
         where = f"cell [{self.first_cell}]" if self.first_cell is not None else "an earlier cell"
@@ -313,6 +314,6 @@ class Fallout:
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         text = self.text()
         return {
-            "text/plain": text,
+            "text/plain": f"{self.verdict}\n{text}" if self.verdict else text,
             "text/html": note_html("nb-cudaguard-fallout", BAR_ERROR, text),
         }

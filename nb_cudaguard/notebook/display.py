@@ -57,10 +57,15 @@ def show_diagnosis(
             display(actions)
 
 
-def show_fallout(first_cell: int | None, message: str) -> None:
+def show_fallout(first_cell: int | None, message: str, first: Diagnosis | None = None) -> None:
+    """The note under a later failure; ``first``: the diagnosis of the failure that broke the
+    context, whose verdict line the note's text starts with."""
     from IPython.display import display
 
-    display(Fallout(first_cell, message))
+    from ..diagnosis.schema import verdict
+
+    said = "" if first is None else verdict(first, blocking_in_force()[0])
+    display(Fallout(first_cell, message, said))
 
 
 @dataclass(frozen=True)

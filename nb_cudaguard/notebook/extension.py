@@ -273,7 +273,7 @@ class CudaGuardExtension:
         from .display import show_fallout
 
         message = diagnosis.error.message if diagnosis.error is not None else diagnosis.title
-        show_fallout(self.poisoned_in_cell, message)
+        show_fallout(self.poisoned_in_cell, message, self.poisoned_since)
 
 
 def _fold_spec() -> tuple[str, str, str]:
