@@ -57,6 +57,28 @@ def isolated_env(base: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+# Installed for the agent test (jupyter-mcp-server needs jupyter-collaboration), their frontend
+# parts expect the collaboration server extension, which these servers do not load (no config
+# files): JupyterLab and Notebook 7 would wait for a document forever. A user's JupyterLab
+# without them, as the browser tests mean to see it.
+_COLLABORATION_FRONTENDS = (
+    "@jupyter/docprovider-extension",
+    "@jupyter/collaboration-extension",
+    "@datalayer/jupyter-server-nbmodel",
+)
+
+
+def _without_collaboration(base: Path) -> tuple[str, ...]:
+    """The frontend's arguments: an app settings directory whose page config disables them (the
+    one page config read without config files)."""
+    settings = base / "app-settings"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": list(_COLLABORATION_FRONTENDS)})
+    )
+    return tuple(f"--{app}.app_settings_dir={settings}" for app in ("LabApp", "JupyterNotebookApp"))
+
+
 class JupyterServer:
     """``jupyter server`` (or ``jupyter lab``) as a subprocess; always stop() it."""
 
@@ -91,6 +113,8 @@ class JupyterServer:
         ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
             args.append("--allow-root")
+        if app != "jupyter_server":
+            args.extend(_without_collaboration(base))
         args.extend(extra_args)
         self.log = open(base / "server.log", "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .assert_lines import parse_assert_lines
 from .classify import classify_exception, classify_text, error_text
 from .hints import with_text_hints
 from .model import AssertLine, CudaError, Diagnosis
-from .rules import match_rules
+from .rules import Rule, match_rules
 from .where import where_in_text
 
 CPU_REPLAY_FIX = (
@@ -79,11 +79,13 @@ def _error_text(error: BaseException) -> str:
         return type(error).__name__
 
 
-def _sticky_diagnosis(error: CudaError, lines: tuple[AssertLine, ...]) -> Diagnosis:
+def _sticky_diagnosis(
+    error: CudaError, lines: tuple[AssertLine, ...], matched: tuple[Rule, AssertLine] | None
+) -> Diagnosis:
+    """``matched``: the rule the lines matched (matched once, by the caller)."""
     cause, title, explanation = _STICKY_KINDS.get(error.name, _OTHER_STICKY)
     fixes: tuple[str, ...] = (CPU_REPLAY_FIX,)
     if error.name == "cudaErrorAssert":
-        matched = match_rules(lines)
         fixes = (*fixes, DSA_NOTE)
         if matched is not None:
             rule, _line = matched
@@ -115,15 +117,16 @@ def _with_evidence(
     error: BaseException | str,
     frames: Sequence[Mapping[str, Any]] | None,
     namespace: Mapping[str, Any] | None,
+    matched: tuple[Rule, AssertLine] | None,
 ) -> Diagnosis:
-    """Add sentences read from Python objects and CPU tensors, and rank the likely causes."""
+    """Add sentences read from Python objects and CPU tensors, and rank the likely causes;
+    ``matched``: the rule the diagnosis's lines matched."""
     from .evidence import frames_of, gather_evidence
 
     if frames is None:
         frames = frames_of(error) if isinstance(error, BaseException) else []
     if not frames and namespace is None:
         return diagnosis
-    matched = match_rules(diagnosis.assert_lines)
     ops: tuple[str, ...]
     if matched is not None:
         ops = (matched[0].op,)
@@ -172,6 +175,39 @@ def _merge(*groups: tuple[AssertLine, ...]) -> tuple[AssertLine, ...]:
     return tuple(merged.values())
 
 
+@dataclass(frozen=True)
+class Recognised:
+    """A CUDA error read from an exception or a text: the first, cheap step of ``diagnose``,
+    so that a caller can decide whether to gather more (device output, the user's objects)
+    before the one full diagnosis (``explain``)."""
+
+    error: BaseException | str
+    cuda_error: CudaError
+    text: str
+    own_lines: tuple[AssertLine, ...]
+
+
+def recognise(error: BaseException | str) -> Recognised | None:
+    """The CUDA error in ``error``, or None for anything that is not one (from its own text: a
+    Python error is never a CUDA error)."""
+    if isinstance(error, BaseException):
+        cuda_error = classify_exception(error)
+        text = _error_text(error)
+    elif isinstance(error, str):
+        cuda_error = classify_text(error)
+        text = error
+    else:
+        raise TypeError(f"diagnose() takes an exception or a text, not {type(error).__name__}")
+    own_lines = parse_assert_lines(text)
+    if cuda_error is None:
+        # Device assert lines alone (a pasted log, a wrapper's message) are a device-side assert
+        # too.
+        if not own_lines:
+            return None
+        cuda_error = CudaError("cudaErrorAssert", 710, True, own_lines[0].raw)
+    return Recognised(error, cuda_error, text, own_lines)
+
+
 def diagnose(
     error: BaseException | str,
     *,
@@ -196,21 +232,25 @@ def diagnose(
     a text, it is read from the text's traceback where not given. Without them, diagnose() is
     pure: it reads only the texts.
     """
-    if isinstance(error, BaseException):
-        cuda_error = classify_exception(error)
-        text = _error_text(error)
-    elif isinstance(error, str):
-        cuda_error = classify_text(error)
-        text = error
-    else:
-        raise TypeError(f"diagnose() takes an exception or a text, not {type(error).__name__}")
-    own_lines = parse_assert_lines(text)
-    if cuda_error is None:
-        # Device assert lines alone (a pasted log, a wrapper's message) are a device-side assert
-        # too. Only the error's own text counts here: a Python error is never a CUDA error.
-        if not own_lines:
-            return None
-        cuda_error = CudaError("cudaErrorAssert", 710, True, own_lines[0].raw)
+    recognised = recognise(error)
+    if recognised is None:
+        return None
+    return explain(
+        recognised, device_output=device_output, namespace=namespace, frames=frames, where=where
+    )
+
+
+def explain(
+    recognised: Recognised,
+    *,
+    device_output: str = "",
+    namespace: Mapping[str, Any] | None = None,
+    frames: Sequence[Mapping[str, Any]] | None = None,
+    where: str | None = None,
+) -> Diagnosis:
+    """The rest of ``diagnose`` for an error already recognised (the same arguments)."""
+    error, cuda_error, text = recognised.error, recognised.cuda_error, recognised.text
+    own_lines = recognised.own_lines
     device_lines = parse_assert_lines(device_output) if device_output else ()
     fallout: CudaError | None = None
     if not cuda_error.sticky:
@@ -223,7 +263,8 @@ def diagnose(
         first = (own_lines or device_lines)[0]
         cuda_error = CudaError("cudaErrorAssert", 710, True, first.raw)
     lines = _merge(device_lines, own_lines)
-    diagnosis = _sticky_diagnosis(cuda_error, lines)
+    matched = match_rules(lines)  # once: the cause and the evidence both follow from it
+    diagnosis = _sticky_diagnosis(cuda_error, lines, matched)
     if fallout is not None:
         diagnosis = replace(
             diagnosis,
@@ -232,7 +273,7 @@ def diagnose(
         )
     diagnosis = with_text_hints(diagnosis, text)
     if namespace is not None or frames is not None:
-        diagnosis = _with_evidence(diagnosis, error, frames, namespace)
+        diagnosis = _with_evidence(diagnosis, error, frames, namespace, matched)
     if where is None and isinstance(error, str):
         where = where_in_text(text)
     if where:

@@ -16,7 +16,6 @@ Knows neither torch nor IPython.
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -31,23 +30,18 @@ from .advice import (
     true_line,
 )
 from .model import ContextState, Diagnosis
-from .schema import MIME_TYPE, to_json
+from .schema import MIME_TYPE, to_json, verdict
 
-_CODE = re.compile(r"`([^`]+)`")
-
-# Colours from the frontend's theme: JupyterLab and Notebook 7 (``--jp-*``, which nbconvert's lab
-# template defines too), then VS Code (``--vscode-*``). No fixed colour reads at 4.5:1 on both a
-# light and a dark background (issue 23: #b71c1c on #111 is 2.9:1), so text falls back to the
-# colour around it (Colab, GitHub); only the bars, which carry no text, fall back to a fixed one.
-# The JupyterLab Light / Dark values: error 5.0 / 5.1, quiet 4.6 / 9.5 (tests/notebook/
-# test_browser_panel.py measures them in the rendered page).
-TEXT_ERROR = "var(--jp-error-color1, var(--vscode-errorForeground, inherit))"
-TEXT_QUIET = "var(--jp-content-font-color2, var(--vscode-descriptionForeground, inherit))"
-BAR_ERROR = "var(--jp-error-color1, #d32f2f)"
-BAR_WARN = "var(--jp-warn-color1, #f57c00)"
-BAR_INFO = "var(--jp-brand-color1, #1976d2)"
-BAR_DONE = "var(--jp-success-color1, #388e3c)"
-BAR_QUIET = "var(--jp-border-color1, #bdbdbd)"
+# Re-exported for the glue that still imports them from here; their home is theme.py.
+from .theme import BAR_DONE as BAR_DONE
+from .theme import BAR_ERROR as BAR_ERROR
+from .theme import BAR_INFO as BAR_INFO
+from .theme import BAR_QUIET as BAR_QUIET
+from .theme import BAR_WARN as BAR_WARN
+from .theme import TEXT_ERROR as TEXT_ERROR
+from .theme import TEXT_QUIET as TEXT_QUIET
+from .theme import inline_html as inline_html
+from .theme import note_html as note_html
 
 _DSA_FACT = "TORCH_USE_CUDA_DSA"  # a fact about a build flag, not a fix: shown with the above
 
@@ -184,7 +178,7 @@ def _top(
 def to_text(diagnosis: Diagnosis, blocking: bool = False, setting: Setting = KERNEL) -> str:
     """The plain-text panel; ``setting``: where the failure happened (the live kernel by
     default, a notebook run or a script's log for the CLI), which decides the advice's words."""
-    lines = ["", f"nb_cudaguard: {headline(diagnosis, setting)}"]
+    lines = [verdict(diagnosis, blocking, setting), f"nb_cudaguard: {headline(diagnosis, setting)}"]
     for label, items, preformatted in _top(diagnosis, blocking, setting):
         if len(items) == 1 and not preformatted:
             lines.append(f"{label}: {items[0]}" if label else items[0])
@@ -196,20 +190,6 @@ def to_text(diagnosis: Diagnosis, blocking: bool = False, setting: Setting = KER
         lines.append(f"  {heading}:")
         lines.extend(("      " if preformatted else "    - ") + item for item in items)
     return "\n".join(lines)
-
-
-def inline_html(text: str) -> str:
-    """Escape user-derived text, then turn `code` spans into <code>."""
-    return _CODE.sub(r"<code>\1</code>", html.escape(text))
-
-
-def note_html(css_class: str, color: str, text: str) -> str:
-    """A one-paragraph note with a bar in ``color`` (one of the ``BAR_*``), in the text colour
-    around it: the fallout line, the blocking-mode banner."""
-    return (
-        f"<div class='{css_class}' style='border-left:4px solid {color};padding:2px 8px;"
-        f"margin:4px 0;font-family:sans-serif'>{inline_html(text)}</div>"
-    )
 
 
 def _html_items(items: list[str], preformatted: bool, ordered: bool = False) -> str:
@@ -238,17 +218,20 @@ def _summary(sections: Iterable[tuple[str, list[str], bool]]) -> str:
     return "Details: " + ", ".join(parts) if parts else "Details"
 
 
-def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
+def to_html(
+    diagnosis: Diagnosis, blocking: bool = False, device_lines: tuple[str, ...] = ()
+) -> str:
+    """The HTML panel; ``device_lines``: every assert line the GPU printed, one per thread, as
+    captured (the cell's stream shows each site once, with a count: runtime/capture.py)."""
+    # The bar says how bad it is; the headline keeps the text colour around it, so the panel
+    # looks the same in a trusted and a sanitized (untrusted) notebook (theme.py).
     bar = BAR_ERROR if diagnosis.sticky else BAR_WARN
-    # Not sticky: the headline in the text colour (the theme's warning colours read at 3.8:1 on
-    # white); the bar says it is a warning.
-    color = TEXT_ERROR if diagnosis.sticky else "inherit"
     parts = [
         f"<div class='nb-cudaguard-panel' data-cause='{html.escape(diagnosis.cause)}' "
         f"data-blocking='{str(blocking).lower()}' "
         f"style='border-left:4px solid {bar};padding:4px 10px;margin:6px 0;"
         "font-family:sans-serif;line-height:1.4'>",
-        f"<div class='nb-cudaguard-headline' style='font-weight:bold;color:{color}'>"
+        "<div class='nb-cudaguard-headline' style='font-weight:bold'>"
         f"&#9888; {inline_html(headline(diagnosis))}</div>",
     ]
     for label, items, preformatted in _top(diagnosis, blocking):
@@ -260,9 +243,11 @@ def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
     details = _details(diagnosis, blocking)
     parts.append(
         "<details class='nb-cudaguard-details' style='margin-top:2px'>"
-        f"<summary style='cursor:pointer;color:{TEXT_QUIET}'>"
+        "<summary style='cursor:pointer'>"
         f"{html.escape(_summary(details))}</summary>"
     )
+    if len(device_lines) > len(diagnosis.assert_lines):
+        details.append((f"Every line the GPU printed ({len(device_lines)})", [*device_lines], True))
     for heading, items, preformatted in details:
         parts.append(f"<div style='margin-top:4px;font-weight:bold'>{html.escape(heading)}</div>")
         parts.append(_html_items(items, preformatted, ordered=heading.startswith("Likely")))
@@ -273,18 +258,42 @@ def to_html(diagnosis: Diagnosis, blocking: bool = False) -> str:
 @dataclass(frozen=True)
 class Panel:
     """A displayable diagnosis: IPython's display() asks it for its mimebundle. ``blocking``: this
-    kernel already runs with CUDA_LAUNCH_BLOCKING in force, so the traceback is already right."""
+    kernel already runs with CUDA_LAUNCH_BLOCKING in force, so the traceback is already right.
+
+    Every reader gets the verdict line first. ``text/plain`` is what VS Code's "attach cell
+    output" and terminals take; ``text/markdown`` is what text-only readers prefer (the Jupyter
+    MCP server reads markdown, LaTeX, ``application/json``, then plain text, never HTML or vendor
+    types), so it carries the diagnosis as a JSON block too. Frontends rank ``text/html`` above
+    markdown (JupyterLab, Notebook 7, VS Code, Colab, nbconvert), so what they render is
+    unchanged; plain ``application/json`` is left out on purpose: JupyterLab ranks its JSON
+    viewer above HTML."""
 
     diagnosis: Diagnosis
     blocking: bool = False
+    device_lines: tuple[str, ...] = ()  # every assert line captured, for the HTML details
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
+        text = to_text(self.diagnosis, self.blocking)
+        payload = to_json(self.diagnosis, blocking_on=self.blocking)
         return {
-            "text/plain": to_text(self.diagnosis, self.blocking),
-            "text/html": to_html(self.diagnosis, self.blocking),
-            # for assistants and tools that read outputs
-            MIME_TYPE: to_json(self.diagnosis, blocking_on=self.blocking),
+            "text/plain": text,
+            "text/html": to_html(self.diagnosis, self.blocking, self.device_lines),
+            "text/markdown": to_markdown(text, payload),
+            # for tools that know the type
+            MIME_TYPE: payload,
         }
+
+
+def to_markdown(text: str, payload: dict[str, Any]) -> str:
+    """The plain-text panel as a literal block, then the machine-readable diagnosis as JSON."""
+    import json
+
+    first, _, rest = text.partition("\n")
+    return (
+        f"{first}\n\n```text\n{rest}\n```\n\n"
+        f"Machine-readable diagnosis (`{MIME_TYPE}`):\n\n"
+        f"```json\n{json.dumps(payload, indent=1, ensure_ascii=False)}\n```\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -293,6 +302,7 @@ class Fallout:
 
     first_cell: int | None
     message: str
+    verdict: str = ""  # the first failure's verdict line: a reader of this cell gets it first
 
     def text(self) -> str:
         where = f"cell [{self.first_cell}]" if self.first_cell is not None else "an earlier cell"
@@ -305,6 +315,6 @@ class Fallout:
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         text = self.text()
         return {
-            "text/plain": text,
+            "text/plain": f"{self.verdict}\n{text}" if self.verdict else text,
             "text/html": note_html("nb-cudaguard-fallout", BAR_ERROR, text),
         }

@@ -50,6 +50,27 @@ def recommended_action(
     }
 
 
+VERDICT_PREFIX = "nb_cudaguard: CUDA context "
+
+
+def verdict(diagnosis: Diagnosis, blocking: bool = False, setting: Setting = KERNEL) -> str:
+    """One stable, greppable line for programs that read outputs (agents, CI logs): whether the
+    context is poisoned, whether a restart is required, the cause id, the command. Its form is
+    fixed (docs/agents.md): ``nb_cudaguard: CUDA context <STATE>, restart <NEED>; cause=<id>;
+    run: <command>``, from the same recommended action as the JSON (schema.py)."""
+    action = recommended_action(diagnosis, setting, blocking_on=blocking)
+    return verdict_text(action["restart_kernel"], diagnosis.cause, action["command"])
+
+
+def verdict_text(restart: str, cause: str, command: str | None) -> str:
+    """The verdict line from its parts: ``restart`` is the action's ``restart_kernel``."""
+    state = {"required": "POISONED", "recommended": "PROBABLY POISONED"}.get(restart, "USABLE")
+    return (
+        f"{VERDICT_PREFIX}{state}, restart {restart.replace('-', ' ')}; cause={cause}; "
+        f"run: {command or 'fix the cause and re-run the cell'}"
+    )
+
+
 def to_json(
     diagnosis: Diagnosis, setting: Setting = KERNEL, blocking_on: bool = False
 ) -> dict[str, Any]:
@@ -59,6 +80,7 @@ def to_json(
     payload: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **diagnosis.to_dict()}
     payload.setdefault("device", None)  # the CUDA device, where the diagnosis knows it
     payload["action"] = recommended_action(diagnosis, setting, blocking_on)
+    payload["verdict"] = verdict(diagnosis, blocking_on, setting)
     return payload
 
 

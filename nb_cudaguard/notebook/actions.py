@@ -14,21 +14,49 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..diagnosis.render import TEXT_ERROR, TEXT_QUIET, inline_html
+from ..diagnosis.theme import TEXT_ERROR, TEXT_QUIET, inline_html
 from ..server_extension.live_views import MARK, MARK_VALUE
 from ..server_extension.live_views import WIDGET_VIEW_MIME as WIDGET_MIME
 
 BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
-LOST = "Either button starts a new kernel process: CPU variables are kept, GPU memory is not."
-RERUN = "then `%load_ext nb_cudaguard` there restores the CPU variables; re-run the rest"
+# What the next kernel does: `%load_ext` only lists what was kept and offers it back; the values
+# return on the Restore button or `%cudaguard restore` (keep_glue.offer_restore).
+RERUN = (
+    "then, in the new kernel, `%load_ext nb_cudaguard` lists the kept CPU variables and "
+    "`%cudaguard restore` puts them back; re-run the rest"
+)
+# One sentence per button, saying what it does (the primary one first).
+DOES_PLAIN_FIX = (
+    "Restart: a new kernel with your CPU variables kept (GPU memory is not); apply the fix above, "
+    "then re-run the failing cell."
+)
+DOES_PLAIN = "Restart: a new kernel with your CPU variables kept (GPU memory is not)."
+DOES_BLOCKING = (
+    "Restart with CUDA_LAUNCH_BLOCKING=1: a new kernel whose CUDA launches wait for their kernels "
+    "(slower, that start only), so re-running shows the line that failed; CPU variables kept."
+)
 
 
-def command_text(blocking_on: bool) -> str:
-    """The static stand-in for the buttons, as a command."""
+def primary_is_plain(cause_known: bool, blocking_on: bool) -> bool:
+    """Which restart the panel puts first. Where the panel named the cause and its fix from the
+    user's own objects, the next step is a plain restart that keeps the variables, then the
+    fix: blocking mode would only cost time. Where the line is unknown, blocking mode finds it.
+    In a kernel already in blocking mode the plain restart is the only one."""
+    return cause_known or blocking_on
+
+
+def command_text(blocking_on: bool, cause_known: bool = False) -> str:
+    """The static stand-in for the buttons, as a command, the primary one first."""
     if blocking_on:
         return f"Restart: `%cudaguard restart --no-blocking`, {RERUN}."
+    if cause_known:
+        return (
+            "Restart: `%cudaguard restart --no-blocking` (keeps the CPU variables; then apply "
+            "the fix above), or `%cudaguard restart` to find the line with "
+            f"CUDA_LAUNCH_BLOCKING=1, {RERUN}."
+        )
     return (
         "Restart: `%cudaguard restart` (the next kernel only gets CUDA_LAUNCH_BLOCKING=1) or "
         f"`%cudaguard restart --no-blocking`, {RERUN}."
@@ -80,9 +108,10 @@ class CommandHint:
     """The static stand-in for the buttons."""
 
     blocking_on: bool = False
+    cause_known: bool = False
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        text = command_text(self.blocking_on)
+        text = command_text(self.blocking_on, self.cause_known)
         return {
             "text/plain": "nb_cudaguard: " + text,
             "text/html": "<div class='nb-cudaguard-restart-hint' style='font-family:sans-serif'>"
@@ -143,8 +172,10 @@ Restarter = Callable[..., Any]  # restart_kernel's signature: (blocking=..., aft
 
 
 class RestartActions:
-    """The buttons and a status line, wired to ``restart``. In a kernel already in blocking mode
-    only the plain restart is offered: the blocking one is the step already done."""
+    """The buttons and a status line, wired to ``restart``: one primary button, the step the
+    diagnosis calls for (``primary_is_plain``), and one sentence on what each does. In a kernel
+    already in blocking mode only the plain restart is offered: the blocking one is the step
+    already done."""
 
     def __init__(
         self,
@@ -153,6 +184,7 @@ class RestartActions:
         *,
         blocking_on: bool = False,
         blocking_ours: bool = False,
+        cause_known: bool = False,
     ) -> None:
         import ipywidgets as widgets
 
@@ -160,33 +192,51 @@ class RestartActions:
         self.after_cell = after_cell
         self.blocking_on = blocking_on
         self.blocking_ours = blocking_ours
-        self.blocking_button: Any = None  # not offered where blocking mode is already on
-        self.buttons: list[Any] = []
-        if not blocking_on:
-            self.blocking_button = widgets.Button(
-                description=BLOCKING_LABEL,
-                button_style="danger",
-                tooltip="A new kernel process whose CUDA launches wait for their kernels, "
-                "this start only: the traceback then points at the line that failed",
+        self.cause_known = cause_known
+        plain_first = primary_is_plain(cause_known, blocking_on)
+
+        def plain() -> Any:
+            return widgets.Button(
+                description=PLAIN_OFF_LABEL if blocking_on and blocking_ours else PLAIN_LABEL,
+                button_style="danger" if plain_first else "",
+                tooltip=DOES_PLAIN,
                 layout=widgets.Layout(width="auto"),
             )
-            self.buttons.append(self.blocking_button)
-        self.plain_button = widgets.Button(
-            description=PLAIN_OFF_LABEL if blocking_on and blocking_ours else PLAIN_LABEL,
-            button_style="danger" if blocking_on else "",
-            tooltip="A new kernel process with the normal environment",
-            layout=widgets.Layout(width="auto"),
-        )
-        self.buttons.append(self.plain_button)
-        note = LOST if len(self.buttons) > 1 else LOST.replace("Either", "The")
+
+        def blocking() -> Any:
+            return widgets.Button(
+                description=BLOCKING_LABEL,
+                button_style="" if plain_first else "danger",
+                tooltip=DOES_BLOCKING,
+                layout=widgets.Layout(width="auto"),
+            )
+
+        # Built in the order shown (a frontend lists the models as they are created).
+        self.blocking_button: Any = None  # not offered where blocking mode is already on
+        sentences = [DOES_PLAIN_FIX if cause_known else DOES_PLAIN]
+        if blocking_on:
+            self.plain_button = plain()
+            self.buttons: list[Any] = [self.plain_button]
+        elif plain_first:
+            self.plain_button, self.blocking_button = plain(), blocking()
+            self.buttons = [self.plain_button, self.blocking_button]
+            sentences.append(DOES_BLOCKING)
+        else:
+            self.blocking_button, self.plain_button = blocking(), plain()
+            self.buttons = [self.blocking_button, self.plain_button]
+            sentences.insert(0, DOES_BLOCKING)
         self.note = widgets.HTML(
-            value=f"<span style='font-family:sans-serif;color:{TEXT_QUIET};margin-left:8px;"
-            f"white-space:normal'>{inline_html(note)}</span>"
+            value="".join(
+                f"<div class='nb-cudaguard-does' style='font-family:sans-serif;"
+                f"color:{TEXT_QUIET};white-space:normal'>"
+                f"{inline_html(sentence)}</div>"
+                for sentence in sentences
+            )
         )
         self.status = widgets.HTML(value="")  # what happens after a click, under the buttons
         for button in self.buttons:
             button.on_click(self._clicked)
-        self.widget = widgets.VBox([button_row([*self.buttons, self.note]), self.status])
+        self.widget = widgets.VBox([button_row(list(self.buttons)), self.note, self.status])
 
     def _say(self, text: str, color: str = "inherit") -> None:
         self.note.value = ""
@@ -224,7 +274,8 @@ class RestartActions:
     def _repr_mimebundle_(
         self, include: object = None, exclude: object = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        return live_bundle(CommandHint(self.blocking_on)._repr_mimebundle_(), self.widget)
+        hint = CommandHint(self.blocking_on, self.cause_known)
+        return live_bundle(hint._repr_mimebundle_(), self.widget)
 
 
 def restart_actions(
@@ -233,16 +284,22 @@ def restart_actions(
     *,
     blocking_on: bool = False,
     blocking_ours: bool = False,
+    cause_known: bool = False,
 ) -> RestartActions | CommandHint | None:
     """The buttons in a kernel with ipywidgets; otherwise the command; nothing in a terminal,
-    where there is no kernel to restart."""
+    where there is no kernel to restart. ``cause_known``: the panel named the cause and its fix
+    from the user's own objects."""
     from ..restart.environment import Environment, detect
 
     if detect() is Environment.TERMINAL:
         return None
     try:
         return RestartActions(
-            restart, after_cell, blocking_on=blocking_on, blocking_ours=blocking_ours
+            restart,
+            after_cell,
+            blocking_on=blocking_on,
+            blocking_ours=blocking_ours,
+            cause_known=cause_known,
         )
     except Exception:  # no ipywidgets, or no comm support: the command still works
-        return CommandHint(blocking_on)
+        return CommandHint(blocking_on, cause_known)

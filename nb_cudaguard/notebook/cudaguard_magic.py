@@ -142,7 +142,7 @@ def _keep(state: ExtensionState, args: argparse.Namespace) -> None:
         return getattr(state, "poisoned_since", None) is not None
 
     try:
-        print(keep_command(state.shell, is_poisoned, list(args.value), args.stop))
+        print(keep_command(state.shell, is_poisoned, list(args.value), args.stop, state))
     except NotSnapshottable as error:
         raise UsageError(str(error)) from None
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnosis.model import Diagnosis
-from ..diagnosis.render import BAR_INFO, Fallout, Panel, note_html
+from ..diagnosis.render import Fallout, Panel
+from ..diagnosis.theme import BAR_INFO, note_html
 from ..runtime.blocking import Marker
 from .actions import Restarter
 
@@ -29,26 +30,42 @@ def blocking_in_force() -> tuple[bool, bool]:
     return ours or blocking_state(initialised).effective is True, ours
 
 
-def show_diagnosis(diagnosis: Diagnosis, cell: int | None, restart: Restarter) -> None:
+def show_diagnosis(
+    diagnosis: Diagnosis,
+    cell: int | None,
+    restart: Restarter,
+    device_lines: tuple[str, ...] = (),
+) -> None:
     """The panel; under it, for a broken context, the restart actions (naming ``cell``). In a
     kernel already in blocking mode the panel says the traceback is right, and only a plain
     restart is offered."""
     from IPython.display import display
 
     blocking_on, ours = blocking_in_force()
-    display(Panel(diagnosis, blocking=blocking_on))
+    display(Panel(diagnosis, blocking=blocking_on, device_lines=device_lines))
     if diagnosis.sticky:
         from .actions import restart_actions
 
-        actions = restart_actions(restart, cell, blocking_on=blocking_on, blocking_ours=ours)
+        actions = restart_actions(
+            restart,
+            cell,
+            blocking_on=blocking_on,
+            blocking_ours=ours,
+            cause_known=bool(diagnosis.evidence),  # the user's own objects name cause and fix
+        )
         if actions is not None:
             display(actions)
 
 
-def show_fallout(first_cell: int | None, message: str) -> None:
+def show_fallout(first_cell: int | None, message: str, first: Diagnosis | None = None) -> None:
+    """The note under a later failure; ``first``: the diagnosis of the failure that broke the
+    context, whose verdict line the note's text starts with."""
     from IPython.display import display
 
-    display(Fallout(first_cell, message))
+    from ..diagnosis.schema import verdict
+
+    said = "" if first is None else verdict(first, blocking_in_force()[0])
+    display(Fallout(first_cell, message, said))
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.assert_lines import parse_assert_lines
-from ..diagnosis.engine import diagnose
+from ..diagnosis.engine import explain, recognise
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
 from ..replay.record import Recorder
@@ -60,6 +60,10 @@ class CudaGuardExtension:
         self._started: list[float] = []  # per running cell (a replay's nest), when it began
         self._sync: SyncAfterCell | None = None
         self.recorder: Recorder | None = None  # what each cell did, for a replay
+        # Callbacks of other parts of the glue (the snapshots of `%cudaguard keep`, a recorder)
+        # run at the end of this object's own post_run_cell, in the order added: this object owns
+        # the one IPython hook, and unload removes them all with it.
+        self.cell_hooks: list[Callable[[ExecutionResult], None]] = []
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -72,6 +76,8 @@ class CudaGuardExtension:
         with contextlib.suppress(Exception):  # a replay then plans from the cells' text alone
             self.recorder = Recorder(set(self.shell.user_ns_hidden), _own_modules)
             self.recorder.prime(self.shell.user_ns)
+        with contextlib.suppress(Exception):  # without it, device lines reach the cell unfolded
+            self.tee.fold = _fold_spec()
         try:
             from .display import on_load
 
@@ -101,7 +107,17 @@ class CudaGuardExtension:
 
             close(self.shell)
         self.tee.close()
+        self.cell_hooks.clear()
         self._unregister_magics()
+
+    def add_cell_hook(self, callback: Callable[[ExecutionResult], None]) -> None:
+        """Run ``callback(result)`` after every cell, after the diagnosis (once per callback)."""
+        if callback not in self.cell_hooks:
+            self.cell_hooks.append(callback)
+
+    def remove_cell_hook(self, callback: Callable[[ExecutionResult], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self.cell_hooks.remove(callback)
 
     def set_sync(self, on: bool) -> None:
         """Synchronise CUDA at the end of every cell (``%cudaguard sync on``), or stop."""
@@ -214,8 +230,8 @@ class CudaGuardExtension:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
                     self._forget_device_output()
-                return
-            self._explain(error, cell)
+            else:
+                self._explain(error, cell)
         except BaseException as internal:  # never let our failure cost the user their traceback
             with contextlib.suppress(BaseException):
                 print(
@@ -223,6 +239,10 @@ class CudaGuardExtension:
                     f"{internal}); the traceback above is complete.",
                     file=sys.stderr,
                 )
+        if result is not None:
+            for callback in list(self.cell_hooks):
+                with contextlib.suppress(BaseException):  # one hook's failure stops no other
+                    callback(result)
 
     def _forget_device_output(self) -> None:
         """After a successful cell, older output never decides a later error, except assert
@@ -233,7 +253,8 @@ class CudaGuardExtension:
             self.tee.clear()
 
     def _explain(self, error: BaseException, cell: int | None) -> None:
-        if diagnose(error) is None:
+        recognised = recognise(error)
+        if recognised is None:
             return  # not a CUDA error (from its own text): no need to ask the tee's child
         launched = self.cells.settle(timeout=0.1)  # answers still on their way: ms at most
         where = where_sentence(error, cell, launched, synced=is_sync_frame(error))
@@ -241,11 +262,9 @@ class CudaGuardExtension:
         # besides assert lines (_forget_device_output); read once: later errors start afresh.
         device_output = self.tee.text()
         self.tee.clear()
-        diagnosis = diagnose(
-            error, device_output=device_output, namespace=self.shell.user_ns, where=where
+        diagnosis = explain(
+            recognised, device_output=device_output, namespace=self.shell.user_ns, where=where
         )
-        if diagnosis is None:
-            return
         if self.poisoned_since is not None:
             self._show_fallout(diagnosis)
             return
@@ -260,13 +279,28 @@ class CudaGuardExtension:
             self.poisoned_in_cell, self.poisoned_since = cell, diagnosis
         from .display import show_diagnosis
 
-        show_diagnosis(diagnosis, cell, self.restart)
+        raw = tuple(line for line in device_output.splitlines() if "ssert" in line)
+        show_diagnosis(diagnosis, cell, self.restart, raw)
 
     def _show_fallout(self, diagnosis: Diagnosis) -> None:
         from .display import show_fallout
 
         message = diagnosis.error.message if diagnosis.error is not None else diagnosis.title
-        show_fallout(self.poisoned_in_cell, message)
+        show_fallout(self.poisoned_in_cell, message, self.poisoned_since)
+
+
+def _fold_spec() -> tuple[str, str, str]:
+    """What the tee's child needs to fold repeated device assert lines (runtime/capture.py):
+    where this package is, the module that reads the lines, the command its verdict names."""
+    import os
+
+    from ..diagnosis import folding
+    from ..diagnosis.advice import KERNEL
+    from .display import blocking_in_force
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(folding.__file__))))
+    command = KERNEL.plain_command if blocking_in_force()[0] else KERNEL.command
+    return root, folding.__name__, command
 
 
 def _with_context(diagnosis: Diagnosis, probe: Probe) -> Diagnosis:

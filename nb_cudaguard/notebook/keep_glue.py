@@ -322,10 +322,12 @@ def discard(
 class SnapshotHook:
     """The ``post_run_cell`` hook that takes the snapshots, owned per shell."""
 
-    def __init__(self, shell: InteractiveShell, is_poisoned: Any) -> None:
+    def __init__(self, shell: InteractiveShell, is_poisoned: Any, hooks: Any) -> None:
         self.shell = shell
         self.snapshots = Snapshots()
         self.is_poisoned = is_poisoned
+        # The extension object, which owns every hook: it runs ours after each cell.
+        self.hooks = hooks
         self.registered = False
 
     def post_run_cell(self, result: ExecutionResult | None = None) -> None:
@@ -344,7 +346,7 @@ class SnapshotHook:
                 raise KeyError(name)
             self.snapshots.add(name, self.shell.user_ns[name])
         if self.snapshots.names and not self.registered:
-            self.shell.events.register("post_run_cell", self.post_run_cell)
+            self.hooks.add_cell_hook(self.post_run_cell)
             self.registered = True
 
     def stop(self, names: Iterable[str] | None = None) -> None:
@@ -355,18 +357,17 @@ class SnapshotHook:
 
     def close(self) -> None:
         if self.registered:
-            with contextlib.suppress(ValueError):
-                self.shell.events.unregister("post_run_cell", self.post_run_cell)
+            self.hooks.remove_cell_hook(self.post_run_cell)
             self.registered = False
 
 
 _sessions: dict[int, SnapshotHook] = {}
 
 
-def snapshot_hook(shell: InteractiveShell, is_poisoned: Any) -> SnapshotHook:
+def snapshot_hook(shell: InteractiveShell, is_poisoned: Any, hooks: Any) -> SnapshotHook:
     hook = _sessions.get(id(shell))
     if hook is None or hook.shell is not shell:
-        hook = _sessions[id(shell)] = SnapshotHook(shell, is_poisoned)
+        hook = _sessions[id(shell)] = SnapshotHook(shell, is_poisoned, hooks)
     return hook
 
 
@@ -383,9 +384,12 @@ def status_lines(shell: InteractiveShell) -> list[str]:
     return [] if hook is None else hook.snapshots.status()
 
 
-def keep_command(shell: InteractiveShell, is_poisoned: Any, names: list[str], stop: bool) -> str:
-    """``%cudaguard keep [NAME ...] [--stop]``: start or stop snapshots; list them."""
-    hook = snapshot_hook(shell, is_poisoned)
+def keep_command(
+    shell: InteractiveShell, is_poisoned: Any, names: list[str], stop: bool, hooks: Any
+) -> str:
+    """``%cudaguard keep [NAME ...] [--stop]``: start or stop snapshots; list them. ``hooks``:
+    the extension object, which runs the snapshot hook after each cell."""
+    hook = snapshot_hook(shell, is_poisoned, hooks)
     if stop:
         hook.stop(names or None)
     elif names:

@@ -64,8 +64,10 @@ import array, fcntl, os, select, signal, sys, termios
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 keep, token = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
 reply, store = int(sys.argv[3]), int(sys.argv[4])
+fold = sys.argv[5:8]  # [sys.path entry, module, command]: fold repeated device assert lines
 size = len(token) + 9
 buffer, carry, forward = bytearray(), b"", True
+held, sites, folded, folder = b"", set(), 0, None
 
 # The store file's first 16 bytes: how many bytes were taken from the pipe, announced *before*
 # they are read; and where in the stream the last clear command ended. Equal, with an empty
@@ -73,13 +75,8 @@ buffer, carry, forward = bytearray(), b"", True
 # counting where it stopped.
 received = int.from_bytes(os.pread(store, 8, 0), "little")
 
-def emit(data):
+def write(data):
     global forward
-    if not data:
-        return
-    buffer.extend(data)
-    if len(buffer) > keep:
-        del buffer[: len(buffer) - keep]
     view = memoryview(data)
     while forward and view:
         try:
@@ -88,6 +85,76 @@ def emit(data):
             continue
         except OSError:
             forward = False  # the user's stream went away: keep our copy regardless
+
+def load_folder():
+    global folder, fold
+    try:
+        sys.path.insert(0, fold[0])
+        import importlib
+        folder = importlib.import_module(fold[1])
+    except Exception:
+        fold = []  # forward everything as it came
+
+def line_out(line):
+    global folded
+    if b"ssert" in line and fold:
+        if folder is None:
+            load_folder()
+        found = None
+        if folder is not None:
+            try:
+                found = folder.site(line.decode("utf-8", "replace"))
+            except Exception:
+                found = None
+        if found is not None:
+            key, cause = found
+            if key in sites:
+                folded += 1
+                return
+            if not sites:
+                write(folder.verdict(cause, fold[2]).encode() + b"\n")
+            sites.add(key)
+            write(line)
+            return
+    flush_folded()
+    write(line)
+
+def flush_folded():
+    global folded
+    if folded and folder is not None:
+        write(folder.folded(folded).encode() + b"\n")
+    folded = 0
+
+def flush_held():
+    global held
+    data, held = held, b""
+    if data:
+        line_out(data)
+    flush_folded()
+
+def end_burst():
+    flush_held()
+    sites.clear()
+
+def emit(data):
+    global held
+    if not data:
+        return
+    buffer.extend(data)
+    if len(buffer) > keep:
+        del buffer[: len(buffer) - keep]
+    if not fold:
+        write(data)
+        return
+    # Whole lines only, so that a line split between two reads is still recognised; a partial
+    # line waits for its end or a moment of silence (the select below).
+    data = held + data
+    end = data.rfind(b"\n") + 1
+    held = data[end:]
+    for line in data[:end].splitlines(keepends=True):
+        line_out(line)
+    if len(held) > 65536:
+        flush_held()
 
 def report(seq):
     os.ftruncate(store, 4096)
@@ -100,7 +167,9 @@ def report(seq):
 os.set_blocking(reply, False)  # a caller that gave up never blocks the forwarding
 unread = array.array("i", [0])
 while True:
-    select.select([0], [], [])
+    if not select.select([0], [], [], 0.05 if (held or folded) else None)[0]:
+        flush_held()  # silence: the partial line goes on, and the count of what was folded
+        continue
     fcntl.ioctl(0, termios.FIONREAD, unread)
     if not unread[0]:
         break  # readable and empty: every writer is gone
@@ -126,6 +195,7 @@ while True:
         emit(data[:at])
         op, seq = data[at + len(token) : at + len(token) + 1], data[at + len(token) + 1 : at + size]
         data = data[at + size :]
+        end_burst()  # a command ends a cell: the next cell's first assert gets its verdict
         if op == b"C":
             buffer.clear()
             os.pwrite(store, (received - len(data) - len(carry)).to_bytes(8, "little"), 8)
@@ -133,6 +203,7 @@ while True:
             report(seq)
 if carry:
     emit(carry)
+end_burst()
 """
 
 
@@ -170,9 +241,14 @@ class FdTee:
     child that dies is replaced at once by a thread that waits for it (see the module's doc).
     """
 
-    def __init__(self, fd: int = 2, keep: int = _KEEP) -> None:
+    def __init__(self, fd: int = 2, keep: int = _KEEP, fold: tuple[str, ...] = ()) -> None:
         self.fd = fd
         self.keep = keep
+        # (a sys.path entry, a module, the restart command): the child imports the module on the
+        # first possible assert line and forwards each site's first line only, under one verdict
+        # line, and a count for the rest (diagnosis/folding.py has the contract). Its kept copy
+        # is complete either way.
+        self.fold = fold
         self.python = sys.executable  # the child's interpreter
         self._depth = 0  # nested cells (a cell magic running shell.run_cell) share one tee
         self._saved: int | None = None  # where ``fd`` pointed before the current cell
@@ -237,6 +313,7 @@ class FdTee:
                 self.python,
                 *("-I", "-S", "-c", _CHILD),
                 *(str(self.keep), self._token.hex(), str(self._reply_write), str(self._store)),
+                *self.fold,
             ],
             stdin=self._read_end,
             stdout=self._forward,

@@ -105,10 +105,21 @@ def test_a_panel_in_blocking_mode_asks_for_a_plain_restart_in_its_payload_too():
     assert Panel(FULL)._repr_mimebundle_()[MIME_TYPE]["action"]["blocking"] is True
 
 
-def test_the_panel_bundle_carries_the_payload_beside_text_and_html():
+def test_the_panel_bundle_carries_the_payload_beside_text_markdown_and_html():
     bundle = Panel(FULL)._repr_mimebundle_()
-    assert set(bundle) == {"text/plain", "text/html", MIME_TYPE}
+    # no plain application/json: JupyterLab ranks its JSON viewer above HTML
+    assert set(bundle) == {"text/plain", "text/markdown", "text/html", MIME_TYPE}
     assert from_json(bundle[MIME_TYPE]) == FULL
+
+
+def test_text_readers_get_the_verdict_line_first_and_the_payload_in_markdown():
+    bundle = Panel(FULL)._repr_mimebundle_()
+    first = bundle["text/plain"].splitlines()[0]
+    assert first == bundle["text/markdown"].splitlines()[0] == bundle[MIME_TYPE]["verdict"]
+    assert first.startswith("nb_cudaguard: CUDA context POISONED, restart required; cause=")
+    assert first.endswith("; run: %cudaguard restart")
+    fenced = bundle["text/markdown"].split("```json\n")[1].split("\n```")[0]
+    assert json.loads(fenced) == bundle[MIME_TYPE]
 
 
 def test_the_panel_shown_in_a_real_shell_carries_the_payload(shell):

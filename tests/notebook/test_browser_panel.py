@@ -190,8 +190,14 @@ def test_the_panel_reads_in_the_theme_and_its_buttons_are_whole_at_1000_and_1300
                 panel.locator(".nb-cudaguard-headline"),
                 panel.locator("summary"),
                 panel.locator(":scope > div").nth(1),  # the evidence
-                failing.locator(".widget-html span").first,  # the note by the buttons
+                failing.locator(".nb-cudaguard-does").first,  # what the primary button does
             ]
+            # One primary action, the one the diagnosis calls for: the panel named the cause
+            # from the user's `labels`, so a plain restart keeping the variables comes first.
+            primary = failing.locator(".jp-OutputArea-output button.mod-danger")
+            assert primary.count() == 1, theme
+            assert primary.inner_text().strip() == PLAIN_LABEL
+            assert "apply the fix above" in failing.locator(".nb-cudaguard-does").first.inner_text()
             low = [(round(r, 2), t) for r, t in map(contrast, texts) if r < MIN_CONTRAST]
             assert low == [], f"{theme}: text under {MIN_CONTRAST}:1"
             SCREENS.mkdir(parents=True, exist_ok=True)
@@ -266,3 +272,85 @@ def test_the_offers_show_their_lists_live_and_a_reopened_notebook_shows_their_te
             page.locator(".jp-Notebook").screenshot(path=str(SCREENS / f"{app}_reopened.png"))
     finally:
         server.stop()
+
+
+def _saved_outputs() -> list[dict[str, Any]]:
+    """The static displays a saved notebook keeps: the panel (broken and usable context), the
+    fallout note and the blocking-mode banner."""
+    import torch
+    from pytorch_texts import ASSERT_2_9, H100_TORCH_2_11
+
+    from nb_cudaguard.diagnosis.engine import diagnose
+    from nb_cudaguard.diagnosis.render import Fallout, Panel
+    from nb_cudaguard.notebook.display import Banner
+    from nb_cudaguard.runtime.blocking import Marker
+
+    sticky = diagnose(
+        torch.AcceleratorError(ASSERT_2_9),
+        device_output=H100_TORCH_2_11["cross-entropy-label"][0],
+    )
+    usable = diagnose(RuntimeError("CUDA error: out of memory"))
+    shown = [Panel(sticky), Panel(usable), Fallout(3, "CUDA error"), Banner(Marker(after_cell=3))]
+    return [
+        {
+            "output_type": "display_data",
+            "metadata": {},
+            "data": {k: v for k, v in one._repr_mimebundle_().items() if k.startswith("text/")},
+        }
+        for one in shown
+    ]
+
+
+def test_the_static_panel_keeps_every_style_in_an_untrusted_notebook(tmp_path):
+    """A notebook this browser did not run (``nb-cudaguard run`` output, an executed demo copy)
+    is untrusted: JupyterLab sanitizes its HTML and drops each style declaration its CSS grammar
+    does not allow (``var(...)`` among them). Every declaration of the panel, the fallout note and
+    the banner survives, so the panel looks as it does trusted: its bar, bold headline, spacing."""
+    import re
+
+    app = "jupyterlab"
+    _skip_without_a_browser(app)
+    outputs = _saved_outputs()
+    emitted = [re.findall(r"style='([^']*)'", output["data"]["text/html"]) for output in outputs]
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "source": "x",
+                "execution_count": 1,
+                "outputs": outputs,
+            }
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    for theme in THEMES:
+        server = _server(tmp_path / theme, app, theme)
+        (server.root / "demo.ipynb").write_text(json.dumps(notebook))  # unsigned: untrusted
+        try:
+            with _chromium() as browser:
+                page = browser.new_page(viewport={"width": 1300, "height": 1400})
+                page.set_default_timeout(30_000)
+                page.goto(f"{server.url}{APPS[app][0]}?token={server.token}")
+                areas = page.locator(".jp-OutputArea-output")
+                areas.nth(len(outputs) - 1).wait_for()
+                kept = [
+                    areas.nth(i).evaluate(
+                        "(el) => Array.from(el.querySelectorAll('[style]'))"
+                        ".map((e) => e.getAttribute('style'))"
+                    )
+                    for i in range(len(outputs))
+                ]
+                assert kept == emitted, theme
+                bar = page.locator(".nb-cudaguard-panel").first.evaluate(
+                    "(el) => getComputedStyle(el).borderLeftWidth"
+                )
+                assert bar == "4px"
+                SCREENS.mkdir(parents=True, exist_ok=True)
+                page.locator(".jp-Notebook").screenshot(
+                    path=str(SCREENS / f"{app}_{theme}_untrusted.png")
+                )
+        finally:
+            server.stop()

@@ -154,7 +154,7 @@ def test_our_own_failure_is_one_line_and_the_traceback_stays(shell, monkeypatch)
         raise KeyError("boom")
 
     # Fault injection: the guard rail around our analysis is what is under test.
-    monkeypatch.setattr(extension, "diagnose", broken)
+    monkeypatch.setattr(extension, "explain", broken)
     with capture_output() as captured:
         result = shell.run_cell(RAISE_ASSERT)
     assert not result.success
@@ -202,6 +202,11 @@ def test_later_failure_in_a_poisoned_context_is_reported_as_fallout(shell, monke
     assert panels(second) == []
     (note,) = [o.data["text/plain"] for o in second.outputs]
     assert f"fallout of the CUDA error in cell [{first_cell}]" in note
+    # an agent reading only this cell gets the verdict line first
+    assert note.startswith(
+        "nb_cudaguard: CUDA context POISONED, restart required; cause=unknown-assert; "
+        "run: %cudaguard restart\n"
+    )
 
 
 def test_follow_on_library_error_in_poisoned_context_is_fallout(shell, monkeypatch):
@@ -216,7 +221,7 @@ def test_follow_on_library_error_in_poisoned_context_is_fallout(shell, monkeypat
             "`cublasCreate(handle)`')",
             store_history=True,
         )
-    assert [o.data["text/plain"].split(".")[0] for o in second.outputs] == [
+    assert [o.data["text/plain"].splitlines()[1].split(".")[0] for o in second.outputs] == [
         f"nb_cudaguard: fallout of the CUDA error in cell [{first_cell}]"
     ]
 
@@ -248,7 +253,9 @@ def test_loads_without_torch_and_stays_silent_until_a_cuda_error():
     proc = terminal_ipython(script, blocker)
     out = proc.stdout + proc.stderr
     assert "ZeroDivisionError" in out
-    assert out.count("nb_cudaguard:") == 1
+    # nothing of ours before the CUDA error's panel: its verdict line, then its headline
+    assert out.count("nb_cudaguard:") == 2
+    assert out.index("nb_cudaguard:") == out.index("nb_cudaguard: CUDA context POISONED")
     assert "nb_cudaguard: A GPU kernel hit a device-side assert" in out
     assert "could not analyse" not in out
 
@@ -322,7 +329,7 @@ def test_ctrl_c_during_our_analysis_escapes_nothing_and_fd2_is_given_back():
         f"""\
         def interrupt(frame, event, arg):
             code = frame.f_code
-            if event == 'call' and code.co_name == 'diagnose' and 'cudaguard' in code.co_filename:
+            if event == 'call' and code.co_name == 'recognise' and 'cudaguard' in code.co_filename:
                 sys.settrace(None)
                 raise KeyboardInterrupt
         import torch
@@ -382,3 +389,33 @@ def test_a_restart_in_an_in_process_kernel_is_refused_and_its_host_lives_on():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused: cannot restart: this is not a Jupyter kernel" in proc.stdout
     assert "host alive" in proc.stdout
+
+
+def test_the_extension_owns_every_hook_the_snapshots_included(shell):
+    # `%cudaguard keep` takes its snapshots through the extension's own post_run_cell: IPython
+    # sees one hook of ours, and unload leaves none behind.
+    shell.run_line_magic("load_ext", "nb_cudaguard")
+    ours = [
+        cb
+        for cb in shell.events.callbacks["post_run_cell"]
+        if "nb_cudaguard" in getattr(cb, "__module__", "")
+    ]
+    shell.run_cell("import torch\nweights = torch.zeros(3)")
+    with capture_output():
+        shell.run_line_magic("cudaguard", "keep weights")
+    after = [
+        cb
+        for cb in shell.events.callbacks["post_run_cell"]
+        if "nb_cudaguard" in getattr(cb, "__module__", "")
+    ]
+    assert after == ours and len(ours) == 1
+    shell.run_cell("weights += 1")
+    with capture_output() as captured:
+        shell.run_line_magic("cudaguard", "keep")
+    assert "weights" in captured.stdout
+    shell.run_line_magic("unload_ext", "nb_cudaguard")
+    assert not [
+        cb
+        for cb in shell.events.callbacks["post_run_cell"]
+        if "nb_cudaguard" in getattr(cb, "__module__", "")
+    ]

@@ -8,13 +8,13 @@ from IPython.utils.capture import capture_output
 
 
 def our_snapshot_hooks(shell) -> list[object]:
+    """The snapshot hooks: run by the extension's own post_run_cell (it owns every hook)."""
+    from nb_cudaguard.notebook.extension import current_state
     from nb_cudaguard.notebook.keep_glue import SnapshotHook
 
-    return [
-        cb
-        for cb in shell.events.callbacks["post_run_cell"]
-        if isinstance(getattr(cb, "__self__", None), SnapshotHook)
-    ]
+    state = current_state(shell)
+    hooks = [*shell.events.callbacks["post_run_cell"], *(state.cell_hooks if state else [])]
+    return [cb for cb in hooks if isinstance(getattr(cb, "__self__", None), SnapshotHook)]
 
 
 def status(shell) -> str:

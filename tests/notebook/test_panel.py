@@ -20,7 +20,8 @@ from nb_cudaguard.diagnosis.model import ContextState
 from nb_cudaguard.diagnosis.render import Panel, to_html, to_text
 from nb_cudaguard.notebook.actions import (
     BLOCKING_LABEL,
-    LOST,
+    DOES_BLOCKING,
+    DOES_PLAIN_FIX,
     PLAIN_LABEL,
     PLAIN_OFF_LABEL,
     WIDGET_MIME,
@@ -85,8 +86,9 @@ def test_no_sentence_twice_across_panel_buttons_and_hint():
     diagnosis = label_diagnosis()
     texts = [
         to_text(diagnosis),
-        LOST,
-        command_text(False),
+        DOES_PLAIN_FIX,
+        DOES_BLOCKING,
+        command_text(False, cause_known=True),
         after_restart_text("rest", True),
     ]
     seen: dict[str, int] = {}
@@ -148,10 +150,53 @@ def test_in_a_kernel_nb_cudaguard_put_in_blocking_mode_the_button_turns_it_off()
     assert _buttons(out) == [PLAIN_OFF_LABEL]
 
 
-def test_a_normal_kernel_offers_both_restarts(kernel):
+def _primary(out) -> list[str]:
+    """The labels of the buttons drawn as the primary action."""
+    return [
+        m["content"]["data"]["state"]["description"]
+        for m in out.of_type("comm_open")
+        if m["content"]["data"]["state"].get("_model_name") == "ButtonModel"
+        and m["content"]["data"]["state"].get("button_style") == "danger"
+    ]
+
+
+NAMED_CAUSE = (
+    "import os, torch\nfrom torch import nn\n"
+    "model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))\n"
+    "labels = torch.tensor([1, 2, 3, 3])\n"
+    f"os.write(2, {(LABEL_LINE + chr(10)).encode()!r})\n"
+    f"raise torch.AcceleratorError({ASSERT_2_9!r})"
+)
+
+
+def test_a_cause_named_from_the_users_objects_makes_the_plain_restart_the_one_primary(kernel):
     kernel.execute("%load_ext nb_cudaguard")
+    out = kernel.execute(NAMED_CAUSE)
+    panel = next(d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", ""))
+    assert "`labels` contains 3" in panel["text/plain"]
+    assert _buttons(out) == [PLAIN_LABEL, BLOCKING_LABEL]
+    assert _primary(out) == [PLAIN_LABEL]
+    (actions,) = [d for d in out.displays if WIDGET_MIME in d]
+    assert actions["text/plain"].startswith(
+        "nb_cudaguard: Restart: `%cudaguard restart --no-blocking` (keeps the CPU variables"
+    )
+    notes = [
+        m["content"]["data"]["state"]["value"]
+        for m in out.of_type("comm_open")
+        if m["content"]["data"]["state"].get("_model_name") == "HTMLModel"
+    ]
+    said = " ".join(notes)
+    assert "apply the fix above, then re-run the failing cell" in said
+    assert "so re-running shows the line that failed" in said
+
+
+def test_a_normal_kernel_offers_both_restarts_with_blocking_primary_where_the_line_is_unknown(
+    kernel,
+):
+    kernel.execute("%reset -f\n%load_ext nb_cudaguard")  # no objects left to name a cause
     out = kernel.execute(RAISE)
     assert _buttons(out) == [BLOCKING_LABEL, PLAIN_LABEL]
+    assert _primary(out) == [BLOCKING_LABEL]
     panel = next(d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", ""))
     assert "data-blocking='false'" in panel["text/html"]
 

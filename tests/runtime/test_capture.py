@@ -208,9 +208,38 @@ def test_device_lines_are_still_shown_by_a_kernel_that_forwards_fd2():
         assert _panel_cause(out) == "label-out-of-range"
         # Not hidden from the user: ipykernel forwards the lines, possibly after the cell's
         # idle status (ipykernel's OutStream forwards fd 2 from a watcher thread), so read what
-        # iopub sends a moment longer.
+        # iopub sends a moment longer. The 199 other threads' copies of the same site are folded
+        # into one line with their count; the verdict comes first.
         shown = out.stream + _late_stream(kernel, 1.0)
-        assert shown.count("Assertion `t >= 0 && t < n_classes` failed.") == 200
+        assert shown.count("Assertion `t >= 0 && t < n_classes` failed.") == 1
+        assert shown.startswith(
+            "nb_cudaguard: CUDA context POISONED, restart required; cause=label-out-of-range; "
+            "run: %cudaguard restart\n"
+        )
+        assert "nb_cudaguard: 199 more lines of the same assert" in shown[:1000]
+        # the panel still counts every thread's line
+        panel = next(d for d in out.displays if "nb-cudaguard-panel" in d.get("text/html", ""))
+        assert "(x200 threads)" in panel["text/plain"]
+        # every raw line, one per thread, in the panel's details
+        assert "Every line the GPU printed (200)" in panel["text/html"]
+        assert panel["text/html"].count("Assertion `t &gt;= 0 &amp;&amp; t &lt; n_classes`") == 201
+    finally:
+        kernel.shutdown()
+
+
+def test_other_output_on_fd2_passes_unfolded_and_in_order():
+    from conftest import Kernel, kernel_env
+
+    kernel = Kernel({k: v for k, v in kernel_env().items() if k != "PYTEST_CURRENT_TEST"})
+    try:
+        kernel.execute("%load_ext nb_cudaguard")
+        out = kernel.execute(
+            "import os\nfor i in range(3):\n    os.write(2, b'same line\\n')\n"
+            "os.write(2, b'partial')"
+        )
+        shown = out.stream + _late_stream(kernel, 1.0)
+        assert "same line\nsame line\nsame line\npartial" in shown
+        assert "nb_cudaguard" not in shown
     finally:
         kernel.shutdown()
 
