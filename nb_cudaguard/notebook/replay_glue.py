@@ -29,7 +29,7 @@ from ..diagnosis.render import (
     note_html,
 )
 from ..replay.analysis import CellFacts, analyse_cell, runnable_source
-from ..replay.flags import cell_flags, duration
+from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, plan_replay
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
@@ -246,17 +246,19 @@ def plan_flags(
     shell: InteractiveShell, plan: Plan, cells: tuple[Cell, ...]
 ) -> dict[int, tuple[str, ...]]:
     """What each cell of the plan does beyond the namespace (shell commands, installs, writes,
-    a long run before), by index: for the user's consent."""
+    a long run before), by index: for the user's consent. Every cell up to the last step is
+    read in order, so a name means what the cells before bound it to (``import os as o``)."""
 
     def transform(source: str) -> str:
         return str(shell.transform_cell(source))
 
+    steps = {step.index for step in plan.steps}
+    reader = Reader(transform)
     flags = {}
-    for step in plan.steps:
-        cell = cells[step.index]
-        found = cell_flags(cell.source, transform, cell.seconds)
-        if found:
-            flags[step.index] = found
+    for index, cell in enumerate(cells[: max(steps, default=-1) + 1]):
+        found = reader.read(cell.source, cell.seconds)
+        if found and index in steps:
+            flags[index] = found
     return flags
 
 
