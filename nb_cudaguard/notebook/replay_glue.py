@@ -344,6 +344,16 @@ BLOCKING_THEN_REPLAY = (
 )
 
 
+PLAN_GREW = (
+    "The namespace changed since this plan was made, and the new plan above runs cells the old "
+    "one did not. Click again to run it."
+)
+PLAN_SHRANK = (
+    "The namespace changed since this plan was made (a restore): the plan above is the new "
+    "one, with fewer cells to run again. Running it."
+)
+
+
 class ReplayOffer:
     """The plan, a button that runs it, and where its output goes (an ``Output`` widget: the
     click runs in a comm handler, whose output would otherwise go nowhere). Where blocking mode
@@ -417,16 +427,16 @@ class ReplayOffer:
 
     def _clicked(self, _button: Any) -> None:
         plan = make_plan(self.shell, self.saved)
-        if plan != self.view.plan:  # something was restored meanwhile
+        if plan != self.view.plan:  # something was restored or bound meanwhile
+            shown = {step.index for step in self.view.plan.steps}
             self.view = plan_view(self.shell, plan, self.saved, self.view.blocking_on)
             self.plan.value = self.view._repr_mimebundle_()["text/html"]
-            self.status.value = note_html(
-                "nb-cudaguard-replay-changed",
-                BAR_WARN,
-                "The namespace changed since this plan was made: the plan above is the new one. "
-                "Click again to run it.",
-            )
-            return
+            if not {step.index for step in plan.steps} <= shown:
+                # Cells the user has not seen in the plan: they look before they run.
+                self.status.value = note_html("nb-cudaguard-replay-changed", BAR_WARN, PLAN_GREW)
+                return
+            # A restore only takes work away: the cells left were all in the plan clicked.
+            self.status.value = note_html("nb-cudaguard-replay-changed", BAR_QUIET, PLAN_SHRANK)
         for each in self.buttons:
             each.disabled = True
         with self.output:
@@ -490,6 +500,33 @@ class Outcome:
     stopped: bool  # a cell raised: the replay stopped there
 
 
+@contextlib.contextmanager
+def labelled(shell: InteractiveShell, count: int | None) -> Iterator[None]:
+    """A cell run here gets ``count`` (the replayed cell's number in the previous kernel) as
+    its traceback label, "Cell In[count]", instead of the number of the cell that ran the
+    replay. IPython labels a frame by the number it handed ``compile.cache`` for that code
+    (``CachingCompiler.format_code_name``); only that number changes, not the execution count
+    that the hooks and the history see."""
+    compiler = getattr(shell, "compile", None)
+    cache = getattr(compiler, "cache", None)
+    if count is None or compiler is None or cache is None:
+        yield
+        return
+
+    def cache_as_replayed(transformed: str, number: int = 0, raw_code: str | None = None) -> str:
+        return str(cache(transformed, count, raw_code=raw_code))
+
+    patched_before = vars(compiler).get("cache")  # another tool's own patch, if any
+    compiler.cache = cache_as_replayed
+    try:
+        yield
+    finally:
+        if patched_before is not None:
+            compiler.cache = patched_before
+        else:
+            del compiler.cache  # the class's method again
+
+
 def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool) -> str:
     """Run the plan's cells in order, stopping at the first error; returns what happened, also
     printed."""
@@ -520,7 +557,8 @@ def run_steps(
             here = {n: shell.user_ns[n] for n in step.keeps if n in shell.user_ns}
             started = time.perf_counter()
             try:
-                result = shell.run_cell(runnable_source(cell.source), store_history=False)
+                with labelled(shell, cell.count):
+                    result = shell.run_cell(runnable_source(cell.source), store_history=False)
             finally:
                 shell.user_ns.update(here)
             ok = bool(getattr(result, "success", False))
@@ -529,7 +567,7 @@ def run_steps(
                 said = (
                     f"Replay stopped at cell {cell_label(cell)} of the previous kernel"
                     + (", the failing cell" if step.failing else " (before the failing cell)")
-                    + ": its traceback is above."
+                    + ": its traceback is in this cell's output."
                 )
                 break
         else:

@@ -83,7 +83,7 @@ def test_replay_runs_only_the_needed_cells_and_stops_at_the_failing_one(server, 
 
 def test_a_cpu_index_error_is_shown_at_its_true_line_after_the_replay(server, server_kernel):
     kid, pid = server_kernel
-    _fail_then_restart(server, kid, pid, FAIL_INDEX)
+    failed = _fail_then_restart(server, kid, pid, FAIL_INDEX)
     _, replay = _load_then_replay(server, kid)
     assert _markers(replay.stream) == ["data", "mutate", "fail"]
     (error,) = replay.errors
@@ -91,6 +91,8 @@ def test_a_cpu_index_error_is_shown_at_its_true_line_after_the_replay(server, se
     assert error["evalue"] == "index out of range in self"
     cell_frame = next(ANSI.sub("", f) for f in error["traceback"] if "emb(ids)" in ANSI.sub("", f))
     assert re.search(r"----> 5 out = emb\(ids\)", cell_frame)
+    # Labelled as the replayed cell, not as the cell that ran `%cudaguard replay --yes`.
+    assert f"Cell In[{failed.execution_count}], line 5" in cell_frame, cell_frame
 
 
 def test_the_button_on_the_banner_runs_the_replay(server, server_kernel):
@@ -172,20 +174,35 @@ def test_a_kernel_restarted_after_a_replay_can_replay_again(server, server_kerne
     assert [e["ename"] for e in again.errors] == ["AcceleratorError"]
 
 
-def test_a_click_after_a_restore_shows_the_new_plan_and_runs_it_on_the_next_click(
-    server, server_kernel
-):
+def test_one_click_after_a_restore_runs_the_new_shorter_plan(server, server_kernel):
     kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
     with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
         button = loaded.button(REPLAY_LABEL)
         sock.execute(RESTORED)
+        clicked = sock.collect(sock.click(button), timeout=90, reply=False)
+    assert _markers(clicked.stream) == ["fail"]  # data and mutate are there already
+    assert "with fewer cells to run again. Running it." in clicked.widget_text
+    assert "Replay stopped at cell" in clicked.widget_text
+    assert "traceback is above" not in clicked.widget_text + clicked.stream
+
+
+def test_a_click_after_the_plan_grew_shows_it_and_runs_it_on_the_next_click(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    _fail_then_restart(server, kid, pid, FAIL_ASSERT)
+    with server.connect(kid) as sock:
+        sock.execute(RESTORED)  # before the load: the offer's plan runs the failing cell only
+        loaded = sock.execute("%load_ext nb_cudaguard")
+        button = loaded.button(REPLAY_LABEL)
+        sock.execute("del data")  # now data must be built again: cells not in the plan shown
         first = sock.collect(sock.click(button), timeout=30, reply=False)
         second = sock.collect(sock.click(button), timeout=90, reply=False)
     assert _markers(first.stream) == []
-    assert "The namespace changed since this plan was made" in first.widget_text
-    assert _markers(second.stream) == ["fail"]
+    assert "runs cells the old one did not. Click again to run it." in first.widget_text
+    assert _markers(second.stream) == ["data", "mutate", "fail"]
 
 
 # A model, an optimizer built from its parameters, a step through the optimizer's name only: the
