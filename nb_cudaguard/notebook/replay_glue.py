@@ -33,6 +33,7 @@ from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, plan_replay
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
+from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
 
 if TYPE_CHECKING:
@@ -355,8 +356,9 @@ PLAN_SHRANK = (
 
 
 class ReplayOffer:
-    """The plan, a button that runs it, and where its output goes (an ``Output`` widget: the
-    click runs in a comm handler, whose output would otherwise go nowhere). Where blocking mode
+    """The plan, a button that runs it, whose output goes to the real outputs of the cell that
+    showed the plan (``cell_output.py``: saved with the notebook; an ``Output`` widget where
+    there is no such cell). Where blocking mode
     is off and this kernel can restart itself (``restart``: the extension's own restart, the
     panel's), a second button restarts in blocking mode first: the cells are saved again for the
     next process, which offers the replay there."""
@@ -393,7 +395,8 @@ class ReplayOffer:
         from .actions import button_row, listing
 
         self.status = widgets.HTML(value="")
-        self.output = widgets.Output()
+        self.output = widgets.Output()  # where a frontend routes no output to the cell
+        self.cell = showing_cell(shell)  # the replay's output goes to its real outputs
         self.button.on_click(self._clicked)
         self.plan = listing(view._repr_mimebundle_()["text/html"])
         self.widget = widgets.VBox([self.plan, button_row(self.buttons), self.status, self.output])
@@ -439,7 +442,7 @@ class ReplayOffer:
             self.status.value = note_html("nb-cudaguard-replay-changed", BAR_QUIET, PLAN_SHRANK)
         for each in self.buttons:
             each.disabled = True
-        with self.output:
+        with into_cell(self.shell, self.cell, fallback=self.output):
             said = run_plan(self.shell, self.saved, plan, self.view.blocking_on)
         self.status.value = note_html("nb-cudaguard-replay-done", BAR_INFO, said)
 

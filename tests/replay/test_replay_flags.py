@@ -98,9 +98,7 @@ def test_a_long_run_is_flagged_a_short_one_not():
         ),
     ],
 )
-def test_a_call_is_flagged_by_what_its_name_resolves_to_through_earlier_cells(
-    earlier, cell, flag
-):
+def test_a_call_is_flagged_by_what_its_name_resolves_to_through_earlier_cells(earlier, cell, flag):
     found = cell_flags(cell, _transform, None, earlier)
     assert any(f.startswith(flag) for f in found), found
 
