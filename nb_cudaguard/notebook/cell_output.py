@@ -19,9 +19,13 @@ if TYPE_CHECKING:
 
 
 def showing_cell(shell: InteractiveShell) -> dict[str, Any] | None:
-    """The request running now (the cell that shows a button), if this is a Jupyter kernel."""
+    """The request running now (the cell that shows a button), where the frontend is one that
+    files later output under it (JupyterLab, Notebook 7, Kaggle's); None in VS Code and Colab,
+    whose routing after a cell ran is not that, and outside a kernel."""
+    from ..restart.environment import Environment, detect
+
     get_parent = getattr(shell, "get_parent", None)  # ipykernel's ZMQInteractiveShell
-    if get_parent is None:
+    if get_parent is None or detect() not in (Environment.JUPYTER, Environment.KAGGLE):
         return None
     try:
         parent = get_parent()
