@@ -155,6 +155,7 @@ class _Visitor(ast.NodeVisitor):
     def __init__(self, names: dict[str, str], strings: dict[str, str]) -> None:
         self.names, self.strings = names, strings
         self.found: list[tuple[str, str]] = []
+        self.bound_here: set[str] = set()  # a file opened here is flagged at its open()
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -197,6 +198,7 @@ class _Visitor(ast.NodeVisitor):
     def _bind(self, target: ast.expr, value: ast.expr) -> None:
         if not isinstance(target, ast.Name):
             return
+        self.bound_here.add(target.id)
         self.names.pop(target.id, None)
         self.strings.pop(target.id, None)
         if isinstance(value, ast.Constant) and isinstance(value.value, str):
@@ -253,7 +255,11 @@ class _Visitor(ast.NodeVisitor):
             yield FILES, said
         elif _is_path(receiver) and method in PATH_WRITES and method != "open":
             yield FILES, f"{spelled or 'Path(...)'}: pathlib.Path.{method}"
-        elif receiver == WRITABLE_FILE and method in FILE_HANDLE_WRITES:
+        elif (
+            receiver == WRITABLE_FILE
+            and method in FILE_HANDLE_WRITES
+            and not self._opened_here(node.func)
+        ):
             yield FILES, f"{spelled}: a file opened for writing"
         elif _matches(resolved, NETWORK_CALLS) or method in ("push_to_hub",):
             yield NETWORK, said
@@ -263,8 +269,18 @@ class _Visitor(ast.NodeVisitor):
             statement = self._sql(node)
             if statement is not None:
                 yield FILES, f"{said}: SQL {statement.upper()}"
-        if any(k.arg == "file" and self.resolve(k.value) == WRITABLE_FILE for k in node.keywords):
+        if any(
+            k.arg == "file"
+            and self.resolve(k.value) == WRITABLE_FILE
+            and not self._opened_here(k.value)
+            for k in node.keywords
+        ):
             yield FILES, f"{spelled}(..., file=): a file opened for writing"
+
+    def _opened_here(self, node: ast.expr) -> bool:
+        """``node`` is ``f`` or ``f.write`` where this cell bound ``f`` (and flagged its open)."""
+        base = node.value if isinstance(node, ast.Attribute) else node
+        return isinstance(base, ast.Name) and base.id in self.bound_here
 
     def _sql(self, node: ast.Call) -> str | None:
         """The writing SQL verb of the call's first argument (a string, an f-string, a name

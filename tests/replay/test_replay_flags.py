@@ -117,3 +117,8 @@ def test_a_call_is_flagged_by_what_its_name_resolves_to_through_earlier_cells(ea
 )
 def test_a_name_that_resolves_to_something_harmless_is_not_flagged(earlier, cell):
     assert cell_flags(cell, _transform, None, earlier) == ()
+
+
+def test_a_file_opened_and_written_in_one_cell_is_flagged_once_at_its_open():
+    found = cell_flags("with open('log.txt', 'w') as f:\n    f.write('x')", _transform, None)
+    assert found == ("writes or deletes files (open(..., 'w'))",)
