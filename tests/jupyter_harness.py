@@ -204,6 +204,7 @@ class Reply:
     status: str
     messages: list[dict[str, Any]] = field(default_factory=list)
     execution_count: int | None = None
+    msg_id: str = ""  # the request's: a frontend shows later output with it as parent there too
 
     @property
     def stream(self) -> str:
@@ -287,8 +288,12 @@ class KernelSocket:
         )
         return msg_id
 
-    def collect(self, msg_id: str, timeout: float, reply: bool = True) -> Reply:
-        """iopub messages of one request until it goes idle, and the shell reply's status."""
+    def collect(
+        self, msg_id: str, timeout: float, reply: bool = True, cell: Reply | None = None
+    ) -> Reply:
+        """iopub messages of one request until it goes idle, and the shell reply's status;
+        with ``cell`` (an earlier execute's reply), also the output sent meanwhile with that
+        cell's request as parent, which a frontend adds to that cell's outputs."""
         deadline = time.monotonic() + timeout
         status: str | None = None if reply else "none"
         count: int | None = None
@@ -300,7 +305,12 @@ class KernelSocket:
                 raise TimeoutError(f"no complete reply to {msg_id}")
             self.ws.settimeout(remaining)
             msg = json.loads(self.ws.recv())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            parent = msg.get("parent_header", {}).get("msg_id")
+            if cell is not None and parent == cell.msg_id and msg["channel"] == "iopub":
+                if msg["msg_type"] != "status":
+                    messages.append(msg)
+                continue
+            if parent != msg_id:
                 continue
             if msg["channel"] == "shell":
                 status = msg["content"].get("status", "ok")
@@ -309,7 +319,7 @@ class KernelSocket:
                 idle = msg["content"]["execution_state"] == "idle"
             elif msg["channel"] == "iopub":
                 messages.append(msg)
-        return Reply(status, messages, count)
+        return Reply(status, messages, count, msg_id)
 
     def execute(self, code: str, timeout: float = 30) -> Reply:
         msg_id = self.send(
@@ -353,3 +363,72 @@ def wait_for_new_process(
             last = error
         time.sleep(0.05)
     raise TimeoutError(f"kernel {kid} did not come back in a new process ({last!r})")
+
+
+def outputs_of(messages: list[dict[str, Any]], cell: Reply) -> list[dict[str, Any]]:
+    """The nbformat outputs a frontend gives ``cell`` from these iopub messages: those with the
+    cell's request as parent, in order (JupyterLab's OutputArea, which stays attached to the
+    cell's request after it ran)."""
+    outputs: list[dict[str, Any]] = []
+    for msg in messages:
+        if msg.get("parent_header", {}).get("msg_id") != cell.msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            outputs.append(
+                {"output_type": "stream", "name": content["name"], "text": content["text"]}
+            )
+        elif kind in ("display_data", "execute_result"):
+            output = {"output_type": kind, "data": content["data"], "metadata": content["metadata"]}
+            if kind == "execute_result":
+                output["execution_count"] = content["execution_count"]
+            outputs.append(output)
+        elif kind == "error":
+            outputs.append(
+                {"output_type": "error"} | {k: content[k] for k in ("ename", "evalue", "traceback")}
+            )
+        elif kind == "clear_output":
+            outputs.clear()
+    return outputs
+
+
+def save_notebook(
+    server: JupyterServer, name: str, cells: list[tuple[str, list[dict[str, Any]]]]
+) -> dict[str, Any]:
+    """Save code cells (source, outputs) through the server's contents API, as a frontend saves,
+    and read the file back as written (the server's pre-save hooks applied)."""
+    notebook = {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {},
+        "cells": [
+            {
+                "cell_type": "code",
+                "id": f"cell-{i}",
+                "source": source,
+                "metadata": {},
+                "execution_count": None,
+                "outputs": outputs,
+            }
+            for i, (source, outputs) in enumerate(cells)
+        ],
+    }
+    status, _ = server.request(
+        "PUT", f"/api/contents/{name}", {"type": "notebook", "content": notebook}
+    )
+    assert status in (200, 201), status
+    saved: dict[str, Any] = json.loads((server.root / name).read_text())
+    return saved
+
+
+def nbconvert(server: JupyterServer, name: str, to: str = "markdown") -> str:
+    """The saved notebook ``name`` as ``jupyter nbconvert --to <to>`` writes it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nbconvert", "--to", to, "--stdout", str(server.root / name)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=server.env,
+        check=True,
+    )
+    return done.stdout

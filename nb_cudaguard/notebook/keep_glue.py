@@ -28,6 +28,7 @@ from ..keep.store import Manifest, StoreError
 from ..keep.text import count, kept_sentence, offer_text, restored_text
 from ..keep.text import not_kept_text as not_kept_text  # the magic's, with the others here
 from .actions import button_row, listing, live_bundle, status_html
+from .cell_output import into_cell, showing_cell
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -199,6 +200,7 @@ class RestoreOffer:
             layout=widgets.Layout(width="auto"),
         )
         self.status = widgets.HTML(value="")
+        self.cell = showing_cell(shell)  # what a click says goes to its real outputs too
         self.restore_button.on_click(self._restore)
         self.discard_button.on_click(self._discard)
         self.widget = widgets.VBox(
@@ -218,11 +220,25 @@ class RestoreOffer:
             text = restore(self.shell, self.connection, self.profile)
             self._say(text)
         except Exception as error:
-            self._say(f"Could not restore: {error}", color=TEXT_ERROR)
+            text = f"Could not restore: {error}"
+            self._say(text, color=TEXT_ERROR)
+        self._keep_in_cell(text)
 
     def _discard(self, _button: Any) -> None:
         self.disable()
-        self._say(discard(self.connection, self.profile, self.shell))
+        text = discard(self.connection, self.profile, self.shell)
+        self._say(text)
+        self._keep_in_cell(text)
+
+    def _keep_in_cell(self, text: str) -> None:
+        """What the click did, also as a real output of the cell that showed the offer: the
+        status line lives in the widget, which a saved or converted notebook does not hold."""
+        if self.cell is None:
+            return
+        from IPython.display import display
+
+        with into_cell(self.shell, self.cell):
+            display(_Note(text.removeprefix("nb_cudaguard: ")))
 
     def disable(self) -> None:
         self.restore_button.disabled = self.discard_button.disabled = True

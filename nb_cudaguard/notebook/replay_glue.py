@@ -29,11 +29,12 @@ from ..diagnosis.render import (
     note_html,
 )
 from ..replay.analysis import CellFacts, analyse_cell, runnable_source
-from ..replay.flags import cell_flags, duration
+from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
 from ..replay.record import CellRecord, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
+from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
 
 if TYPE_CHECKING:
@@ -256,17 +257,19 @@ def plan_flags(
     shell: InteractiveShell, plan: Plan, cells: tuple[Cell, ...]
 ) -> dict[int, tuple[str, ...]]:
     """What each cell of the plan does beyond the namespace (shell commands, installs, writes,
-    a long run before), by index: for the user's consent."""
+    a long run before), by index: for the user's consent. Every cell up to the last step is
+    read in order, so a name means what the cells before bound it to (``import os as o``)."""
 
     def transform(source: str) -> str:
         return str(shell.transform_cell(source))
 
+    steps = {step.index for step in plan.steps}
+    reader = Reader(transform)
     flags = {}
-    for step in plan.steps:
-        cell = cells[step.index]
-        found = cell_flags(cell.source, transform, cell.seconds)
-        if found:
-            flags[step.index] = found
+    for index, cell in enumerate(cells[: max(steps, default=-1) + 1]):
+        found = reader.read(cell.source, cell.seconds)
+        if found and index in steps:
+            flags[index] = found
     return flags
 
 
@@ -352,9 +355,20 @@ BLOCKING_THEN_REPLAY = (
 )
 
 
+PLAN_GREW = (
+    "The namespace changed since this plan was made, and the new plan above runs cells the old "
+    "one did not. Click again to run it."
+)
+PLAN_SHRANK = (
+    "The namespace changed since this plan was made (a restore): the plan above is the new "
+    "one, with fewer cells to run again. Running it."
+)
+
+
 class ReplayOffer:
-    """The plan, a button that runs it, and where its output goes (an ``Output`` widget: the
-    click runs in a comm handler, whose output would otherwise go nowhere). Where blocking mode
+    """The plan, a button that runs it, whose output goes to the real outputs of the cell that
+    showed the plan (``cell_output.py``: saved with the notebook; an ``Output`` widget where
+    there is no such cell). Where blocking mode
     is off and this kernel can restart itself (``restart``: the extension's own restart, the
     panel's), a second button restarts in blocking mode first: the cells are saved again for the
     next process, which offers the replay there."""
@@ -391,7 +405,8 @@ class ReplayOffer:
         from .actions import button_row, listing
 
         self.status = widgets.HTML(value="")
-        self.output = widgets.Output()
+        self.output = widgets.Output()  # where a frontend routes no output to the cell
+        self.cell = showing_cell(shell)  # the replay's output goes to its real outputs
         self.button.on_click(self._clicked)
         self.plan = listing(view._repr_mimebundle_()["text/html"])
         self.widget = widgets.VBox([self.plan, button_row(self.buttons), self.status, self.output])
@@ -425,19 +440,19 @@ class ReplayOffer:
 
     def _clicked(self, _button: Any) -> None:
         plan = make_plan(self.shell, self.saved)
-        if plan != self.view.plan:  # something was restored meanwhile
+        if plan != self.view.plan:  # something was restored or bound meanwhile
+            shown = {step.index for step in self.view.plan.steps}
             self.view = plan_view(self.shell, plan, self.saved, self.view.blocking_on)
             self.plan.value = self.view._repr_mimebundle_()["text/html"]
-            self.status.value = note_html(
-                "nb-cudaguard-replay-changed",
-                BAR_WARN,
-                "The namespace changed since this plan was made: the plan above is the new one. "
-                "Click again to run it.",
-            )
-            return
+            if not {step.index for step in plan.steps} <= shown:
+                # Cells the user has not seen in the plan: they look before they run.
+                self.status.value = note_html("nb-cudaguard-replay-changed", BAR_WARN, PLAN_GREW)
+                return
+            # A restore only takes work away: the cells left were all in the plan clicked.
+            self.status.value = note_html("nb-cudaguard-replay-changed", BAR_QUIET, PLAN_SHRANK)
         for each in self.buttons:
             each.disabled = True
-        with self.output:
+        with into_cell(self.shell, self.cell, fallback=self.output):
             said = run_plan(self.shell, self.saved, plan, self.view.blocking_on)
         self.status.value = note_html("nb-cudaguard-replay-done", BAR_INFO, said)
 
@@ -498,6 +513,33 @@ class Outcome:
     stopped: bool  # a cell raised: the replay stopped there
 
 
+@contextlib.contextmanager
+def labelled(shell: InteractiveShell, count: int | None) -> Iterator[None]:
+    """A cell run here gets ``count`` (the replayed cell's number in the previous kernel) as
+    its traceback label, "Cell In[count]", instead of the number of the cell that ran the
+    replay. IPython labels a frame by the number it handed ``compile.cache`` for that code
+    (``CachingCompiler.format_code_name``); only that number changes, not the execution count
+    that the hooks and the history see."""
+    compiler = getattr(shell, "compile", None)
+    cache = getattr(compiler, "cache", None)
+    if count is None or compiler is None or cache is None:
+        yield
+        return
+
+    def cache_as_replayed(transformed: str, number: int = 0, raw_code: str | None = None) -> str:
+        return str(cache(transformed, count, raw_code=raw_code))
+
+    patched_before = vars(compiler).get("cache")  # another tool's own patch, if any
+    compiler.cache = cache_as_replayed
+    try:
+        yield
+    finally:
+        if patched_before is not None:
+            compiler.cache = patched_before
+        else:
+            del compiler.cache  # the class's method again
+
+
 def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool) -> str:
     """Run the plan's cells in order, stopping at the first error; returns what happened, also
     printed."""
@@ -535,7 +577,8 @@ def run_steps(
                 restore_rng(cell.record.rng)  # it draws as it did when it ran
             started = time.perf_counter()
             try:
-                result = shell.run_cell(runnable_source(cell.source), store_history=False)
+                with labelled(shell, cell.count):
+                    result = shell.run_cell(runnable_source(cell.source), store_history=False)
             finally:
                 shell.user_ns.update(here)
             ok = bool(getattr(result, "success", False))
@@ -546,7 +589,7 @@ def run_steps(
                 said = (
                     f"Replay stopped at cell {cell_label(cell)} of the previous kernel"
                     + (", the failing cell" if step.failing else " (before the failing cell)")
-                    + ": its traceback is above."
+                    + ": its traceback is in this cell's output."
                 )
                 break
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .analysis import Transform, parse_cell
 
@@ -68,22 +68,46 @@ NETWORK_CALLS = frozenset(
 _WRITE_MODE = re.compile(r"[wax+]")
 
 
-def cell_flags(raw: str, transform: Transform | None, seconds: float | None) -> tuple[str, ...]:
+def cell_flags(
+    raw: str, transform: Transform | None, seconds: float | None, earlier: Iterable[str] = ()
+) -> tuple[str, ...]:
     """Short phrases for what ``raw`` (a cell as typed) does beyond the namespace, each said
     once: ``runs shell commands (!ls)``, ``installs packages (%pip install x; not run again)``,
     ``writes files (torch.save)``, ``sends over the network (requests.post)``, ``ran 2 min
-    5 s before``. ``seconds``: how long it ran in the previous kernel, if known."""
-    found: dict[str, list[str]] = {}
-    tree = parse_cell(raw, transform)
-    for kind, what in _found(tree.body if tree is not None else []):
-        found.setdefault(kind, []).append(what)
-    flags = [
-        f"{kind} ({', '.join(dict.fromkeys(what))})"
-        for kind, what in sorted(found.items(), key=lambda kv: _ORDER.index(kv[0]))
-    ]
-    if seconds is not None and seconds >= LONG_S:
-        flags.append(f"ran {duration(seconds)} before")
-    return tuple(flags)
+    5 s before``. ``seconds``: how long it ran in the previous kernel, if known; ``earlier``:
+    the cells that ran before it, in order, whose imports and assignments say what its names
+    are (``import os as o`` there makes ``o.system`` here a shell command)."""
+    reader = Reader(transform)
+    for source in earlier:
+        reader.read(source)
+    return reader.read(raw, seconds)
+
+
+class Reader:
+    """Reads a notebook's cells in the order they ran and flags each by what its calls resolve
+    to through the imports and assignments seen so far, not by how they are spelled."""
+
+    def __init__(self, transform: Transform | None) -> None:
+        self._transform = transform
+        self._names: dict[str, str] = {}  # a name -> what it was bound to, resolved
+        self._strings: dict[str, str] = {}  # a name -> the string constant bound to it
+
+    def read(self, raw: str, seconds: float | None = None) -> tuple[str, ...]:
+        """``raw``'s flags (see ``cell_flags``); what it binds counts for the cells after it."""
+        found: dict[str, list[str]] = {}
+        tree = parse_cell(raw, self._transform)
+        visitor = _Visitor(self._names, self._strings)
+        for statement in tree.body if tree is not None else []:
+            visitor.visit(statement)
+        for kind, what in visitor.found:
+            found.setdefault(kind, []).append(what)
+        flags = [
+            f"{kind} ({', '.join(dict.fromkeys(what))})"
+            for kind, what in sorted(found.items(), key=lambda kv: _ORDER.index(kv[0]))
+        ]
+        if seconds is not None and seconds >= LONG_S:
+            flags.append(f"ran {duration(seconds)} before")
+        return tuple(flags)
 
 
 SHELL, INSTALL, FILES, NETWORK = (
@@ -104,41 +128,201 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-def _found(body: Iterable[ast.stmt]) -> Iterable[tuple[str, str]]:
-    for node in (n for statement in body for n in ast.walk(statement)):
+# What a name bound to a file opened for writing resolves to, and that file's writing methods.
+WRITABLE_FILE = "<a file opened for writing>"
+FILE_HANDLE_WRITES = frozenset({"write", "writelines", "truncate"})
+# pathlib's methods that change the file system (``df.rename`` does not: only on a Path).
+PATH_TYPES = frozenset({"pathlib.Path", "pathlib.PosixPath", "pathlib.WindowsPath"})
+PATH_WRITES = frozenset(
+    {
+        "rename", "replace", "unlink", "rmdir", "mkdir", "touch", "write_text", "write_bytes",
+        "symlink_to", "hardlink_to", "chmod", "open",
+    }
+)  # fmt: skip
+# DB-API cursors and connections (sqlite3, psycopg, pymysql) and SQLAlchemy run SQL through these.
+SQL_CALLS = frozenset({"execute", "executemany", "executescript", "exec_driver_sql", "text"})
+_SQL_WRITE = re.compile(
+    r"^\s*(?:WITH\b.*?\)\s*)?(DELETE|DROP|TRUNCATE|INSERT|UPDATE|ALTER|CREATE|REPLACE|MERGE|"
+    r"GRANT|REVOKE|VACUUM)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+class _Visitor(ast.NodeVisitor):
+    """One cell's calls in source order, each resolved through what the names were bound to
+    (earlier cells' bindings in ``names``, updated as this cell binds more)."""
+
+    def __init__(self, names: dict[str, str], strings: dict[str, str]) -> None:
+        self.names, self.strings = names, strings
+        self.found: list[tuple[str, str]] = []
+        self.bound_here: set[str] = set()  # a file opened here is flagged at its open()
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.asname:
+                self.names[alias.asname] = alias.name
+            else:  # ``import os.path`` binds ``os``
+                top = alias.name.split(".")[0]
+                self.names[top] = top
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = ("." * node.level) + (node.module or "")
+        for alias in node.names:
+            if alias.name != "*":
+                self.names[alias.asname or alias.name] = f"{module}.{alias.name}"
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        for target in node.targets:
+            self._bind(target, node.value)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+            self._bind(node.target, node.value)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        self.visit(node.value)
+        self._bind(node.target, node.value)
+
+    def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
+        for item in node.items:
+            self.visit(item.context_expr)
+            if item.optional_vars is not None:
+                self._bind(item.optional_vars, item.context_expr)
+        for statement in node.body:
+            self.visit(statement)
+
+    visit_AsyncWith = visit_With
+
+    def _bind(self, target: ast.expr, value: ast.expr) -> None:
+        if not isinstance(target, ast.Name):
+            return
+        self.bound_here.add(target.id)
+        self.names.pop(target.id, None)
+        self.strings.pop(target.id, None)
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            self.strings[target.id] = value.value
+        resolved = self.resolve(value)
+        if resolved:
+            self.names[target.id] = resolved
+
+    def resolve(self, node: ast.expr) -> str:
+        """What ``node`` stands for: a dotted name through the imports (``o.system`` after
+        ``import os as o`` is ``os.system``), a call's result as ``name()`` (``pathlib.Path()``),
+        ``WRITABLE_FILE`` for ``open(p, "w")``; ``""`` where it cannot say."""
+        if isinstance(node, ast.Name):
+            return self.names.get(node.id, node.id)
+        if isinstance(node, ast.Attribute):
+            base = self.resolve(node.value)
+            return f"{base}.{node.attr}" if base else ""
         if isinstance(node, ast.Call):
-            yield from _call(node)
+            if isinstance(node.func, ast.Call) and _dotted(node.func.func) == "get_ipython":
+                return ""
+            func = self.resolve(node.func)
+            if _is_open(func) and _opens_for_writing(node):
+                return WRITABLE_FILE
+            return f"{func}()" if func else ""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):  # Path("a") / "b"
+            left = self.resolve(node.left)
+            return left if _is_path(left) else ""
+        return ""
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self.generic_visit(node)
+        self.found.extend(self._call(node))
+
+    def _call(self, node: ast.Call) -> Iterable[tuple[str, str]]:
+        spelled = _dotted(node.func)
+        ipython = spelled.split(".", 1)[1] if spelled.startswith("get_ipython().") else None
+        args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
+        if ipython in ("system", "getoutput") and args and isinstance(args[0], str):
+            command = args[0].strip()
+            yield (INSTALL if _INSTALL_COMMAND.match(command) else SHELL), f"!{_short(command)}"
+            return
+        if ipython in ("run_line_magic", "run_cell_magic") and args and isinstance(args[0], str):
+            yield from _magic(ipython, args)
+            return
+        resolved = self.resolve(node.func)
+        method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+        receiver = self.resolve(node.func.value) if isinstance(node.func, ast.Attribute) else ""
+        said = spelled or str(method)
+        if resolved and spelled and resolved != spelled and "()" not in resolved:
+            said = f"{spelled} = {resolved}"
+        if _matches(resolved, SHELL_CALLS):
+            yield SHELL, said
+        elif _matches(resolved, FILE_CALLS) or method in FILE_METHODS:
+            yield FILES, said
+        elif _is_path(receiver) and method in PATH_WRITES and method != "open":
+            yield FILES, f"{spelled or 'Path(...)'}: pathlib.Path.{method}"
+        elif (
+            receiver == WRITABLE_FILE
+            and method in FILE_HANDLE_WRITES
+            and not self._opened_here(node.func)
+        ):
+            yield FILES, f"{spelled}: a file opened for writing"
+        elif _matches(resolved, NETWORK_CALLS) or method in ("push_to_hub",):
+            yield NETWORK, said
+        elif (_is_open(resolved) or method == "open") and _opens_for_writing(node):
+            yield FILES, f"{spelled or 'open'}(..., {_mode(node)!r})"
+        elif method in SQL_CALLS or resolved.endswith(".text"):
+            statement = self._sql(node)
+            if statement is not None:
+                yield FILES, f"{said}: SQL {statement.upper()}"
+        if any(
+            k.arg == "file"
+            and self.resolve(k.value) == WRITABLE_FILE
+            and not self._opened_here(k.value)
+            for k in node.keywords
+        ):
+            yield FILES, f"{spelled}(..., file=): a file opened for writing"
+
+    def _opened_here(self, node: ast.expr) -> bool:
+        """``node`` is ``f`` or ``f.write`` where this cell bound ``f`` (and flagged its open)."""
+        base = node.value if isinstance(node, ast.Attribute) else node
+        return isinstance(base, ast.Name) and base.id in self.bound_here
+
+    def _sql(self, node: ast.Call) -> str | None:
+        """The writing SQL verb of the call's first argument (a string, an f-string, a name
+        bound to one, ``text("...")``), if it has one."""
+        given = node.args[0] if node.args else None
+        if isinstance(given, ast.Call) and given.args:  # sqlalchemy's text("...")
+            given = given.args[0]
+        text = None
+        if isinstance(given, ast.Constant) and isinstance(given.value, str):
+            text = given.value
+        elif isinstance(given, ast.JoinedStr):
+            text = "".join(
+                str(v.value) if isinstance(v, ast.Constant) else "x" for v in given.values
+            )
+        elif isinstance(given, ast.Name):
+            text = self.strings.get(given.id)
+        match = _SQL_WRITE.match(text) if text is not None else None
+        return match.group(1) if match else None
 
 
-def _call(node: ast.Call) -> Iterable[tuple[str, str]]:
-    dotted = _dotted(node.func)
-    ipython = dotted.split(".", 1)[1] if dotted.startswith("get_ipython().") else None
-    args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
-    if ipython in ("system", "getoutput") and args and isinstance(args[0], str):
-        command = args[0].strip()
-        yield (INSTALL if _INSTALL_COMMAND.match(command) else SHELL), f"!{_short(command)}"
-        return
-    if ipython in ("run_line_magic", "run_cell_magic") and args and isinstance(args[0], str):
-        name, line = args[0], args[1] if len(args) > 1 and isinstance(args[1], str) else ""
-        if name in INSTALL_MAGICS:
-            yield INSTALL, f"%{name} {_short(line)}; not run again"
-        elif ipython == "run_cell_magic" and name in SHELL_CELL_MAGICS:
-            body = args[2] if len(args) > 2 and isinstance(args[2], str) else ""
-            yield SHELL, f"%%{name}: {_short(body.strip().splitlines()[0] if body.strip() else '')}"
-        elif ipython == "run_cell_magic" and name in ("writefile", "file"):
-            yield FILES, f"%%{name} {_short(line)}"
-        elif name in SHELL_LINE_MAGICS:
-            yield SHELL, f"%{name} {_short(line)}"
-        return
-    method = node.func.attr if isinstance(node.func, ast.Attribute) else None
-    if _matches(dotted, SHELL_CALLS):
-        yield SHELL, dotted
-    elif _matches(dotted, FILE_CALLS) or method in FILE_METHODS:
-        yield FILES, dotted or str(method)
-    elif _matches(dotted, NETWORK_CALLS) or method in ("push_to_hub",):
-        yield NETWORK, dotted or str(method)
-    elif (dotted in ("open", "io.open") or method == "open") and _opens_for_writing(node):
-        yield FILES, f"{dotted or 'open'}(..., {_mode(node)!r})"
+def _magic(ipython: str, args: Sequence[object]) -> Iterable[tuple[str, str]]:
+    name = str(args[0])
+    line = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+    if name in INSTALL_MAGICS:
+        yield INSTALL, f"%{name} {_short(line)}; not run again"
+    elif ipython == "run_cell_magic" and name in SHELL_CELL_MAGICS:
+        body = args[2] if len(args) > 2 and isinstance(args[2], str) else ""
+        yield SHELL, f"%%{name}: {_short(body.strip().splitlines()[0] if body.strip() else '')}"
+    elif ipython == "run_cell_magic" and name in ("writefile", "file"):
+        yield FILES, f"%%{name} {_short(line)}"
+    elif name in SHELL_LINE_MAGICS:
+        yield SHELL, f"%{name} {_short(line)}"
+
+
+def _is_open(resolved: str) -> bool:
+    return resolved in ("open", "io.open", "builtins.open", "codecs.open") or any(
+        resolved == f"{p}().open" for p in PATH_TYPES
+    )
+
+
+def _is_path(resolved: str) -> bool:
+    return resolved in {f"{p}()" for p in PATH_TYPES}
 
 
 def _matches(dotted: str, table: frozenset[str]) -> bool:

@@ -36,6 +36,8 @@ from test_browser import (
 )
 
 from nb_cudaguard.notebook.actions import PLAIN_LABEL
+from nb_cudaguard.notebook.keep_glue import RESTORE_LABEL
+from nb_cudaguard.notebook.replay_glue import REPLAY_LABEL
 
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 WIDTHS = (1000, 1300)
@@ -251,9 +253,21 @@ def test_the_offers_show_their_lists_live_and_a_reopened_notebook_shows_their_te
             )
             assert cut_buttons(first) == [], "at 1000 px"
 
+            # Restore, then Replay: one click each, and what they did are real outputs of
+            # the cell, outside the widgets (the replayed traceback, where it stopped).
+            first.get_by_role("button", name=RESTORE_LABEL, exact=True).click()
+            real = first.locator(".jp-OutputArea-output:not(:has(.jupyter-widgets))")
+            expect(real.filter(has_text="Restored ").first).to_be_visible(timeout=KERNEL_WORK_MS)
+            first.get_by_role("button", name=REPLAY_LABEL, exact=True).click()
+            expect(real.filter(has_text="Replay stopped at cell").first).to_be_visible(
+                timeout=KERNEL_WORK_MS
+            )
+            expect(real.filter(has_text="raise torch.AcceleratorError").first).to_be_visible()
+            expect(first.get_by_text("Click again to run it")).to_have_count(0)
+
             page.keyboard.press("Control+s")
             deadline = time.monotonic() + 30
-            while "%cudaguard replay --yes" not in notebook.read_text():
+            while "Replay stopped at cell" not in notebook.read_text():
                 assert time.monotonic() < deadline, "the notebook was not saved"
                 time.sleep(0.2)
         server.stop()
@@ -269,6 +283,17 @@ def test_the_offers_show_their_lists_live_and_a_reopened_notebook_shows_their_te
             expect(outputs.filter(has_text="Loading widget")).to_have_count(0)
             for static in ("%cudaguard restore", "%cudaguard replay --yes", "--no-blocking"):
                 expect(outputs.filter(has_text=static).first).to_be_visible()
+            # What Restore and Replay did, in the cell that showed them: the replayed traceback
+            # labelled as the replayed cell [3], at its line, and the replayed failure's panel.
+            replayed = _cell(page, 0).locator(".jp-OutputArea-output")
+            for kept in (
+                "Restored ",
+                "Replay stopped at cell [3]",
+                "Cell In[3], line 2",
+                "raise torch.AcceleratorError",
+                "A class label is outside",
+            ):
+                expect(replayed.filter(has_text=kept).first).to_be_visible()
             page.locator(".jp-Notebook").screenshot(path=str(SCREENS / f"{app}_reopened.png"))
     finally:
         server.stop()

@@ -10,7 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jupyter_harness import JupyterServer, wait_for_new_process
+from jupyter_harness import (
+    JupyterServer,
+    nbconvert,
+    outputs_of,
+    save_notebook,
+    wait_for_new_process,
+)
 
 from nb_cudaguard.notebook.keep_glue import DISCARD_LABEL, RESTORE_LABEL
 
@@ -238,6 +244,26 @@ def test_the_restore_button_leaves_a_name_made_again_too(server, server_kernel):
         clicked = sock.collect(sock.click(offer.button(RESTORE_LABEL)), timeout=30, reply=False)
         assert sock.execute("print(count, words)").stream.strip() == "8 ['a']"
         assert "Left as you made them in this kernel: <code>count</code>" in clicked.widget_text
+
+
+def test_what_the_restore_button_did_stays_in_the_saved_and_converted_notebook(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    _restart(server, kid, pid, "count = 7\nwords = ['a']")
+    with server.connect(kid) as sock:
+        offer = sock.execute("%load_ext nb_cudaguard")
+        button = offer.button(RESTORE_LABEL)
+        clicked = sock.collect(sock.click(button), timeout=30, reply=False, cell=offer)
+    outputs = outputs_of(offer.messages + clicked.messages, offer)
+    save_notebook(server, "restored.ipynb", [("%load_ext nb_cudaguard", outputs)])
+    status, reopened = server.request("GET", "/api/contents/restored.ipynb")
+    assert status == 200
+    shown = [o["data"]["text/plain"] for o in reopened["content"]["cells"][0]["outputs"]]
+    restored = [t for t in shown if "Restored " in t]
+    assert len(restored) == 1, shown
+    assert "`count`" in restored[0] and "`words`" in restored[0]
+    assert "Restored " in nbconvert(server, "restored.ipynb")
 
 
 def test_a_restore_from_code_disables_the_offers_buttons(server, server_kernel):

@@ -55,3 +55,70 @@ def test_a_cell_that_only_reads_and_computes_is_not_flagged(cell):
 def test_a_long_run_is_flagged_a_short_one_not():
     assert cell_flags("x = 1", None, LONG_S + 95) == ("ran 2 min 5 s before",)
     assert cell_flags("x = 1", None, LONG_S - 1) == ()
+
+
+@pytest.mark.parametrize(
+    ("earlier", "cell", "flag"),
+    [
+        ((), "import os as o\no.system('ls')", "runs shell commands (o.system = os.system)"),
+        (("import os as o",), "o.system('ls')", "runs shell commands (o.system = os.system)"),
+        (("from os import remove",), "remove(p)", "writes or deletes files (remove = os.remove)"),
+        (("from subprocess import run as go",), "go(['ls'])", "runs shell commands (go = "),
+        (("import shutil as sh",), "sh.rmtree('runs')", "writes or deletes files (sh.rmtree = "),
+        (
+            ("from pathlib import Path",),
+            "Path('a.txt').rename('b.txt')",
+            "writes or deletes files (Path(...): pathlib.Path.rename)",
+        ),
+        (
+            ("from pathlib import Path", "out = Path('runs') / 'x.pt'"),
+            "out.unlink()",
+            "writes or deletes files",
+        ),
+        (
+            ("import sqlite3", "con = sqlite3.connect('db')", "cur = con.cursor()"),
+            "cur.execute('DELETE FROM runs WHERE id = 3')",
+            "writes or deletes files (cur.execute: SQL DELETE)",
+        ),
+        ((), "cur.execute('drop table runs')", "writes or deletes files (cur.execute: SQL DROP)"),
+        (
+            ("q = 'TRUNCATE runs'",),
+            "conn.execute(q)",
+            "writes or deletes files (conn.execute: SQL TRUNCATE)",
+        ),
+        (
+            ("f = open(p, 'w')", "x = 1"),
+            "f.write('hello')",
+            "writes or deletes files (f.write: a file opened for writing)",
+        ),
+        (
+            ("log = open('log.txt', mode='a')",),
+            "print('step', file=log)",
+            "writes or deletes files (print(..., file=): a file opened for writing)",
+        ),
+    ],
+)
+def test_a_call_is_flagged_by_what_its_name_resolves_to_through_earlier_cells(earlier, cell, flag):
+    found = cell_flags(cell, _transform, None, earlier)
+    assert any(f.startswith(flag) for f in found), found
+
+
+@pytest.mark.parametrize(
+    ("earlier", "cell"),
+    [
+        (("import pandas as pd", "df = pd.DataFrame()"), "df = df.rename(columns={'a': 'b'})"),
+        (("f = open(p)",), "f.read()"),
+        (("f = open(p, 'w')", "f = open(p)"), "f.readline()"),
+        (("import sqlite3", "cur = sqlite3.connect('db').cursor()"), "cur.execute('SELECT 1')"),
+        (("from os import path",), "path.join('a', 'b')"),
+        (("o = [1, 2]",), "o.remove(1)"),
+        (("import os as o", "o = [1]"), "o.remove(1)"),
+    ],
+)
+def test_a_name_that_resolves_to_something_harmless_is_not_flagged(earlier, cell):
+    assert cell_flags(cell, _transform, None, earlier) == ()
+
+
+def test_a_file_opened_and_written_in_one_cell_is_flagged_once_at_its_open():
+    found = cell_flags("with open('log.txt', 'w') as f:\n    f.write('x')", _transform, None)
+    assert found == ("writes or deletes files (open(..., 'w'))",)

@@ -11,7 +11,15 @@ import re
 import time
 
 import pytest
-from jupyter_harness import Reply, wait_for_new_process
+from jupyter_harness import (
+    JupyterServer,
+    Reply,
+    installed_extensions,
+    nbconvert,
+    outputs_of,
+    save_notebook,
+    wait_for_new_process,
+)
 from pytorch_texts import ASSERT_2_9
 
 from nb_cudaguard.notebook.replay_glue import BLOCKING_REPLAY_LABEL, REPLAY_LABEL
@@ -83,7 +91,7 @@ def test_replay_runs_only_the_needed_cells_and_stops_at_the_failing_one(server, 
 
 def test_a_cpu_index_error_is_shown_at_its_true_line_after_the_replay(server, server_kernel):
     kid, pid = server_kernel
-    _fail_then_restart(server, kid, pid, FAIL_INDEX)
+    failed = _fail_then_restart(server, kid, pid, FAIL_INDEX)
     _, replay = _load_then_replay(server, kid)
     assert _markers(replay.stream) == ["data", "mutate", "fail"]
     (error,) = replay.errors
@@ -91,6 +99,8 @@ def test_a_cpu_index_error_is_shown_at_its_true_line_after_the_replay(server, se
     assert error["evalue"] == "index out of range in self"
     cell_frame = next(ANSI.sub("", f) for f in error["traceback"] if "emb(ids)" in ANSI.sub("", f))
     assert re.search(r"----> 5 out = emb\(ids\)", cell_frame)
+    # Labelled as the replayed cell, not as the cell that ran `%cudaguard replay --yes`.
+    assert f"Cell In[{failed.execution_count}], line 5" in cell_frame, cell_frame
 
 
 def test_the_button_on_the_banner_runs_the_replay(server, server_kernel):
@@ -99,8 +109,8 @@ def test_the_button_on_the_banner_runs_the_replay(server, server_kernel):
     with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
         button = loaded.button(REPLAY_LABEL)
-        clicked = sock.collect(sock.click(button), timeout=90, reply=False)
-    # The click's output goes to the offer's Output widget: these are its messages.
+        clicked = sock.collect(sock.click(button), timeout=90, reply=False, cell=loaded)
+    # The click's output goes to the real outputs of the cell that showed the offer.
     assert _markers(clicked.stream) == ["data", "mutate", "fail"]
     assert [e["ename"] for e in clicked.errors] == ["AcceleratorError"]
     assert "Replay stopped at cell" in clicked.widget_text
@@ -172,20 +182,33 @@ def test_a_kernel_restarted_after_a_replay_can_replay_again(server, server_kerne
     assert [e["ename"] for e in again.errors] == ["AcceleratorError"]
 
 
-def test_a_click_after_a_restore_shows_the_new_plan_and_runs_it_on_the_next_click(
-    server, server_kernel
-):
+def test_one_click_after_a_restore_runs_the_new_shorter_plan(server, server_kernel):
     kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
     with server.connect(kid) as sock:
         loaded = sock.execute("%load_ext nb_cudaguard")
         button = loaded.button(REPLAY_LABEL)
         sock.execute(RESTORED)
-        first = sock.collect(sock.click(button), timeout=30, reply=False)
-        second = sock.collect(sock.click(button), timeout=90, reply=False)
+        clicked = sock.collect(sock.click(button), timeout=90, reply=False, cell=loaded)
+    assert _markers(clicked.stream) == ["fail"]  # data and mutate are there already
+    assert "with fewer cells to run again. Running it." in clicked.widget_text
+    assert "Replay stopped at cell" in clicked.widget_text
+    assert "traceback is above" not in clicked.widget_text + clicked.stream
+
+
+def test_a_click_after_the_plan_grew_shows_it_and_runs_it_on_the_next_click(server, server_kernel):
+    kid, pid = server_kernel
+    _fail_then_restart(server, kid, pid, FAIL_ASSERT)
+    with server.connect(kid) as sock:
+        sock.execute(RESTORED)  # before the load: the offer's plan runs the failing cell only
+        loaded = sock.execute("%load_ext nb_cudaguard")
+        button = loaded.button(REPLAY_LABEL)
+        sock.execute("del data")  # now data must be built again: cells not in the plan shown
+        first = sock.collect(sock.click(button), timeout=30, reply=False, cell=loaded)
+        second = sock.collect(sock.click(button), timeout=90, reply=False, cell=loaded)
     assert _markers(first.stream) == []
-    assert "The namespace changed since this plan was made" in first.widget_text
-    assert _markers(second.stream) == ["fail"]
+    assert "runs cells the old one did not. Click again to run it." in first.widget_text
+    assert _markers(second.stream) == ["data", "mutate", "fail"]
 
 
 # A model, an optimizer built from its parameters, a step through the optimizer's name only: the
@@ -448,3 +471,42 @@ def test_replay_from_what_the_cells_did_reaches_the_state_before_the_failure(ser
     # state restored).
     plan = " ".join(d["text/plain"] for d in replay.displays)
     assert _markers(replay.stream) == ["setup", "trainer", "train", "grad", "fail"], plan
+
+
+def test_a_clicked_replay_stays_in_the_saved_reopened_and_converted_notebook(tmp_path):
+    """The replayed traceback at the true line, the panel and the outcome are real outputs of the
+    cell that showed the offer: the file the server writes holds them, and nbconvert shows them."""
+    server = JupyterServer(tmp_path, extra_args=installed_extensions())
+    try:
+        with server.new_kernel() as (kid, pid):
+            failed = _fail_then_restart(server, kid, pid, FAIL_ASSERT)
+            with server.connect(kid) as sock:
+                loaded = sock.execute("%load_ext nb_cudaguard")
+                button = loaded.button(REPLAY_LABEL)
+                clicked = sock.collect(sock.click(button), timeout=90, reply=False, cell=loaded)
+        outputs = outputs_of(loaded.messages + clicked.messages, loaded)
+        saved = save_notebook(server, "replayed.ipynb", [("%load_ext nb_cudaguard", outputs)])
+        status, reopened = server.request("GET", "/api/contents/replayed.ipynb")
+        converted = nbconvert(server, "replayed.ipynb")
+    finally:
+        server.stop()
+    assert status == 200
+    # What a reopened notebook shows: the server reads the file back (strings joined).
+    kept = reopened["content"]["cells"][0]["outputs"]
+    assert len(kept) == len(saved["cells"][0]["outputs"])
+    (error,) = [o for o in kept if o["output_type"] == "error"]
+    frames = ANSI.sub("", "\n".join(error["traceback"]))
+    assert error["ename"] == "AcceleratorError"
+    assert "----> 4     raise torch.AcceleratorError" in frames, frames  # the true line
+    assert f"Cell In[{failed.execution_count}], line 4" in frames, frames
+    texts = [o["data"]["text/plain"] for o in kept if o["output_type"] == "display_data"]
+    panel = [t for t in texts if "A GPU kernel hit a device-side assert" in t]
+    assert panel, "\n=====\n".join(texts)  # the panel of the replayed failure, as its text
+    assert all("text/plain" in o["data"] for o in kept if "data" in o)
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in kept)
+    streams = "".join(o["text"] for o in kept if o["output_type"] == "stream")
+    assert _markers(streams) == ["data", "mutate", "fail"]
+    assert f"Replay stopped at cell [{failed.execution_count}]" in streams
+    assert "raise torch.AcceleratorError" in ANSI.sub("", converted)
+    assert f"Replay stopped at cell [{failed.execution_count}]" in converted
+    assert "A GPU kernel hit a device-side assert" in converted
