@@ -22,6 +22,7 @@ from ..diagnosis.assert_lines import parse_assert_lines
 from ..diagnosis.engine import diagnose
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
+from ..ranks.launched import RankDir, verdict
 from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
 from ..runtime.probe import Probe, probe_devices
@@ -55,6 +56,7 @@ class CudaGuardExtension:
         self.seconds: dict[int, float] = {}  # execution count -> how long it ran (the same)
         self._started: list[float] = []  # per running cell (a replay's nest), when it began
         self._sync: SyncAfterCell | None = None
+        self.rank_dir = RankDir()  # where ranks launched from a cell write their records
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -64,6 +66,10 @@ class CudaGuardExtension:
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self._register_magics()
         self.loaded = True
+        try:  # children of a launcher started in a cell inherit its name
+            self.rank_dir.open()
+        except Exception as internal:
+            print(f"nb_cudaguard: no folder for ranks' records ({internal}).", file=sys.stderr)
         try:
             from .display import on_load
 
@@ -93,6 +99,7 @@ class CudaGuardExtension:
 
             close(self.shell)
         self.tee.close()
+        self.rank_dir.close()
         self._unregister_magics()
 
     def set_sync(self, on: bool) -> None:
@@ -187,11 +194,13 @@ class CudaGuardExtension:
         cell = getattr(result, "execution_count", None)
         with contextlib.suppress(BaseException):
             self.tee.stop()
+        since = 0.0  # when the cell began, by the clock ranks' records use
         with contextlib.suppress(BaseException):
             self.cells.finish(cell)
             # Only cells in the history: a nested run_cell (a replay's) reports a count too.
             stored = result is not None and bool(getattr(result.info, "store_history", False))
             started = self._started.pop() if self._started else None
+            since = time.time() - (time.perf_counter() - started) if started is not None else 0.0
             if cell is not None and result is not None and stored:
                 self.outcomes[cell] = bool(result.success)
                 if started is not None:
@@ -201,7 +210,8 @@ class CudaGuardExtension:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
                     self._forget_device_output()
                 return
-            self._explain(error, cell)
+            if not self._explain_launch(cell, since):
+                self._explain(error, cell)
         except BaseException as internal:  # never let our failure cost the user their traceback
             with contextlib.suppress(BaseException):
                 print(
@@ -247,6 +257,24 @@ class CudaGuardExtension:
         from .display import show_diagnosis
 
         show_diagnosis(diagnosis, cell, self.restart)
+
+    def _explain_launch(self, cell: int | None, since: float) -> bool:
+        """A job launched in this cell failed: its ranks' records, written before their errors
+        left them, decide (the launcher's own exception names no cause, or a victim)."""
+        torch = sys.modules.get("torch")
+        kernel_cuda = torch is not None and bool(torch.cuda.is_initialized())
+        diagnosis = verdict(self.rank_dir.take(since), kernel_cuda)
+        if diagnosis is None:
+            return False
+        self.tee.clear()  # the children's assert lines are this failure's, read from the records
+        if kernel_cuda:
+            probe = probe_devices()
+            diagnosis = _with_context(diagnosis, probe)
+        self.last_diagnosis = diagnosis
+        from .display import show_diagnosis
+
+        show_diagnosis(diagnosis, cell, self.restart)
+        return True
 
     def _show_fallout(self, diagnosis: Diagnosis) -> None:
         from .display import show_fallout
