@@ -1,9 +1,10 @@
 """A small data-parallel job over gloo in which one rank fails mid-training, between collectives.
 
-``python rank_job.py cuda|guard`` under torchrun; ``spawn_main(world, mode)`` under mp.spawn.
+``python rank_job.py cuda|guard|device`` under torchrun; ``spawn_main(world, mode)`` under mp.spawn.
 The culprit (rank ``CULPRIT``, default 1) prints the line an H100 prints to fd 2 and raises
 PyTorch's exact device-assert exception (``cuda``), or feeds an out-of-range token id to an
-embedding inside ``nb_cudaguard.guard()`` (``guard``). A GPU process that asserted often hangs in
+embedding inside ``nb_cudaguard.guard()`` (``guard``), or, on a GPU, lets that id reach the
+GPU (``device``: a real device-side assert). A GPU process that asserted often hangs in
 its CUDA teardown; ``LINGER_S`` makes the culprit's exit wait that long, so the peers, blocked in
 the next all-reduce, are stopped only by nb_cudaguard (or the collective's timeout).
 """
@@ -33,9 +34,15 @@ def train(mode: str, rank: int | None = None, world: int | None = None) -> None:
     rank = dist.get_rank()
     culprit = int(os.environ.get("CULPRIT", "1"))
     model = torch.nn.Embedding(10, 4)
+    gpu = mode == "device"
+    if gpu:  # both ranks on the one GPU, gloo over it; the guard lets the bad lookup through
+        model = model.cuda()
     for step in range(10_000):
-        with nb_cudaguard.guard():
-            ids = torch.tensor([1, 2, 3])
+        with nb_cudaguard.guard(skip="embedding" if gpu else None):
+            ids = torch.tensor([1, 2, 3], device="cuda" if gpu else "cpu")
+            if gpu and rank == culprit and step == 3:
+                bad = torch.tensor([1, 12, 3], device="cuda")
+                model(bad).sum().item()  # a real device-side assert, raised at the sync
             if rank == culprit and step == 3:
                 atexit.register(time.sleep, float(os.environ.get("LINGER_S", "0")))
                 if mode == "cuda":

@@ -155,3 +155,17 @@ def test_mp_spawn_world_4_stops_the_peers(tmp_path: Path) -> None:
     done, ended = _run([sys.executable, "-c", code], env)
     assert done.returncode != 0
     _check(_records(tmp_path), world, "cuda-error", done.stdout, ended)
+
+
+@pytest.mark.gpu
+def test_two_ranks_on_one_gpu_real_device_assert(tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        f"--master-port={free_port()}", str(JOB), "device",
+    ]  # fmt: skip
+    done, ended = _run(argv, _env(tmp_path, LINGER_S="0"))
+    assert done.returncode != 0
+    records = _records(tmp_path)
+    _check(records, 2, "cuda-error", done.stdout, ended)
+    assert records[1]["cause_id"] == "index-out-of-range"
+    assert records[1]["device_lines"], done.stdout[-4000:]  # read from the rank's real fd 2
