@@ -4,10 +4,10 @@ The switch is the environment, so the training script changes by no line: a proc
 where a launcher set ``RANK`` (or that joined a process group) and one of these is set:
 ``TORCHELASTIC_ERROR_FILE`` (torchrun sets it in every worker), ``NB_CUDAGUARD_RANK_DIR`` (the
 notebook extension sets it; a launcher started from a cell passes it down) or
-``NB_CUDAGUARD_RANKS=1`` (anyone else). There ``with nb_cudaguard.guard():`` starts the peer
-watch as it is entered (once the process group exists), and when a CUDA error or a guard refusal
-leaves the block it writes this rank's record at once and tells the peers, then lets the error go
-on as before. Elsewhere guard() is the plain guard.
+``NB_CUDAGUARD_RANKS=1`` (anyone else); ``NB_CUDAGUARD_RANKS=0`` turns it off. There ``with
+nb_cudaguard.guard():`` starts the peer watch as it is entered (once the process group exists),
+and when a CUDA error or a guard refusal leaves the block it writes this rank's record at once
+and tells the peers, then lets the error go on as before. Elsewhere guard() is the plain guard.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SWITCH_ENV = "NB_CUDAGUARD_RANKS"
 
 def enabled() -> bool:
     """Whether this process is a rank whose failures we record."""
-    if rank_record.rank() is None:
+    if rank_record.rank() is None or os.environ.get(SWITCH_ENV) == "0":
         return False
     return bool(
         os.environ.get(rank_record.ERROR_FILE_ENV)

@@ -44,6 +44,7 @@ def train(mode: str, rank: int | None = None, world: int | None = None) -> None:
                 bad = torch.tensor([1, 12, 3], device="cuda")
                 model(bad).sum().item()  # a real device-side assert, raised at the sync
             if rank == culprit and step == 3:
+                print(f"rank_job: rank {rank} fails at {time.time()!r}", flush=True)
                 atexit.register(time.sleep, float(os.environ.get("LINGER_S", "0")))
                 if mode == "cuda":
                     os.write(2, (DEVICE_LINE + "\n").encode())
