@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from .diagnosis.engine import diagnose
     from .diagnosis.model import CAUSES, AssertLine, ContextState, CudaError, Diagnosis
     from .input_guard.errors import GuardError, GuardIndexError
-    from .input_guard.scope import guard
     from .notebook.kernel import restart_kernel
+    from .ranks.in_rank import guard
     from .restart.methods import RestartError
     from .runtime.probe import probe_context
 
@@ -34,7 +34,7 @@ _LAZY: dict[str, str] = {
     "probe_context": ".runtime.probe",
     "GuardError": ".input_guard.errors",
     "GuardIndexError": ".input_guard.errors",
-    "guard": ".input_guard.scope",  # imports torch, on first use only
+    "guard": ".ranks.in_rank",  # the guard (imports torch, on first use only), rank-aware
     "restart_kernel": ".notebook.kernel",  # imports IPython, on first use only
     "RestartError": ".restart.methods",
 }

@@ -25,6 +25,7 @@ from ..diagnosis.assert_lines import parse_assert_lines
 from ..diagnosis.engine import explain, recognise
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
+from ..ranks.launched import RankDir, verdict
 from ..replay.record import Recorder
 from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
@@ -64,6 +65,7 @@ class CudaGuardExtension:
         # run at the end of this object's own post_run_cell, in the order added: this object owns
         # the one IPython hook, and unload removes them all with it.
         self.cell_hooks: list[Callable[[ExecutionResult], None]] = []
+        self.rank_dir = RankDir()  # where ranks launched from a cell write their records
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -78,6 +80,10 @@ class CudaGuardExtension:
             self.recorder.prime(self.shell.user_ns)
         with contextlib.suppress(Exception):  # without it, device lines reach the cell unfolded
             self.tee.fold = _fold_spec()
+        try:  # children of a launcher started in a cell inherit its name
+            self.rank_dir.open()
+        except Exception as internal:
+            print(f"nb_cudaguard: no folder for ranks' records ({internal}).", file=sys.stderr)
         try:
             from .display import on_load
 
@@ -108,6 +114,7 @@ class CudaGuardExtension:
             close(self.shell)
         self.tee.close()
         self.cell_hooks.clear()
+        self.rank_dir.close()
         self._unregister_magics()
 
     def add_cell_hook(self, callback: Callable[[ExecutionResult], None]) -> None:
@@ -214,11 +221,13 @@ class CudaGuardExtension:
         cell = getattr(result, "execution_count", None)
         with contextlib.suppress(BaseException):
             self.tee.stop()
+        since = 0.0  # when the cell began, by the clock ranks' records use
         with contextlib.suppress(BaseException):
             self.cells.finish(cell)
             # Only cells in the history: a nested run_cell (a replay's) reports a count too.
             stored = result is not None and bool(getattr(result.info, "store_history", False))
             started = self._started.pop() if self._started else None
+            since = time.time() - (time.perf_counter() - started) if started is not None else 0.0
             if cell is not None and result is not None and stored:
                 self.outcomes[cell] = bool(result.success)
                 if started is not None:
@@ -230,7 +239,7 @@ class CudaGuardExtension:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
                     self._forget_device_output()
-            else:
+            elif not self._explain_launch(cell, since):
                 self._explain(error, cell)
         except BaseException as internal:  # never let our failure cost the user their traceback
             with contextlib.suppress(BaseException):
@@ -281,6 +290,24 @@ class CudaGuardExtension:
 
         raw = tuple(line for line in device_output.splitlines() if "ssert" in line)
         show_diagnosis(diagnosis, cell, self.restart, raw)
+
+    def _explain_launch(self, cell: int | None, since: float) -> bool:
+        """A job launched in this cell failed: its ranks' records, written before their errors
+        left them, decide (the launcher's own exception names no cause, or a victim)."""
+        torch = sys.modules.get("torch")
+        kernel_cuda = torch is not None and bool(torch.cuda.is_initialized())
+        diagnosis = verdict(self.rank_dir.take(since), kernel_cuda)
+        if diagnosis is None:
+            return False
+        self.tee.clear()  # the children's assert lines are this failure's, read from the records
+        if kernel_cuda:
+            probe = probe_devices()
+            diagnosis = _with_context(diagnosis, probe)
+        self.last_diagnosis = diagnosis
+        from .display import show_diagnosis
+
+        show_diagnosis(diagnosis, cell, self.restart)
+        return True
 
     def _show_fallout(self, diagnosis: Diagnosis) -> None:
         from .display import show_fallout
