@@ -22,6 +22,9 @@ without a graph break, and the guard says once that compiled regions are not che
 ``TorchFunctionMode`` would see every reference, but it is called for every torch call of a
 step (~360), at about 1.1 us each: more than the guard's whole budget.
 
+A wrapper of a module's function (``_ModuleOp``) pickles and copies as that function, so objects
+built inside a guard can be saved, copied and sent to a spawned worker after it.
+
 Whatever is installed leaves torch as it was, inside the block and after it: the C slots that
 setting ``Tensor.__getitem__`` fills (``type_slots.py``), and torch's tables of its own
 functions built meanwhile (``torch_caches.py``).
@@ -50,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 import linecache
 import os
@@ -60,7 +64,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import FrameType, FunctionType, TracebackType
+from types import FrameType, FunctionType, ModuleType, TracebackType
 from typing import Any
 
 import torch
@@ -132,7 +136,7 @@ _STATE = _ThreadState()
 _is_compiling = torch.compiler.is_compiling
 
 
-def _checked_entry(check: OpCheck, func: Any) -> Any:
+def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
     """The wrapper installed over one entry point while a guard is active somewhere."""
 
     name = getattr(func, "__name__", "")
@@ -150,7 +154,7 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
         return _guarded_call(state, check, func, args, kwargs, trusted)
 
     if check.nothing_to_check is None:
-        return _dressed_as(checked, func)
+        return _dressed_as(owner, attr, checked, func)
     plain = check.nothing_to_check
 
     def indexing(*args: Any, **kwargs: Any) -> Any:
@@ -160,10 +164,10 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
             return func(*args, **kwargs)
         return _guarded_call(state, check, func, args, kwargs, trusted)
 
-    return _dressed_as(indexing, func)
+    return _dressed_as(owner, attr, indexing, func)
 
 
-def _sync_entry(func: Any) -> Any:
+def _sync_entry(owner: Any, attr: str, func: Any) -> Any:
     """``.item()``/``.tolist()``: the caller synchronises here anyway, so read the verdicts too."""
 
     def synchronising(*args: Any, **kwargs: Any) -> Any:
@@ -172,14 +176,20 @@ def _sync_entry(func: Any) -> Any:
             flush()
         return func(*args, **kwargs)
 
-    return _dressed_as(synchronising, func)
+    return _dressed_as(owner, attr, synchronising, func)
 
 
-def _dressed_as(wrapper: Any, func: Any) -> Any:
+def _dressed_as(owner: Any, attr: str, wrapper: Any, func: Any) -> Any:
+    """``wrapper`` looking like torch's op; a function of a module becomes a ``_ModuleOp``, so
+    it pickles and copies as torch's op wherever a reference to it ends up."""
     # help(), the name in a message, inspect.signature (through __wrapped__) stay torch's
-    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
         with contextlib.suppress(AttributeError, TypeError):
-            setattr(wrapper, attr, getattr(func, attr))
+            setattr(wrapper, name, getattr(func, name))
+    if isinstance(owner, type):
+        # a method: pickle finds a function by its module and qualified name, which name the
+        # wrapper while it is installed (by name, so torch's method is what gets loaded)
+        wrapper.__module__, wrapper.__qualname__ = owner.__module__, f"{owner.__qualname__}.{attr}"
     wrapper.__wrapped__ = func
     # torch.compile traces torch's own op where it meets the wrapper (its way of seeing through
     # its own wrappers): no graph break, and its tables list torch's objects, never ours
@@ -187,7 +197,68 @@ def _dressed_as(wrapper: Any, func: Any) -> Any:
     if isinstance(func, FunctionType):
         # torch.jit.script compiles what this returns (F.cross_entropy's own source)
         wrapper.__prepare_scriptable__ = lambda: func
+    if isinstance(owner, ModuleType):
+        return _ModuleOp(owner.__name__, attr, wrapper, func)
     return wrapper
+
+
+class _ModuleOp:
+    """A checked function of a module (``torch.gather``, ``F.cross_entropy``): calls the
+    wrapper, and pickles, copies and deep-copies as torch's own function, inside a guard and
+    after it. A plain function cannot: pickle saves a function by its module and name and
+    refuses one that is not what that name holds (after the guard, torch's op again; a model
+    built inside a guard with ``self.loss_fn = F.cross_entropy`` could never be saved).
+    Pickled, it is ``getattr(importlib.import_module(module), name)``: the reader needs torch
+    only, and gets whatever that name holds there (torch's op, outside a guard)."""
+
+    __slots__ = ("__dict__", "__weakref__", "__wrapped__", "_attr", "_call", "_module")
+
+    def __init__(self, module: str, attr: str, call: Any, func: Any) -> None:
+        self._call = call
+        self.__wrapped__ = func
+        self._module = module
+        self._attr = attr
+        for name in ("__name__", "__qualname__", "__doc__", "__module__", "__signature__"):
+            with contextlib.suppress(AttributeError, TypeError):
+                self.__dict__[name] = getattr(func, name)
+        self.__dict__["_torchdynamo_inline"] = func
+        if isinstance(func, FunctionType):
+            self.__dict__["__prepare_scriptable__"] = call.__prepare_scriptable__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if _is_compiling():  # torch.compile inlines this: it traces torch's op, never our checks
+            return self.__wrapped__(*args, **kwargs)
+        return self._call(*args, **kwargs)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # what isinstance() answers, as for torch's Python functions: TorchScript compiles, and
+        # torch.compile traces (``_torchdynamo_inline``), torch's op where they meet a function;
+        # pickle and copy dispatch on the real type (below)
+        return type(self.__wrapped__)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
+        return getattr, (_Import(self._module), self._attr)
+
+    def __copy__(self) -> _ModuleOp:
+        return self  # as copy treats a function: the same object
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ModuleOp:
+        return self
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+class _Import:
+    """Pickled as ``importlib.import_module(name)``: the module, without naming our code."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return importlib.import_module, (self.name,)
 
 
 def _guarded_call(
@@ -386,7 +457,11 @@ class _Entries:
                 # taken inside one guard is the wrapper of the next
                 wrapper = self.made.get((owner, attr))
                 if wrapper is None or wrapper.__wrapped__ is not func:
-                    wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
+                    wrapper = (
+                        _sync_entry(owner, attr, func)
+                        if check is None
+                        else _checked_entry(owner, attr, check, func)
+                    )
                     self.made[(owner, attr)] = wrapper
                 own = owner.__dict__.get(attr, _ABSENT)
                 setattr(owner, attr, wrapper)
