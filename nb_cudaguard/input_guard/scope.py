@@ -64,7 +64,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import FrameType, FunctionType, ModuleType, TracebackType
+from types import CodeType, FrameType, FunctionType, ModuleType, TracebackType
 from typing import Any
 
 import torch
@@ -134,6 +134,47 @@ class _ThreadState(threading.local):
 
 _STATE = _ThreadState()
 _is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
+
+
+def _skips() -> bool:
+    """While ``torch.jit.trace`` records or ``torch.compile`` captures a graph, the op runs bare:
+    the graph holds the user's ops only, never the checks' (their aminmax, resolve_conj...)."""
+    return _tracing_state() is not None or _is_compiling()
+
+
+# --- warnings keep the caller's location ------------------------------------------------------
+# A warning torch raises inside an op is attributed to the Python frame that called it (TORCH_WARN
+# goes through PyErr_WarnEx with stacklevel 1; a Python op's warnings.warn(stacklevel=2) alike):
+# the wrapper's, which would make the warning come from this file. So the wrapper calls the op
+# from a one-line function compiled with the caller's file and line, run in the caller's globals:
+# to the warnings machinery it is the caller's frame (its module for filterwarnings(module=...),
+# its __warningregistry__ and line for "once per location"). One per call site, made once.
+_CALL_NAME = "<nb_cudaguard: the call>"
+_CALL_CODE = next(
+    const
+    for const in compile(
+        "def call(func, args, kwargs): __tracebackhide__ = True; return func(*args, **kwargs)",
+        "<nb_cudaguard>",
+        "exec",
+    ).co_consts
+    if isinstance(const, CodeType)
+).replace(co_name=_CALL_NAME)
+_CALLERS: dict[tuple[CodeType, int], Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
+_MAX_CALLERS = 4096
+
+
+def _as_caller(frame: FrameType) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+    key = (frame.f_code, frame.f_lasti)
+    call = _CALLERS.get(key)
+    if call is None:
+        if len(_CALLERS) >= _MAX_CALLERS:
+            _CALLERS.clear()
+        code = _CALL_CODE.replace(
+            co_filename=frame.f_code.co_filename, co_firstlineno=frame.f_lineno or 1
+        )
+        call = _CALLERS[key] = FunctionType(code, frame.f_globals)
+    return call
 
 
 def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
@@ -145,13 +186,17 @@ def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
         name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
     )
 
+    # the frames between the caller and this wrapper: _ModuleOp.__call__'s for a module's function
+    depth = 2 if isinstance(owner, ModuleType) else 1
+
     def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
         state = _STATE
-        # torch.compile traces the op itself, never our checks
-        if state.busy or not state.configs or _is_compiling():
+        if state.busy or not state.configs:
+            return _as_caller(sys._getframe(depth))(func, args, kwargs)
+        if _skips():
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted)
+        return _guarded_call(state, check, func, args, kwargs, trusted, sys._getframe(depth))
 
     if check.nothing_to_check is None:
         return _dressed_as(owner, attr, checked, func)
@@ -160,9 +205,11 @@ def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
     def indexing(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         state = _STATE
-        if state.busy or not state.configs or plain(args) or _is_compiling():
+        if state.busy or not state.configs or plain(args):
+            return _as_caller(sys._getframe(depth))(func, args, kwargs)
+        if _skips():
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted)
+        return _guarded_call(state, check, func, args, kwargs, trusted, sys._getframe(depth))
 
     return _dressed_as(owner, attr, indexing, func)
 
@@ -172,7 +219,7 @@ def _sync_entry(owner: Any, attr: str, func: Any) -> Any:
 
     def synchronising(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if not _is_compiling() and _STATE.pending and not _STATE.busy:
+        if _STATE.pending and not _STATE.busy and not _skips():
             flush()
         return func(*args, **kwargs)
 
@@ -268,16 +315,18 @@ def _guarded_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     trusted: bool,
+    caller: FrameType,
 ) -> Any:
     __tracebackhide__ = True
     state.busy = True
+    call = _as_caller(caller)
     try:
         config = state.configs[-1]
         if not config.selects(check):
-            return func(*args, **kwargs)
+            return call(func, args, kwargs)
         if trusted and TRUST_HOST_OPS and _runs_on_host(check, args, kwargs):
             try:
-                return func(*args, **kwargs)
+                return call(func, args, kwargs)
             except TypeError:
                 raise  # torch's parser refused the arguments: there is no value to judge
             except Exception as error:
@@ -297,11 +346,11 @@ def _guarded_call(
                     kwargs,
                     cpu_error=_host_error(check, func, args, kwargs),
                 )
-            return func(*args, **kwargs)
+            return call(func, args, kwargs)
         waiting = len(state.pending)
         args, kwargs = _defer(check, func, args, kwargs)
         try:
-            return func(*args, **kwargs)
+            return call(func, args, kwargs)
         except TypeError:
             # torch rejected the arguments themselves: the op never ran, its verdict is moot
             del state.pending[waiting:]
@@ -971,7 +1020,7 @@ def _outer_frames() -> list[FrameType]:
         name = code.co_filename
         if code.co_name == "run_code" and "IPython" in name:
             break  # IPython's cell runner: beyond lies the cell that ran this one (%%cudacheck's)
-        if not name.startswith(_INTERNAL_DIRS):
+        if not name.startswith(_INTERNAL_DIRS) and code.co_name != _CALL_NAME:
             frames.append(frame)
         frame = frame.f_back
     return frames
