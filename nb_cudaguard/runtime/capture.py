@@ -30,11 +30,11 @@ of ``SIGPIPE``. So this process keeps the pipe's read end open too (a write neve
 without a reader; the bytes wait in the pipe, enlarged to 1 MiB where Linux allows), and a thread
 that waits for the child's exit starts a new child on the same pipe at once: it forwards and keeps
 what waited, in order. Only the dead child's kept copy is lost (it was shown). A child that ends as
-soon as it starts is replaced after a pause that doubles, a few times at most; where no child can
-be started or none stays up, the tee gives up with one line on the user's stderr: fd 2 is given
-back to where it pointed before and the thread forwards what is left in the pipe. The one case left: C code that holds the GIL and writes more than the pipe holds to fd 2
-in the few milliseconds before the new child reads would wait for the thread, which waits for
-the GIL.
+soon as it starts is replaced after a pause that doubles, a few times at most; where no child can be
+started or none stays up, the tee gives up with one line on the user's stderr: fd 2 is given back to
+where it pointed before and the thread forwards what is left in the pipe. The one case left: C code
+that holds the GIL and writes more than the pipe holds to fd 2 in the few milliseconds before the
+new child reads would wait for the thread, which waits for the GIL.
 """
 
 from __future__ import annotations
