@@ -285,6 +285,11 @@ class _ModuleOp:
         # pickle and copy dispatch on the real type (below)
         return type(self.__wrapped__)
 
+    def __getattr__(self, name: str) -> Any:
+        # what a function has and this object lacks (``__code__``, ``__defaults__``,
+        # ``__globals__``...), for code that trusts isinstance(op, FunctionType): torch's
+        return getattr(self.__wrapped__, name)
+
     def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
         return getattr, (_Import(self._module), self._attr)
 

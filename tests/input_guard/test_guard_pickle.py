@@ -4,6 +4,7 @@ boundaries as torch's own functions, inside the guard and after it (issue 30).""
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import pickle
 
@@ -70,3 +71,21 @@ def test_a_spawned_dataloader_worker_gets_torchs_ops() -> None:
         ((batch, encoded),) = list(loader)
     assert batch.tolist() == torch.arange(12.0).reshape(4, 3).tolist()
     assert encoded.tolist() == F.one_hot(torch.tensor([0, 1, 2, 0]), 3).tolist()
+
+
+def test_the_wrapper_reads_as_torchs_function() -> None:
+    bare = [
+        (inspect.getsource(F.cross_entropy), inspect.signature(F.cross_entropy)),
+        F.cross_entropy.__code__,
+        F.cross_entropy.__defaults__,
+        repr(torch.gather),
+    ]
+    with guard():
+        assert F.cross_entropy is not F.cross_entropy.__wrapped__
+        inside = [
+            (inspect.getsource(F.cross_entropy), inspect.signature(F.cross_entropy)),
+            F.cross_entropy.__code__,
+            F.cross_entropy.__defaults__,
+            repr(torch.gather),
+        ]
+    assert inside == bare
