@@ -164,7 +164,16 @@ _CALLERS: dict[tuple[CodeType, int], Callable[[Any, tuple[Any, ...], dict[str, A
 _MAX_CALLERS = 4096
 
 
-def _as_caller(frame: FrameType) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+def _direct(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    __tracebackhide__ = True
+    return func(*args, **kwargs)
+
+
+def _as_caller(
+    frame: FrameType | None,
+) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+    if frame is None:
+        return _direct
     key = (frame.f_code, frame.f_lasti)
     call = _CALLERS.get(key)
     if call is None:
@@ -192,11 +201,15 @@ def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
     def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
         state = _STATE
+        try:
+            caller: FrameType | None = sys._getframe(depth)
+        except ValueError:  # called from C with no Python frame above
+            caller = None
         if state.busy or not state.configs:
-            return _as_caller(sys._getframe(depth))(func, args, kwargs)
+            return _as_caller(caller)(func, args, kwargs)
         if _skips():
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted, sys._getframe(depth))
+        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
 
     if check.nothing_to_check is None:
         return _dressed_as(owner, attr, checked, func)
@@ -205,11 +218,15 @@ def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
     def indexing(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         state = _STATE
+        try:
+            caller: FrameType | None = sys._getframe(depth)
+        except ValueError:
+            caller = None
         if state.busy or not state.configs or plain(args):
-            return _as_caller(sys._getframe(depth))(func, args, kwargs)
+            return _as_caller(caller)(func, args, kwargs)
         if _skips():
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted, sys._getframe(depth))
+        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
 
     return _dressed_as(owner, attr, indexing, func)
 
@@ -320,7 +337,7 @@ def _guarded_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     trusted: bool,
-    caller: FrameType,
+    caller: FrameType | None,
 ) -> Any:
     __tracebackhide__ = True
     state.busy = True

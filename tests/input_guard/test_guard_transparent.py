@@ -5,6 +5,7 @@ torch raises in the op comes from the caller's line and module (issue 30: it cam
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from collections.abc import Callable
 
@@ -76,3 +77,16 @@ def test_torch_jit_trace_records_the_users_ops_only(mode: str) -> None:
     assert inside == bare
     with guard(mode=mode), pytest.raises(IndexError):  # checked again once tracing is done
         step(args[0], args[1], torch.tensor([1, 2, 4]))
+
+
+def test_a_checked_op_called_from_c_with_no_python_frame_above_runs() -> None:
+    # _thread calls its function from C: the wrapper has no caller frame to take warnings from
+    import _thread
+
+    x = torch.zeros(4)
+    with guard():
+        _thread.start_new_thread(x.index_fill_, (0, torch.tensor([1, 2]), 7.0))
+        deadline = time.monotonic() + 10
+        while x.sum() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert x.tolist() == [0.0, 7.0, 7.0, 0.0]
