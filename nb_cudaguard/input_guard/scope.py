@@ -139,8 +139,15 @@ _tracing_state = torch._C._get_tracing_state
 
 def _skips() -> bool:
     """While ``torch.jit.trace`` records or ``torch.compile`` captures a graph, the op runs bare:
-    the graph holds the user's ops only, never the checks' (their aminmax, resolve_conj...)."""
-    return _tracing_state() is not None or _is_compiling()
+    the graph holds the user's ops only, never the checks' (their aminmax, resolve_conj...).
+    The guard says so once, as it ends (``_note_unchecked``)."""
+    if _tracing_state() is not None:
+        _TRACED.append(True)
+        return True
+    return _is_compiling()
+
+
+_TRACED: list[bool] = []  # checked calls a trace recorded unchecked, until a guard says so
 
 
 # --- warnings keep the caller's location ------------------------------------------------------
@@ -1176,7 +1183,7 @@ class Guard:
                 self._renamed = []
                 if not configs and here:  # the last guard of this thread: no wrapper stays
                     _ENTRIES.unbind_all(self.namespace)
-            _note_compiled_regions()
+            _note_unchecked()
             try:
                 if self.config.deferred:
                     _hook_off()
@@ -1185,6 +1192,26 @@ class Guard:
 
 
 _NOTED: set[str] = set()
+
+
+def _note_unchecked() -> None:
+    _note_traced()
+    _note_compiled_regions()
+
+
+def _note_traced() -> None:
+    """Once per process where torch.jit.trace recorded a checked op inside a guard."""
+    if not _TRACED:
+        return
+    _TRACED.clear()
+    if "traced" not in _NOTED:
+        _NOTED.add("traced")
+        print(
+            "nb_cudaguard: torch.jit.trace ran checked ops unchecked (a trace records them as "
+            "torch runs them); its example inputs were not checked, and the traced function "
+            "runs unchecked.",
+            file=sys.stderr,
+        )
 
 
 def _note_compiled_regions() -> None:

@@ -67,8 +67,15 @@ def traced(run: Callable[[], torch.jit.ScriptFunction]) -> tuple[list[str], list
     return [node.kind() for node in graph.nodes()], [str(w.message) for w in seen]
 
 
+# the trace run for the note: torch warns that torch.jit.trace is deprecated, as bare
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("mode", ["strict", "deferred"])
-def test_torch_jit_trace_records_the_users_ops_only(mode: str) -> None:
+def test_torch_jit_trace_records_the_users_ops_only_and_the_guard_says_so(
+    mode: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nb_cudaguard.input_guard import scope
+
+    monkeypatch.setattr(scope, "_NOTED", set())
     # the rules run first here (tests/conftest.py), as they do for a GPU's tensors
     args = (torch.randn(3, 4), torch.tensor([0, 3, 1]), torch.tensor([1, 2, 3]))
     bare = traced(lambda: torch.jit.trace(step, args))
@@ -77,6 +84,10 @@ def test_torch_jit_trace_records_the_users_ops_only(mode: str) -> None:
     assert inside == bare
     with guard(mode=mode), pytest.raises(IndexError):  # checked again once tracing is done
         step(args[0], args[1], torch.tensor([1, 2, 4]))
+    with guard(mode=mode):
+        torch.jit.trace(step, args)
+    note = "torch.jit.trace ran checked ops unchecked"
+    assert capsys.readouterr().err.count(note) == 1  # once a process
 
 
 def test_a_checked_op_called_from_c_with_no_python_frame_above_runs() -> None:
