@@ -22,6 +22,9 @@ without a graph break, and the guard says once that compiled regions are not che
 ``TorchFunctionMode`` would see every reference, but it is called for every torch call of a
 step (~360), at about 1.1 us each: more than the guard's whole budget.
 
+A wrapper of a module's function (``_ModuleOp``) pickles and copies as that function, so objects
+built inside a guard can be saved, copied and sent to a spawned worker after it.
+
 Whatever is installed leaves torch as it was, inside the block and after it: the C slots that
 setting ``Tensor.__getitem__`` fills (``type_slots.py``), and torch's tables of its own
 functions built meanwhile (``torch_caches.py``).
@@ -50,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 import linecache
 import os
@@ -60,7 +64,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import FrameType, FunctionType, TracebackType
+from types import CodeType, FrameType, FunctionType, ModuleType, TracebackType
 from typing import Any
 
 import torch
@@ -130,9 +134,66 @@ class _ThreadState(threading.local):
 
 _STATE = _ThreadState()
 _is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
 
 
-def _checked_entry(check: OpCheck, func: Any) -> Any:
+def _skips() -> bool:
+    """While ``torch.jit.trace`` records or ``torch.compile`` captures a graph, the op runs bare:
+    the graph holds the user's ops only, never the checks' (their aminmax, resolve_conj...).
+    The guard says so once, as it ends (``_note_unchecked``)."""
+    if _tracing_state() is not None:
+        _TRACED.append(True)
+        return True
+    return _is_compiling()
+
+
+_TRACED: list[bool] = []  # checked calls a trace recorded unchecked, until a guard says so
+
+
+# --- warnings keep the caller's location ------------------------------------------------------
+# A warning torch raises inside an op is attributed to the Python frame that called it (TORCH_WARN
+# goes through PyErr_WarnEx with stacklevel 1; a Python op's warnings.warn(stacklevel=2) alike):
+# the wrapper's, which would make the warning come from this file. So the wrapper calls the op
+# from a one-line function compiled with the caller's file and line, run in the caller's globals:
+# to the warnings machinery it is the caller's frame (its module for filterwarnings(module=...),
+# its __warningregistry__ and line for "once per location"). One per call site, made once.
+_CALL_NAME = "<nb_cudaguard: the call>"
+_CALL_CODE = next(
+    const
+    for const in compile(
+        "def call(func, args, kwargs): __tracebackhide__ = True; return func(*args, **kwargs)",
+        "<nb_cudaguard>",
+        "exec",
+    ).co_consts
+    if isinstance(const, CodeType)
+).replace(co_name=_CALL_NAME)
+_CALLERS: dict[tuple[CodeType, int], Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
+_MAX_CALLERS = 4096
+
+
+def _direct(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    __tracebackhide__ = True
+    return func(*args, **kwargs)
+
+
+def _as_caller(
+    frame: FrameType | None,
+) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+    if frame is None:
+        return _direct
+    key = (frame.f_code, frame.f_lasti)
+    call = _CALLERS.get(key)
+    if call is None:
+        if len(_CALLERS) >= _MAX_CALLERS:
+            _CALLERS.clear()
+        code = _CALL_CODE.replace(
+            co_filename=frame.f_code.co_filename, co_firstlineno=frame.f_lineno or 1
+        )
+        call = _CALLERS[key] = FunctionType(code, frame.f_globals)
+    return call
+
+
+def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
     """The wrapper installed over one entry point while a guard is active somewhere."""
 
     name = getattr(func, "__name__", "")
@@ -141,45 +202,65 @@ def _checked_entry(check: OpCheck, func: Any) -> Any:
         name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
     )
 
+    # the frames between the caller and this wrapper: _ModuleOp.__call__'s for a module's function
+    depth = 2 if isinstance(owner, ModuleType) else 1
+
     def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
         state = _STATE
-        # torch.compile traces the op itself, never our checks
-        if state.busy or not state.configs or _is_compiling():
+        try:
+            caller: FrameType | None = sys._getframe(depth)
+        except ValueError:  # called from C with no Python frame above
+            caller = None
+        if state.busy or not state.configs:
+            return _as_caller(caller)(func, args, kwargs)
+        if _skips():
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted)
+        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
 
     if check.nothing_to_check is None:
-        return _dressed_as(checked, func)
+        return _dressed_as(owner, attr, checked, func)
     plain = check.nothing_to_check
 
     def indexing(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         state = _STATE
-        if state.busy or not state.configs or plain(args) or _is_compiling():
+        try:
+            caller: FrameType | None = sys._getframe(depth)
+        except ValueError:
+            caller = None
+        if state.busy or not state.configs or plain(args):
+            return _as_caller(caller)(func, args, kwargs)
+        if _skips():
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted)
+        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
 
-    return _dressed_as(indexing, func)
+    return _dressed_as(owner, attr, indexing, func)
 
 
-def _sync_entry(func: Any) -> Any:
+def _sync_entry(owner: Any, attr: str, func: Any) -> Any:
     """``.item()``/``.tolist()``: the caller synchronises here anyway, so read the verdicts too."""
 
     def synchronising(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if not _is_compiling() and _STATE.pending and not _STATE.busy:
+        if _STATE.pending and not _STATE.busy and not _skips():
             flush()
         return func(*args, **kwargs)
 
-    return _dressed_as(synchronising, func)
+    return _dressed_as(owner, attr, synchronising, func)
 
 
-def _dressed_as(wrapper: Any, func: Any) -> Any:
+def _dressed_as(owner: Any, attr: str, wrapper: Any, func: Any) -> Any:
+    """``wrapper`` looking like torch's op; a function of a module becomes a ``_ModuleOp``, so
+    it pickles and copies as torch's op wherever a reference to it ends up."""
     # help(), the name in a message, inspect.signature (through __wrapped__) stay torch's
-    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
         with contextlib.suppress(AttributeError, TypeError):
-            setattr(wrapper, attr, getattr(func, attr))
+            setattr(wrapper, name, getattr(func, name))
+    if isinstance(owner, type):
+        # a method: pickle finds a function by its module and qualified name, which name the
+        # wrapper while it is installed (by name, so torch's method is what gets loaded)
+        wrapper.__module__, wrapper.__qualname__ = owner.__module__, f"{owner.__qualname__}.{attr}"
     wrapper.__wrapped__ = func
     # torch.compile traces torch's own op where it meets the wrapper (its way of seeing through
     # its own wrappers): no graph break, and its tables list torch's objects, never ours
@@ -187,7 +268,73 @@ def _dressed_as(wrapper: Any, func: Any) -> Any:
     if isinstance(func, FunctionType):
         # torch.jit.script compiles what this returns (F.cross_entropy's own source)
         wrapper.__prepare_scriptable__ = lambda: func
+    if isinstance(owner, ModuleType):
+        return _ModuleOp(owner.__name__, attr, wrapper, func)
     return wrapper
+
+
+class _ModuleOp:
+    """A checked function of a module (``torch.gather``, ``F.cross_entropy``): calls the
+    wrapper, and pickles, copies and deep-copies as torch's own function, inside a guard and
+    after it. A plain function cannot: pickle saves a function by its module and name and
+    refuses one that is not what that name holds (after the guard, torch's op again; a model
+    built inside a guard with ``self.loss_fn = F.cross_entropy`` could never be saved).
+    Pickled, it is ``getattr(importlib.import_module(module), name)``: the reader needs torch
+    only, and gets whatever that name holds there (torch's op, outside a guard)."""
+
+    __slots__ = ("__dict__", "__weakref__", "__wrapped__", "_attr", "_call", "_module")
+
+    def __init__(self, module: str, attr: str, call: Any, func: Any) -> None:
+        self._call = call
+        self.__wrapped__ = func
+        self._module = module
+        self._attr = attr
+        for name in ("__name__", "__qualname__", "__doc__", "__module__", "__signature__"):
+            with contextlib.suppress(AttributeError, TypeError):
+                self.__dict__[name] = getattr(func, name)
+        self.__dict__["_torchdynamo_inline"] = func
+        if isinstance(func, FunctionType):
+            self.__dict__["__prepare_scriptable__"] = call.__prepare_scriptable__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if _is_compiling():  # torch.compile inlines this: it traces torch's op, never our checks
+            return self.__wrapped__(*args, **kwargs)
+        return self._call(*args, **kwargs)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # what isinstance() answers, as for torch's Python functions: TorchScript compiles, and
+        # torch.compile traces (``_torchdynamo_inline``), torch's op where they meet a function;
+        # pickle and copy dispatch on the real type (below)
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str) -> Any:
+        # what a function has and this object lacks (``__code__``, ``__defaults__``,
+        # ``__globals__``...), for code that trusts isinstance(op, FunctionType): torch's
+        return getattr(self.__wrapped__, name)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
+        return getattr, (_Import(self._module), self._attr)
+
+    def __copy__(self) -> _ModuleOp:
+        return self  # as copy treats a function: the same object
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ModuleOp:
+        return self
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+class _Import:
+    """Pickled as ``importlib.import_module(name)``: the module, without naming our code."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return importlib.import_module, (self.name,)
 
 
 def _guarded_call(
@@ -197,16 +344,18 @@ def _guarded_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     trusted: bool,
+    caller: FrameType | None,
 ) -> Any:
     __tracebackhide__ = True
     state.busy = True
+    call = _as_caller(caller)
     try:
         config = state.configs[-1]
         if not config.selects(check):
-            return func(*args, **kwargs)
+            return call(func, args, kwargs)
         if trusted and TRUST_HOST_OPS and _runs_on_host(check, args, kwargs):
             try:
-                return func(*args, **kwargs)
+                return call(func, args, kwargs)
             except TypeError:
                 raise  # torch's parser refused the arguments: there is no value to judge
             except Exception as error:
@@ -226,11 +375,11 @@ def _guarded_call(
                     kwargs,
                     cpu_error=_host_error(check, func, args, kwargs),
                 )
-            return func(*args, **kwargs)
+            return call(func, args, kwargs)
         waiting = len(state.pending)
         args, kwargs = _defer(check, func, args, kwargs)
         try:
-            return func(*args, **kwargs)
+            return call(func, args, kwargs)
         except TypeError:
             # torch rejected the arguments themselves: the op never ran, its verdict is moot
             del state.pending[waiting:]
@@ -386,7 +535,11 @@ class _Entries:
                 # taken inside one guard is the wrapper of the next
                 wrapper = self.made.get((owner, attr))
                 if wrapper is None or wrapper.__wrapped__ is not func:
-                    wrapper = _sync_entry(func) if check is None else _checked_entry(check, func)
+                    wrapper = (
+                        _sync_entry(owner, attr, func)
+                        if check is None
+                        else _checked_entry(owner, attr, check, func)
+                    )
                     self.made[(owner, attr)] = wrapper
                 own = owner.__dict__.get(attr, _ABSENT)
                 setattr(owner, attr, wrapper)
@@ -896,7 +1049,7 @@ def _outer_frames() -> list[FrameType]:
         name = code.co_filename
         if code.co_name == "run_code" and "IPython" in name:
             break  # IPython's cell runner: beyond lies the cell that ran this one (%%cudacheck's)
-        if not name.startswith(_INTERNAL_DIRS):
+        if not name.startswith(_INTERNAL_DIRS) and code.co_name != _CALL_NAME:
             frames.append(frame)
         frame = frame.f_back
     return frames
@@ -1030,7 +1183,7 @@ class Guard:
                 self._renamed = []
                 if not configs and here:  # the last guard of this thread: no wrapper stays
                     _ENTRIES.unbind_all(self.namespace)
-            _note_compiled_regions()
+            _note_unchecked()
             try:
                 if self.config.deferred:
                     _hook_off()
@@ -1039,6 +1192,26 @@ class Guard:
 
 
 _NOTED: set[str] = set()
+
+
+def _note_unchecked() -> None:
+    _note_traced()
+    _note_compiled_regions()
+
+
+def _note_traced() -> None:
+    """Once per process where torch.jit.trace recorded a checked op inside a guard."""
+    if not _TRACED:
+        return
+    _TRACED.clear()
+    if "traced" not in _NOTED:
+        _NOTED.add("traced")
+        print(
+            "nb_cudaguard: torch.jit.trace ran checked ops unchecked (a trace records them as "
+            "torch runs them); its example inputs were not checked, and the traced function "
+            "runs unchecked.",
+            file=sys.stderr,
+        )
 
 
 def _note_compiled_regions() -> None:

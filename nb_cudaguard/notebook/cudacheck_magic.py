@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from ..input_guard.scope import Guard
+    from .config import CudaGuard
 
 
 _OLD_CELL_NAME = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
@@ -87,6 +88,9 @@ class CudaCheckMagics(Magics):
         self._cell_guards: list[Guard | None] = []
         self._hooked = False
         self._flusher: FlushAtCellEnd | None = None
+        self._settings = self._configure(shell)
+        if self._settings.guard != "off":
+            self._configured()
 
     @magic_arguments()
     @argument(
@@ -275,9 +279,41 @@ class CudaCheckMagics(Magics):
             # ran): a callback must not raise, so say it here.
             print(f"nb_cudaguard: {str(error).splitlines()[0]}", file=sys.stderr)
 
+    # --- traitlets: CudaGuard.guard, .only, .skip, .sync ----------------------------------------
+    def _configure(self, shell: InteractiveShell) -> CudaGuard:
+        """The ``CudaGuard`` configurable, read from the shell's configuration (a profile's
+        ``ipython_config.py``) and listed for ``%config``."""
+        from .config import CudaGuard
+
+        settings = CudaGuard(parent=shell)
+        configurables: list[Any] = shell.configurables  # typed as shells in IPython's stubs
+        configurables.append(settings)
+        settings.observe(self._configured, names=["guard", "only", "skip", "sync"])
+        return settings
+
+    def _configured(self, change: Any = None) -> None:
+        settings = self._settings if change is None else change["owner"]
+        if settings.guard == "off":
+            if self._session is not None:
+                self._turn_off()
+                print("cudacheck: off (CudaGuard.guard)")
+            return
+        from argparse import Namespace
+
+        args = Namespace(only=settings.only or None, skip=settings.skip or None, sync=settings.sync)
+        try:
+            options = self._options(args, deferred=settings.guard == "deferred")
+        except UsageError as error:  # a bad name in a profile must not break the extension
+            print(f"nb_cudaguard: CudaGuard: {error}; the guard stays as it was", file=sys.stderr)
+            return
+        self._turn_on(options)
+
     def close(self) -> None:
         """Turn the line-mode guard off and remove its hooks (extension unload)."""
         self._turn_off()
+        with contextlib.suppress(ValueError):
+            configurables: list[Any] = self.ip.configurables
+            configurables.remove(self._settings)
         while self._cell_guards:
             self._leave(self._cell_guards.pop())
         if self._hooked:

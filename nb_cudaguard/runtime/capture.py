@@ -30,11 +30,12 @@ reader left, a write to fd 2 fails (``EPIPE``) and a ``subprocess.run`` that wri
 of ``SIGPIPE``. So this process keeps the pipe's read end open too (a write never finds the pipe
 without a reader; the bytes wait in the pipe, enlarged to 1 MiB where Linux allows), and a thread
 that waits for the child's exit starts a new child on the same pipe at once: it forwards and keeps
-what waited, in order. Only the dead child's kept copy is lost (it was shown). Where no child can
-be started, fd 2 is given back to where it pointed before and the thread forwards what is left in
-the pipe. The one case left: C code that holds the GIL and writes more than the pipe holds to fd 2
-in the few milliseconds before the new child reads would wait for the thread, which waits for
-the GIL.
+what waited, in order. Only the dead child's kept copy is lost (it was shown). A child that ends as
+soon as it starts is replaced after a pause that doubles, a few times at most; where no child can be
+started or none stays up, the tee gives up with one line on the user's stderr: fd 2 is given back to
+where it pointed before and the thread forwards what is left in the pipe. The one case left: C code
+that holds the GIL and writes more than the pipe holds to fd 2 in the few milliseconds before the
+new child reads would wait for the thread, which waits for the GIL.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ if sys.platform != "win32":  # the tee is POSIX only: elsewhere start() says so,
 _KEEP = 256 * 1024  # bytes kept: hundreds of thread lines fit, a runaway log does not
 DRAIN_TIMEOUT_S = 2.0
 _PIPE_SIZE = 1 << 20  # Linux's default pipe-max-size: what waits while a dead child is replaced
+# A child that ends within _QUICK_DEATH_S of its start is replaced after a pause (0.05 s, doubled
+# each time: 1.55 s in all), at most _RESPAWNS times in a row; then the tee gives up. Without
+# this a child that could never run was replaced in a tight loop (378 processes in 3 s), forever.
+_QUICK_DEATH_S = 1.0
+_RESPAWN_PAUSE_S = 0.05
+_RESPAWNS = 5
 
 # The child: standard library only, started with -I -S (no site, no user paths: ~10 ms).
 # fd 0: our pipe; fd 1: where fd 2 pointed; then the reply pipe and the shared report file.
@@ -266,6 +273,8 @@ class FdTee:
         self._forward_id: tuple[int, int] | None = None
         self._token = b"\x00nb_cudaguard:" + os.urandom(8).hex().encode() + b"\x00"
         self._seq = 0
+        self._quick_deaths = 0  # children in a row that ended within _QUICK_DEATH_S
+        self._gave_up = False  # no child would run: the tee stays off (its one line was said)
 
     @property
     def active(self) -> bool:
@@ -330,17 +339,38 @@ class FdTee:
         ).start()
 
     def _watch(self, child: subprocess.Popen[bytes]) -> None:
-        """Wait for ``child`` to end; if it was not let go on purpose, replace it at once."""
+        """Wait for ``child`` to end; if it was not let go on purpose, replace it. A child that
+        ends as soon as it starts (a broken interpreter, a process limit) is replaced after a
+        pause that doubles each time, ``_RESPAWNS`` times at most; then the tee gives up, with
+        one line on the user's stderr. Meanwhile fd 2 still points at the pipe, whose read end
+        this process holds: writes wait in it (1 MiB) and are forwarded by the next child or,
+        once the tee gives up, by this thread."""
+        born = time.monotonic()
         with contextlib.suppress(Exception):
             child.wait()
         with self._lock:
             if self._child is not child:
                 return  # released, or replaced already
-            try:
-                self._launch()
+            self._quick_deaths = (
+                self._quick_deaths + 1 if time.monotonic() - born < _QUICK_DEATH_S else 0
+            )
+            quick = self._quick_deaths
+        why = f"it exited at once {quick} times (last exit status {child.returncode})"
+        if quick <= _RESPAWNS:
+            if quick:
+                time.sleep(_RESPAWN_PAUSE_S * 2 ** (quick - 1))
+            with self._lock:
+                if self._child is not child:
+                    return  # released or replaced meanwhile (a cell started a new one)
+                try:
+                    self._launch()
+                    return
+                except Exception as error:
+                    why = f"it could not be started ({error})"
+        with self._lock:
+            if self._child is not child:
                 return
-            except Exception:
-                pass
+            self._gave_up = True
             # No child can be started: fd 2 goes back to where it pointed, and what waits in
             # the pipe (and what subprocesses that inherited it still write) is forwarded here.
             read_end, forward, write_end = self._read_end, self._forward, self._write_end
@@ -353,6 +383,13 @@ class FdTee:
         if write_end is not None:
             os.close(write_end)
         if read_end is not None and forward is not None:
+            with contextlib.suppress(OSError):
+                os.write(
+                    forward,
+                    f"nb_cudaguard: stopped copying fd {self.fd} for the CUDA error panel: the "
+                    f"process that copies it {why}. Device assert lines are still shown, but "
+                    "no longer captured.\n".encode(),
+                )
             _forward_until_closed(read_end, forward)
 
     def _close_fds(self) -> None:
@@ -388,6 +425,8 @@ class FdTee:
     def _start(self) -> None:
         if sys.platform == "win32":
             raise OSError("the fd 2 tee is not available on Windows")
+        if self._gave_up:
+            return  # inactive: stop() finds nothing to give back
         alive = self._child is not None and self._child.poll() is None
         saved = os.dup(self.fd)
         now = _identity(saved)

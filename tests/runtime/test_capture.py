@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -455,3 +456,46 @@ def test_where_no_new_child_can_start_fd2_goes_back_at_once():
     assert "rc 0 given back True" in proc.stdout
     assert "from the subprocess" in proc.stderr
     assert "the next cell" in proc.stderr
+
+
+def test_a_child_that_exits_as_soon_as_it_starts_is_retried_a_few_times_then_given_up(
+    tmp_path, private_fd
+):
+    # A real interpreter that cannot run: it counts its starts and exits at once.
+    starts = tmp_path / "starts"
+    broken = tmp_path / "python"
+    broken.write_text(f"#!/bin/sh\necho started >> {starts}\nexit 3\n")
+    broken.chmod(0o755)
+    read_end, write_end = private_fd
+    os.set_blocking(read_end, False)
+    shown = b""
+    tee = FdTee(write_end)
+    tee.python = str(broken)
+    try:
+        began = time.monotonic()
+        tee.start()
+        os.write(write_end, b"written while the child fails\n")  # the cell goes on at once
+        assert time.monotonic() - began < 1.0
+        deadline = time.monotonic() + 15
+        while b"nb_cudaguard:" not in shown:
+            assert time.monotonic() < deadline, "the tee never gave up"
+            time.sleep(0.05)
+            with contextlib.suppress(BlockingIOError):
+                shown += os.read(read_end, 1 << 16)
+        tee.stop()
+        time.sleep(1.0)  # nothing starts any more
+        count = len(starts.read_text().splitlines())
+        assert 2 <= count <= 6
+        tee.start()  # the next cell: no new child, no new line
+        os.write(write_end, b"the next cell\n")
+        tee.stop()
+        time.sleep(0.5)
+        assert len(starts.read_text().splitlines()) == count
+    finally:
+        tee.close()
+    with contextlib.suppress(BlockingIOError):
+        shown += os.read(read_end, 1 << 16)
+    text = shown.decode()
+    assert "written while the child fails" in text and "the next cell" in text
+    notes = [line for line in text.splitlines() if line.startswith("nb_cudaguard:")]
+    assert len(notes) == 1 and "exited at once" in notes[0] and "exit status 3" in notes[0]
