@@ -46,8 +46,10 @@ from .theme import note_html as note_html
 _DSA_FACT = "TORCH_USE_CUDA_DSA"  # a fact about a build flag, not a fix: shown with the above
 
 
-def _context_words(context: ContextState, setting: Setting) -> str:
+def _context_words(context: ContextState, setting: Setting, sticky: bool = True) -> str:
     """What the probe found, about the setting's process."""
+    if context is ContextState.NO_CUDA and not sticky:  # another process's error (a rank's)
+        return f"{setting.owner} has not started CUDA: its own CUDA context is not involved"
     return {
         ContextState.POISONED: f"the probe found {setting.owner}'s CUDA context broken",
         ContextState.HEALTHY: f"the probe found {setting.owner}'s CUDA context still answering",
@@ -143,7 +145,7 @@ def _details(
         )
     elif _dsa_facts(diagnosis):
         sections.append(("Device-side assertions", _dsa_facts(diagnosis), False))
-    context = _context_words(diagnosis.context, setting)
+    context = _context_words(diagnosis.context, setting, diagnosis.sticky)
     device = "" if diagnosis.device is None else f" (cuda:{diagnosis.device})"
     about = [context[0].upper() + context[1:] + device + "."]
     about.append(

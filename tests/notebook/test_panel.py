@@ -244,3 +244,12 @@ def test_the_restart_message_names_what_the_frontend_shows():
 
 def test_render_stays_free_of_torch_and_ipython():
     assert "IPython" not in sys.modules["nb_cudaguard.diagnosis.render"].__dict__
+
+
+def test_another_processs_error_does_not_say_this_context_would_be_broken():
+    # A rank's failure explained in the notebook that launched it (ranks/launched.py): the
+    # kernel never started CUDA, and nothing of the error is in its process.
+    diagnosis = replace(label_diagnosis(), sticky=False, context=ContextState.NO_CUDA)
+    text = to_text(diagnosis)
+    assert "its own CUDA context is not involved" in text
+    assert "the context would be broken" not in text
