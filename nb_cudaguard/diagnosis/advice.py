@@ -80,15 +80,17 @@ def notebook_run(
         start_afresh="start a new kernel",
         blocking_rerun=(
             f"Run the notebook again in a new kernel started with {BLOCKING}: `{command}` re-runs "
-            "it up to the failing cell (in Jupyter: `%cudaguard restart`, then re-run from the "
-            "top). In that kernel every launch waits for its kernel (slower, that run only)"
+            "it up to the failing cell (in Jupyter, where the kernel has not loaded nb_cudaguard: "
+            "`%load_ext nb_cudaguard`, then `%cudaguard restart`, then re-run from the top). In "
+            "that kernel every launch waits for its kernel (slower, that run only)"
         ),
         too_late="Setting the variable in a kernel whose CUDA has started does nothing",
         command=command,
         plain_command=f"nb-cudaguard run {notebook} -o {output}",
         restart_how=(
-            f"Run it again in a new kernel with {BLOCKING} (`{command}`, or `%cudaguard restart` "
-            "in Jupyter), so the traceback shows the true line"
+            f"Run it again in a new kernel with {BLOCKING} (`{command}`, or in Jupyter "
+            "`%load_ext nb_cudaguard` then `%cudaguard restart`), so the traceback shows the true "
+            "line"
         ),
         cannot_retry="re-running cells in that kernel cannot succeed",
         again="re-run the notebook from the top",

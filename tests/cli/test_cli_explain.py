@@ -91,6 +91,10 @@ def test_a_notebooks_traceback_gets_a_notebook_runs_advice(tmp_path: Path):
     assert "It surfaced at `running_loss += loss.item()` (cell [7], line 3)" in text
     assert action["setting"] == "notebook"
     assert action["command"].startswith("nb-cudaguard run --blocking-rerun")
+    # Back in Jupyter the kernel may not have loaded the extension: the magic's command is given
+    # with the line that defines it, never alone.
+    assert "`%load_ext nb_cudaguard`, then `%cudaguard restart`" in text
+    assert text.count("%cudaguard restart") == text.count("%load_ext nb_cudaguard")
 
 
 def test_where_is_the_last_frame_of_the_users_code_not_a_library_frame(tmp_path: Path):
