@@ -160,7 +160,8 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
         pointer = tensor.data_ptr()
     except Exception:  # sparse, meta, or a tensor subclass without storage
         pointer = None
-    if tensor.requires_grad and tensor.grad is not None:
+    # A leaf's only: reading a non-leaf's .grad makes torch warn (it is never filled).
+    if tensor.requires_grad and tensor.is_leaf and tensor.grad is not None:
         grad = tensor.grad
         return (id(tensor), tensor._version, pointer, id(grad), grad._version)
     return (id(tensor), tensor._version, pointer)

@@ -259,3 +259,12 @@ def test_the_plan_is_the_same_in_every_process():
         )
         plans.add(done.stdout)
     assert len(plans) == 1, plans
+
+
+def test_a_fingerprint_of_a_non_leaf_tensor_warns_of_nothing():
+    import warnings
+
+    leaf = torch.ones(2, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when a non-leaf's .grad is read
+        fingerprint({"y": leaf * 2, "leaf": leaf})
