@@ -14,6 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip(
+    "jupyter_mcp_server",
+    reason="the `agents` extra (.ci/run installs it in an environment of its own, .venv-agents)",
+)
+
 from jupyter_harness import JupyterServer
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
