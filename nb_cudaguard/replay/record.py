@@ -211,13 +211,14 @@ def torch_settings() -> tuple[tuple[str, Any], ...]:
     return tuple(found)
 
 
-def rng_states() -> dict[str, Any]:
+def rng_states(numpy_state: NumpyState | None = None) -> dict[str, Any]:
     """The global generators' states: ``random``'s, numpy's and torch's where imported, CUDA's
-    only where CUDA is initialised already (it never initialises CUDA)."""
+    only where CUDA is initialised already (it never initialises CUDA). ``numpy_state``: where
+    numpy's is read from (a reader that reads it again only where it moved)."""
     states: dict[str, Any] = {"random": random.getstate()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        states["numpy"] = _numpy_state(numpy)
+        states["numpy"] = (numpy_state or NumpyState()).read(numpy)
     torch = sys.modules.get("torch")
     if torch is not None:
         states["torch"] = torch.random.get_rng_state()
@@ -229,23 +230,28 @@ def rng_states() -> dict[str, Any]:
     return states
 
 
-_numpy_cache: list[Any] = [None, b"", None, 0]  # generator, its raw words, get_state(), address
+@dataclass
+class NumpyState:
+    """numpy's global state (``get_state()``, 30 us), read again only where its generator's raw
+    words moved (``string_at``, 1 us): most cells never draw from numpy."""
 
+    generator: Any = None
+    address: int = 0
+    raw: bytes = b""
+    state: Any = None
 
-def _numpy_state(numpy: Any) -> Any:
-    """numpy's global state (``get_state()``, 30 us), read again only where its generator's
-    raw words moved (``string_at``, 1 us): most cells never draw from numpy."""
-    try:
-        generator = numpy.random.mtrand._rand._bit_generator
-        if _numpy_cache[0] is not generator:
-            _numpy_cache[:] = [generator, b"", None]
-        address = generator.ctypes.state_address if _numpy_cache[2] is None else _numpy_cache[3]
-        raw = ctypes.string_at(address, _MT_BYTES)
-    except Exception:  # another numpy layout: read it whole
-        return numpy.random.get_state()
-    if raw != _numpy_cache[1] or _numpy_cache[2] is None:
-        _numpy_cache[:] = [generator, raw, numpy.random.get_state(), address]
-    return _numpy_cache[2]
+    def read(self, numpy: Any) -> Any:
+        try:
+            generator = numpy.random.mtrand._rand._bit_generator
+            if generator is not self.generator:
+                self.generator, self.state = generator, None
+                self.address = generator.ctypes.state_address
+            raw = ctypes.string_at(self.address, _MT_BYTES)
+        except Exception:  # another numpy layout: read it whole
+            return numpy.random.get_state()
+        if raw != self.raw or self.state is None:
+            self.raw, self.state = raw, numpy.random.get_state()
+        return self.state
 
 
 def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, ...]:
@@ -346,6 +352,7 @@ class Recorder:
     _module_of: dict[tuple[str, int], str] = field(default_factory=dict)
     _settings: tuple[tuple[str, Any], ...] = ()
     _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the last cell
+    _numpy: NumpyState = field(default_factory=NumpyState)
     _rng_cell: int | None = None  # that cell, once it finished
     _rng_kept: list[int] = field(default_factory=list)  # cells whose record holds a state
     _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
@@ -377,7 +384,7 @@ class Recorder:
                 seen = self._seen.get(name)
                 if seen is None or seen[0] != id(value):
                     self._seen[name] = _see(value)
-        self._rng = self._settle_rng(rng_states())
+        self._rng = self._settle_rng(rng_states(self._numpy))
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
@@ -425,7 +432,7 @@ class Recorder:
 
     def settle(self) -> dict[int, CellRecord]:
         """The records, the last cell's draws included (known at the next cell's start)."""
-        self._settle_rng(rng_states())
+        self._settle_rng(rng_states(self._numpy))
         return self.records
 
     def _settle_rng(self, now: dict[str, Any]) -> dict[str, Any]:
