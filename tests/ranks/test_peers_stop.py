@@ -116,17 +116,22 @@ def _check(
         time.sleep(0.2)
 
 
-def test_torchrun_device_assert_names_rank_1_and_stops_the_others(tmp_path: Path) -> None:
-    world = 3
-    argv = [
+def _torchrun(world: int, mode: str) -> list[str]:
+    """torchrun's command line for the job: ``world`` ranks on this host, in ``mode``."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc-per-node={world}",
         f"--master-port={free_port()}",
         str(JOB),
-        "cuda",
+        mode,
     ]
+
+
+def test_torchrun_device_assert_names_rank_1_and_stops_the_others(tmp_path: Path) -> None:
+    world = 3
+    argv = _torchrun(world, "cuda")
     done, ended = _run(argv, _env(tmp_path))
     assert done.returncode != 0
     records = _records(tmp_path)
@@ -141,15 +146,7 @@ def test_torchrun_device_assert_names_rank_1_and_stops_the_others(tmp_path: Path
 
 def test_torchrun_guard_refusal_is_the_culprits_record(tmp_path: Path) -> None:
     world = 2
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={world}",
-        f"--master-port={free_port()}",
-        str(JOB),
-        "guard",
-    ]
+    argv = _torchrun(world, "guard")
     done, ended = _run(argv, _env(tmp_path))
     records = _records(tmp_path)
     _check(records, world, "guard-refusal", done.stdout, ended)
@@ -174,11 +171,7 @@ def test_mp_spawn_world_4_stops_the_peers(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_two_ranks_on_one_gpu_real_device_assert(tmp_path: Path) -> None:
-    argv = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-        f"--master-port={free_port()}", str(JOB), "device",
-    ]  # fmt: skip
-    done, ended = _run(argv, _env(tmp_path, LINGER_S="0"))
+    done, ended = _run(_torchrun(2, "device"), _env(tmp_path, LINGER_S="0"))
     assert done.returncode != 0
     records = _records(tmp_path)
     _check(records, 2, "cuda-error", done.stdout, ended)
