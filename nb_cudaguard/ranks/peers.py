@@ -8,6 +8,11 @@ ours) to its record, and every rank runs one daemon thread that checks the key e
 ``POLL_S`` seconds (``Store.check``: one round trip, no wait). A peer that finds it writes its
 "stopped-by-peer" record, prints one line, aborts its process groups where torch can and ends
 the process: the main thread may be blocked inside a collective that nothing else ends.
+
+The first peer to exit makes the launcher end all the others (torchrun's agent checks its
+workers every 0.1 s and SIGTERMs the rest; ``mp.spawn``'s parent does the same), so a peer
+holds its exit for ``HOLD_S``, longer than one poll: every other live watcher finds the key in
+that time and writes its own record before anything is killed.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from . import record as rank_record
 
 KEY = "nb_cudaguard/failed"
-POLL_S = 0.5
+POLL_S = 0.25
+HOLD_S = 3 * POLL_S  # a loaded machine may run a watcher a little late
 EXIT_CODE = 1
 
 _lock = threading.Lock()
@@ -92,6 +99,7 @@ def _stop_for(culprit: Mapping[str, Any]) -> None:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     _abort_groups()
+    time.sleep(HOLD_S)
     os._exit(EXIT_CODE)
 
 

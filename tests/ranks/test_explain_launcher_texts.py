@@ -21,8 +21,7 @@ from nb_cudaguard.ranks.verdict import Verdict, judge
 LABEL_LINE = H100_TORCH_2_11["cross-entropy-label"][0]
 LABEL_TITLE = "A class label is outside 0..num_classes-1"
 WORK = (
-    "WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, "
-    "Timeout(ms)=600000)"
+    "WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000)"
 )
 DATA = Path(__file__).with_name("data")
 # torch 1.9's layout (torch/distributed/elastic/multiprocessing/errors/__init__.py of v1.9.0:
@@ -157,8 +156,6 @@ def test_a_peer_stopped_by_nb_cudaguard_quotes_the_cause_but_is_no_culprit():
     }
 
 
-
-
 def test_torchrun_1_9_layout_without_rank_prefixes():
     log = "\n".join([LABEL_LINE, culprit_traceback(None), TORCH_1_9_SUMMARY])
     found = verdict(log)
@@ -179,8 +176,9 @@ def test_two_ranks_that_could_have_printed_the_assert_are_both_named_as_suspects
     found = verdict("\n".join([LABEL_LINE, culprit_traceback(None), two]))
     assert found.culprits == ()
     assert found.line == f"a rank the log does not name: {LABEL_TITLE}"
-    assert found.notes[0].endswith("ranks 0 and 1 printed nothing that says they waited on a "
-                                   "peer: it is one of them.")
+    assert found.notes[0].endswith(
+        "ranks 0 and 1 printed nothing that says they waited on a peer: it is one of them."
+    )
 
 
 def test_deepspeed_launcher_log_names_the_rank_left_when_the_others_timed_out():
@@ -195,8 +193,6 @@ def test_deepspeed_launcher_log_names_the_rank_left_when_the_others_timed_out():
         "CUDA_LAUNCH_BLOCKING=1 deepspeed <your deepspeed options> --enable_each_rank_log <dir> "
         "trainer_sft.py --configs llama2-7b-sft --deepspeed"
     )
-
-
 
 
 def test_lightning_ddp_gets_a_verdict_and_its_own_rerun():
@@ -245,8 +241,12 @@ def test_a_plain_torchelastic_error_file_without_our_key(tmp_path: Path):
         folder = attempt / str(local)
         folder.mkdir(parents=True)
         (folder / "stderr.log").write_text("", encoding="utf-8")
-        data = {"message": {"message": text, "extraInfo": {"py_callstack": text,
-                                                           "timestamp": "1795717715"}}}
+        data = {
+            "message": {
+                "message": text,
+                "extraInfo": {"py_callstack": text, "timestamp": "1795717715"},
+            }
+        }
         (folder / "error.json").write_text(json.dumps(data), encoding="utf-8")
     job = read_directory(tmp_path)
     assert job is not None
@@ -270,8 +270,16 @@ def test_ranks_failing_alike_share_the_line_and_another_cause_is_noted(tmp_path:
     ]
     for record in records:
         line = [LABEL_LINE] if "assert" in record["exception"] else []
-        data = {"nb_cudaguard_rank_record": 1, "local_rank": record["rank"], "world_size": 4,
-                "host": "node7", "pid": 100, "device_lines": line, "diagnosis": None, **record}
+        data = {
+            "nb_cudaguard_rank_record": 1,
+            "local_rank": record["rank"],
+            "world_size": 4,
+            "host": "node7",
+            "pid": 100,
+            "device_lines": line,
+            "diagnosis": None,
+            **record,
+        }
         (tmp_path / f"rank-{record['rank']}.json").write_text(json.dumps(data), encoding="utf-8")
     job = read_directory(tmp_path)
     assert job is not None
@@ -306,13 +314,26 @@ def test_a_guard_refusal_record_names_its_rank_without_a_cuda_error(tmp_path: Pa
     )
     records = [
         {"rank": 1, "kind": "guard-refusal", "headline": refusal, "exception": refusal},
-        {"rank": 0, "kind": "stopped-by-peer", "headline": "stopped because rank 1 failed",
-         "exception": f"RuntimeError: stopped because rank 1 failed: {refusal}"},
+        {
+            "rank": 0,
+            "kind": "stopped-by-peer",
+            "headline": "stopped because rank 1 failed",
+            "exception": f"RuntimeError: stopped because rank 1 failed: {refusal}",
+        },
     ]
     for number, record in enumerate(records):
-        data = {"nb_cudaguard_rank_record": 1, "local_rank": record["rank"], "world_size": 2,
-                "host": "kaggle", "pid": 40 + number, "time": 5.0 - number, "cause_id": None,
-                "device_lines": [], "diagnosis": None, **record}
+        data = {
+            "nb_cudaguard_rank_record": 1,
+            "local_rank": record["rank"],
+            "world_size": 2,
+            "host": "kaggle",
+            "pid": 40 + number,
+            "time": 5.0 - number,
+            "cause_id": None,
+            "device_lines": [],
+            "diagnosis": None,
+            **record,
+        }
         (tmp_path / f"rank-{record['rank']}.json").write_text(json.dumps(data), encoding="utf-8")
     job = read_directory(tmp_path)
     assert job is not None
@@ -335,7 +356,8 @@ def test_a_rank_of_a_known_world_that_printed_nothing_is_the_one_left():
     # the unprefixed assert is rank 1's.
     log = "\n".join(
         [
-            LIGHTNING_LOG.replace("MEMBER: 2/2", "MEMBER: 2/3").replace("{device}", LABEL_LINE)
+            LIGHTNING_LOG.replace("MEMBER: 2/2", "MEMBER: 2/3")
+            .replace("{device}", LABEL_LINE)
             .replace("{traceback}", culprit_traceback(None)),
             nccl_timeout(0),
             nccl_timeout(2),
