@@ -15,7 +15,7 @@ import html
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from ..diagnosis.render import (
     note_html,
 )
 from ..replay.analysis import CellFacts, analyse_cell, runnable_source
+from ..replay.definitions import HOLDER, KeptDefinitions
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
@@ -546,6 +547,27 @@ def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on
     return run_steps(shell, saved, plan, blocking_on).said
 
 
+@contextlib.contextmanager
+def kept_definitions(
+    shell: InteractiveShell, here: dict[str, Any], names: Sequence[str]
+) -> Iterator[None]:
+    """While a replayed cell runs, its ``class``/``def`` of ``names`` binds the ones ``here``
+    at once (replay/definitions.py), through IPython's AST transformers."""
+    names = [n for n in names if n in here]
+    if not names:
+        yield
+        return
+    transformer = KeptDefinitions(names)
+    shell.user_ns[HOLDER] = {n: here[n] for n in names}
+    shell.ast_transformers.append(transformer)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # IPython drops a transformer that raised
+            shell.ast_transformers.remove(transformer)
+        shell.user_ns.pop(HOLDER, None)
+
+
 def run_steps(
     shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool, say: bool = True
 ) -> Outcome:
@@ -577,7 +599,7 @@ def run_steps(
                 restore_rng(cell.record.rng)  # it draws as it did when it ran
             started = time.perf_counter()
             try:
-                with labelled(shell, cell.count):
+                with labelled(shell, cell.count), kept_definitions(shell, here, step.defs):
                     result = shell.run_cell(runnable_source(cell.source), store_history=False)
             finally:
                 shell.user_ns.update(here)

@@ -40,6 +40,9 @@ class Step:
     failing: bool = False
     # Names the namespace has that the cell binds anew: the ones here are put back after it.
     keeps: tuple[str, ...] = ()
+    # Those of them it binds by ``class`` or ``def``: the ones here from that statement on
+    # (replay/definitions.py), so that what the cell makes is of them.
+    defs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -265,11 +268,7 @@ class _Planner:
             self.drain()
             if set(self.reasons) == before:
                 break
-        steps = [
-            Step(i, tuple(dict.fromkeys(r)), keeps=self._keeps(i))
-            for i, r in sorted(self.reasons.items())
-            if i != self.failing
-        ]
+        steps = [self._step(i, r) for i, r in sorted(self.reasons.items()) if i != self.failing]
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
         return Plan(
             tuple(steps),
@@ -284,7 +283,7 @@ class _Planner:
         restored object that a cell of the plan changes in place already has that change (the
         previous kernel made it before the restart): built again from the cells before, or it
         would have it twice. A name a cell of the plan binds anew is put back after the cell
-        (``_keeps``), unless a name the cell rebuilds is built from the new one (``ds =
+        (``Step.keeps``), unless a name the cell rebuilds is built from the new one (``ds =
         TensorDataset(x, labels)`` after ``labels = ...``): then the restored one gives way."""
         for index in sorted(self.reasons):
             if index == self.failing:
@@ -310,8 +309,10 @@ class _Planner:
         bound = facts.defines - facts.mutates - facts.imports
         return set(bound & self.present - self.stale.keys())
 
-    def _keeps(self, index: int) -> tuple[str, ...]:
-        return tuple(sorted(self._rebound(self.facts[index])))
+    def _step(self, index: int, reasons: list[str]) -> Step:
+        keeps = tuple(sorted(self._rebound(self.facts[index])))
+        defs = tuple(n for n in keeps if n in self.facts[index].callables)
+        return Step(index, tuple(dict.fromkeys(reasons)), keeps=keeps, defs=defs)
 
     def _draws(self) -> None:
         """After a seed, what a cell draws depends on every draw before it: the cells between

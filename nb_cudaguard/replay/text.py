@@ -27,10 +27,16 @@ def first_line(source: str) -> str:
 def step_reasons(step: Step) -> str:
     """Why a cell runs, and which names the namespace has that it binds anew (put back)."""
     reasons = list(step.reasons)
-    if step.keeps:
-        names = ", ".join(step.keeps[:12])
+    others = [n for n in step.keeps if n not in step.defs]
+    if others:
+        names = ", ".join(others[:12])
+        reasons.append(f"the {names} here {'is' if len(others) == 1 else 'are'} put back after it")
+    if step.defs:
+        names = ", ".join(step.defs[:12])
+        one = len(step.defs) == 1
         reasons.append(
-            f"the {names} here {'is' if len(step.keeps) == 1 else 'are'} put back after it"
+            f"the {names} here {'stays' if one else 'stay'} from the cell's class/def on, "
+            f"so what it makes uses {'it' if one else 'them'}"
         )
     return "; ".join(reasons)
 

@@ -510,3 +510,39 @@ def test_a_clicked_replay_stays_in_the_saved_reopened_and_converted_notebook(tmp
     assert "raise torch.AcceleratorError" in ANSI.sub("", converted)
     assert f"Replay stopped at cell [{failed.execution_count}]" in converted
     assert "A GPU kernel hit a device-side assert" in converted
+
+
+CLASS_CELLS = (
+    "import torch, threading\nprint('RAN:imports')",
+    # tok holds a lock, so it is not kept: the cell runs again, and makes it of the kept Tok
+    "class Tok:\n    def __init__(self, n):\n        self.n = n\n"
+    "tok = Tok(3)\ntok.lock = threading.Lock()\nprint('RAN:tok')",
+    "toks = [Tok(i) for i in range(3)]\nprint('RAN:toks')",
+)
+FAIL_CLASS = (
+    "print('RAN:fail')\n"
+    "print('SAME', type(tok) is Tok, all(type(t) is Tok for t in toks), isinstance(tok, Tok))\n"
+    f"raise torch.AcceleratorError({ASSERT_2_9!r})"
+)
+
+
+def test_a_replayed_class_cell_leaves_one_class_for_restored_and_rebuilt_instances(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    failed = _run_restart(server, kid, pid, CLASS_CELLS, FAIL_CLASS)
+    assert "SAME True True True" in failed.stream
+    with server.connect(kid) as sock:
+        sock.execute("%load_ext nb_cudaguard")
+        restored = sock.execute("%cudaguard restore")
+        assert "`Tok`, `toks`" in restored.stream and "`tok`" not in restored.stream
+        planned = sock.execute("%cudaguard replay")
+        replay = sock.execute("%cudaguard replay --yes", timeout=90)
+        after = sock.execute("print('AFTER', type(tok) is Tok, all(type(t) is Tok for t in toks))")
+        names = sock.execute("print(sorted(dir()))")
+    plan = " ".join(d["text/plain"] for d in planned.displays)
+    assert "the Tok here stays from the cell's class/def on" in plan, plan
+    assert _markers(replay.stream) == ["tok", "fail"]
+    assert "SAME True True True" in replay.stream, replay.stream
+    assert "AFTER True True" in after.stream
+    assert "'toks'" in names.stream and "_nb_cudaguard_kept" not in names.stream
