@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
-from types import ModuleType
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 MAX_NODES = 2000  # objects visited per name
@@ -191,24 +191,61 @@ def torch_settings() -> tuple[tuple[str, Any], ...]:
     torch = sys.modules.get("torch")
     if torch is None:
         return ()
-    readers: list[tuple[str, Callable[[], Any]]] = [
-        ("torch.set_grad_enabled", torch.is_grad_enabled),
-        ("torch.set_default_dtype", torch.get_default_dtype),
-        ("torch.use_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
-        ("torch.set_float32_matmul_precision", torch.get_float32_matmul_precision),
-        ("torch.backends.cudnn.deterministic", lambda: torch.backends.cudnn.deterministic),
-        ("torch.backends.cudnn.benchmark", lambda: torch.backends.cudnn.benchmark),
-        ("torch.backends.cudnn.enabled", lambda: torch.backends.cudnn.enabled),
-        ("torch.backends.cuda.matmul.allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
-        ("torch.set_num_threads", torch.get_num_threads),
-    ]
     found = []
-    for name, read in readers:
+    for name, read in _settings_readers(torch):
         try:
             found.append((name, read()))
         except Exception:
             continue
     return tuple(found)
+
+
+_READERS: list[tuple[Any, list[tuple[str, Callable[[], Any]]]]] = []  # (torch, its readers)
+
+
+def _settings_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """How to read each setting, found once per torch: the C getter where this torch has it
+    (one call, where ``torch.backends``' module properties cost a Python frame each), else the
+    public reader."""
+    if _READERS and _READERS[0][0] is torch:
+        return _READERS[0][1]
+    c = torch._C
+
+    def direct(private: str, public: Callable[[], Any]) -> Callable[[], Any]:
+        found = getattr(c, private, None)
+        return found if callable(found) else public
+
+    readers: list[tuple[str, Callable[[], Any]]] = [
+        ("torch.set_grad_enabled", torch.is_grad_enabled),
+        ("torch.set_default_dtype", torch.get_default_dtype),
+        (
+            "torch.use_deterministic_algorithms",
+            direct("_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+        ),
+        (
+            "torch.set_float32_matmul_precision",
+            direct("_get_float32_matmul_precision", torch.get_float32_matmul_precision),
+        ),
+        (
+            "torch.backends.cudnn.deterministic",
+            direct("_get_cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
+        ),
+        (
+            "torch.backends.cudnn.benchmark",
+            direct("_get_cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
+        ),
+        (
+            "torch.backends.cudnn.enabled",
+            direct("_get_cudnn_enabled", lambda: torch.backends.cudnn.enabled),
+        ),
+        (
+            "torch.backends.cuda.matmul.allow_tf32",
+            direct("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+        ),
+        ("torch.set_num_threads", torch.get_num_threads),
+    ]
+    _READERS[:] = [(torch, readers)]
+    return readers
 
 
 def rng_states(numpy_state: NumpyState | None = None) -> dict[str, Any]:
@@ -271,7 +308,10 @@ def _same_state(a: Any, b: Any) -> bool:
         return bool(a[1].tobytes() == b[1].tobytes() and a[2:] == b[2:])
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(a, torch.Tensor):
-        return bool(torch.equal(a, b))
+        try:  # two CPU byte tensors: a memcmp through numpy is half of torch.equal's dispatch
+            return bool(a.numpy().tobytes() == b.numpy().tobytes())
+        except Exception:  # no numpy
+            return bool(torch.equal(a, b))
     if isinstance(a, list):  # CUDA's, a tensor per device
         return len(a) == len(b) and all(map(_same_state, a, b))
     return bool(a == b)  # random's: a tuple of ints, compared in C
@@ -504,7 +544,16 @@ class Recorder:
         return found
 
 
+# Seen by identity alone, without walking them: a module, function or class holds no state
+# of the namespace's (an own module's globals are seen apart, in ``_see_modules``).
+_BY_IDENTITY = frozenset(
+    {ModuleType, FunctionType, BuiltinFunctionType, MethodType, type, *_IMMUTABLE}
+)
+
+
 def _see(value: Any) -> _Seen:
+    if type(value) in _BY_IDENTITY:  # a third of a notebook's names, a set lookup each
+        return (id(value), (id(value),), True)
     try:
         tokens, whole = fingerprint(value)
     except Exception:  # an object whose attributes raise: seen by identity only
