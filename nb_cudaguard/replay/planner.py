@@ -60,6 +60,12 @@ class Plan:
     unrecorded: tuple[int, ...] = ()
     # Names it rebuilds too large to compare whole when they ran: a change inside may be missed.
     unseen: tuple[str, ...] = ()
+    # Restored names the user changed since the restore, kept as they are though the plan
+    # would have built them again: (name, why it would have).
+    yours: tuple[tuple[str, str], ...] = ()
+    # Restored names the user changed since the restore that the plan builds again all the
+    # same (what is built from them here would not match them otherwise): (name, why).
+    overwritten: tuple[tuple[str, str], ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -78,6 +84,7 @@ def plan_replay(
     restored: Collection[str] = (),
     after_failure: Collection[str] = (),
     own_modules: Collection[str] = (),
+    changed_here: Collection[str] = (),
 ) -> Plan:
     """The cells to run, in order, ending with ``failing`` (an index into ``facts``).
 
@@ -85,7 +92,9 @@ def plan_replay(
     ``restored``: the present names a restore put back, as the previous kernel left them (every
     change its cells made is in them); ``after_failure``: those of them kept after the failing
     cell ran (its changes too); ``own_modules``: the top-level modules the notebook imports
-    that are its own (a ``helpers.py`` beside it), not libraries.
+    that are its own (a ``helpers.py`` beside it), not libraries; ``changed_here``: the
+    restored names the user re-bound or changed in this kernel since their restore (a fix):
+    never built again for a change they already had, and named where built again at all.
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
@@ -93,7 +102,8 @@ def plan_replay(
     facts = with_calls(with_handed(facts, modules), modules)
     present = set(present)
     restored = set(restored) & present
-    planner = _Planner(facts, failing, present, set(failed), modules, restored)
+    yours = set(changed_here) & restored
+    planner = _Planner(facts, failing, present, set(failed), modules, restored, yours)
     return replace(planner.run(set(after_failure) & restored), drop=deleted_before(facts, failing))
 
 
@@ -209,6 +219,7 @@ class _Planner:
         failed: set[int],
         modules: set[str],
         restored: set[str] = frozenset(),  # type: ignore[assignment]
+        changed_here: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> None:
         self.facts = facts
         self.restored = restored
@@ -220,6 +231,8 @@ class _Planner:
         self.unresolved: set[str] = set()
         self.kept: set[str] = set()
         self.stale: dict[str, str] = {}  # kept names to build again -> why
+        self.changed_here = changed_here  # restored, then changed by the user
+        self.yours: dict[str, str] = {}  # of those, kept though stale -> why they were
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
         self.modules = modules  # calling their functions changes no object of ours
         # The cells that bind, change, delete or build from each name, in order: a search for
@@ -243,8 +256,8 @@ class _Planner:
         # failed (``history.append(loss)``, ``labels -= 1``): built again, so that the cell
         # starts from the state before the failure.
         for name in sorted(target.uses & target.defines & set(after_failure)):
-            self.stale[name] = "the one restored has the failing cell's change already"
-            self.need(name, self.failing, self.failing)
+            if self._mark_stale(name, "the one restored has the failing cell's change already"):
+                self.need(name, self.failing, self.failing)
         for name in sorted(target.uses | target.deferred):  # a stable order of reasons
             self.need(name, self.failing, self.failing)
         while True:
@@ -276,7 +289,20 @@ class _Planner:
             tuple(sorted(self.kept - self.stale.keys())),
             tuple(sorted(self.unresolved & self.stale.keys())),
             tuple(sorted(self.unseeded)),
+            yours=tuple(sorted(self.yours.items())),
+            overwritten=tuple(
+                sorted((n, why) for n, why in self.stale.items() if n in self.changed_here)
+            ),
         )
+
+    def _mark_stale(self, name: str, why: str) -> bool:
+        """Build ``name`` again for a change the restored one has already, unless the user
+        changed it since the restore (then it stays theirs, and the plan says so)."""
+        if name in self.changed_here:
+            self.yours.setdefault(name, why)
+            return False
+        self.stale[name] = why
+        return True
 
     def _protect(self) -> None:
         """What the namespace has stays as it is, unless the plan says it is built again. A
@@ -290,8 +316,9 @@ class _Planner:
                 continue
             facts = self.facts[index]
             for name in sorted(facts.mutates & self.restored - self.stale.keys()):
-                if self._counts(name, facts):
-                    self.stale[name] = "the one restored has this cell's change already"
+                if self._counts(name, facts) and self._mark_stale(
+                    name, "the one restored has this cell's change already"
+                ):
                     # Looked up again: it was found kept before it was stale.
                     self.pending.append((name, index, index))
             rebuilt = facts.defines - facts.imports - (self.present - self.stale.keys())

@@ -399,6 +399,26 @@ class Recorder:
     _names: dict[str, None] = field(default_factory=dict)  # of which the user's, in order
     _depth: int = 0
     _primed: bool = False
+    _put_back: dict[str, _Seen] = field(default_factory=dict)  # restored names, as restored
+
+    def put_back(self, names: Iterable[str], namespace: Mapping[str, Any]) -> None:
+        """``names`` were put into ``namespace`` just now (a restore, a replay's rebuild): what
+        they hold now is the baseline of ``changed_since_put_back``."""
+        for name in names:
+            if name in namespace:
+                self._put_back[name] = _see(namespace[name])
+
+    def changed_since_put_back(self, namespace: Mapping[str, Any]) -> tuple[str, ...]:
+        """The names put back that the user re-bound, changed in place or deleted since."""
+        changed = []
+        for name, seen in self._put_back.items():
+            if name not in namespace:
+                changed.append(name)
+                continue
+            now = _see(namespace[name])
+            if now[0] != seen[0] or now[1] != seen[1]:
+                changed.append(name)
+        return tuple(sorted(changed))
 
     def prime(self, namespace: Mapping[str, Any]) -> None:
         """Take the namespace as it is now as the state before the next cell."""

@@ -89,6 +89,16 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             "as restored, though the cells below change them again (no earlier cell builds them "
             "anew, and the restored ones have those changes already): " + ", ".join(plan.twice)
         )
+    if plan.yours:
+        notes.append(
+            "kept as you changed them after the restore, though "
+            + "; ".join(f"{name}: {why}" for name, why in plan.yours[:12])
+        )
+    if plan.overwritten:
+        notes.append(
+            "built again though you changed them after the restore (your change is lost): "
+            + "; ".join(f"{name}: {why}" for name, why in plan.overwritten[:12])
+        )
     if plan.unseeded:
         labels = ", ".join(cell_label(cells[i]) for i in plan.unseeded)
         notes.append(

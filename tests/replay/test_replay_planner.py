@@ -820,7 +820,9 @@ def test_a_failing_index_outside_the_cells_is_refused():
 # --- issue 22: what was restored stays as it was before the failure ---
 
 
-def _plan(cells: list[str], present=(), restored=(), after_failure=(), own_modules=()):
+def _plan(
+    cells: list[str], present=(), restored=(), after_failure=(), own_modules=(), changed_here=()
+):
     return plan_replay(
         facts_of(cells),
         len(cells) - 1,
@@ -828,6 +830,7 @@ def _plan(cells: list[str], present=(), restored=(), after_failure=(), own_modul
         restored=restored,
         after_failure=after_failure,
         own_modules=own_modules,
+        changed_here=changed_here,
     )
 
 
@@ -839,6 +842,33 @@ def test_a_restored_value_with_the_failing_cells_change_is_built_again():
         plan.steps[0].reasons
     )
     assert "history" not in plan.kept
+
+
+def test_a_restored_value_the_user_changed_since_is_kept_and_named():
+    cells = ["history = []", "history.append(0)", "unused = 1", "history.append(1)\nh = history[0]"]
+    plan = _plan(
+        cells,
+        present={"history"},
+        restored={"history"},
+        after_failure={"history"},
+        changed_here={"history", "unused"},  # unused: not restored, not the plan's to name
+    )
+    assert plan.indices == (3,)
+    assert plan.yours == (("history", "the one restored has the failing cell's change already"),)
+    assert "history" in plan.kept and plan.overwritten == ()
+
+
+def test_a_restored_value_the_user_changed_that_a_replayed_cell_changes_again_stays():
+    cells = ["labels = [3]", "x = 1\nlabels *= 2", "print(x, labels)"]
+    plan = _plan(cells, present={"labels"}, restored={"labels"}, changed_here={"labels"})
+    assert plan.indices == (1, 2)
+    assert plan.yours == (("labels", "the one restored has this cell's change already"),)
+
+
+def test_a_restored_value_the_user_changed_that_must_give_way_is_named_as_lost():
+    cells = ["labels = [3]\nds = list(labels)", "print(ds)"]
+    plan = _plan(cells, present={"labels"}, restored={"labels"}, changed_here={"labels"})
+    assert plan.overwritten and plan.overwritten[0][0] == "labels"
 
 
 def test_a_snapshot_taken_before_the_failing_cell_is_left_as_restored():

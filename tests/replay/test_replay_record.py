@@ -271,3 +271,19 @@ def test_a_fingerprint_of_a_non_leaf_tensor_warns_of_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when a non-leaf's .grad is read
         fingerprint({"y": leaf * 2, "leaf": leaf})
+
+
+def test_names_put_back_are_seen_changed_rebound_or_deleted_since():
+    import torch
+
+    namespace = {"labels": torch.tensor([1, 2, 4]), "history": [0], "cfg": {"lr": 0.1}, "n": 3}
+    recorder = Recorder()
+    recorder.put_back(["labels", "history", "cfg", "n", "absent"], namespace)
+    assert recorder.changed_since_put_back(namespace) == ()
+    namespace["labels"][2] = 2  # a fix in place: the tensor's version moves
+    namespace["history"].append(1)
+    namespace["n"] = 4
+    del namespace["cfg"]
+    assert recorder.changed_since_put_back(namespace) == ("cfg", "history", "labels", "n")
+    recorder.put_back(["labels"], namespace)  # the new baseline (a replay rebuilt it)
+    assert "labels" not in recorder.changed_since_put_back(namespace)
