@@ -149,9 +149,11 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
     return tuple(tokens), True
 
 
-def _mutable(items: Iterable[Any]) -> Iterator[Any]:
+def _mutable(items: Iterable[Any]) -> Iterable[Any]:
     """The items that may change in place (a C-level filter: no Python call per item)."""
     items = tuple(items)
+    if _IMMUTABLE.issuperset(map(type, items)):  # numbers, strings: nothing to walk
+        return ()
     return compress(items, map(_MAY_CHANGE.get, map(type, items), repeat(True)))
 
 
