@@ -48,6 +48,9 @@ def keep_ram_in_a_temporary_directory(tmp_path_factory: pytest.TempPathFactory) 
         # restart by a launcher that removed the connection file early); the tests that shut
         # kernels down wait 3 s (tests/keep/test_lifetime.py covers the grace itself).
         "NB_CUDAGUARD_KEEP_GRACE": "3",
+        # The user's one keep watcher and its register of profiles (keep/lifetime.py): the
+        # tests' own, not the machine user's.
+        "NB_CUDAGUARD_USER_DIR": str(tmp_path_factory.mktemp("user-state")),
     }
     before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)

@@ -4,9 +4,11 @@ A keep is made for the next process of a kernel. If that process never restores 
 notebook closed and its kernel shut down, the server stopped), nothing else would free it
 before it expires a day later, and in RAM (``/dev/shm``) that is memory held for nobody. The
 new process may never load nb_cudaguard, so keeps are watched from outside it: ``watch``
-starts one small process per user and profile (a lock in the private state directory says
-whether one runs already), detached from the kernel (a kernel's process group is killed at
-shutdown). Each poll (a ``stat`` a second) it looks at every keep there and
+registers the kernel's IPython profile in the user's private state directory
+(``files.keys.user_state_dir``) and starts one small process per user, whatever the profiles
+(a lock there says whether one runs already), detached from the kernel (a kernel's process
+group is killed at shutdown). Each poll (a ``stat`` a second) it looks at every keep of every
+registered profile and
 
 - discards one whose kernel has been gone for ``GRACE_S``: its connection file removed
   (Jupyter removes it when a kernel is shut down or its server stops; a restart keeps it) and
@@ -14,7 +16,8 @@ shutdown). Each poll (a ``stat`` a second) it looks at every keep there and
   early (the old process gone, the new one not yet started: 0.05 to 0.14 s measured through
   ``jupyter_client``'s restart on a loaded 2-core machine);
 - discards one past its age (``store.TTL_S``);
-- ends once no keep is left to watch (all restored, discarded or expired).
+- drops a profile with no keep left from the register, and ends once no keep is left to
+  watch (all restored, discarded or expired).
 
 It runs from the state directory (it holds no notebook's working directory) with the standard
 library ahead of every other path, site-packages included.
@@ -32,14 +35,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from ..files.keys import state_dir
-from ..files.private import make_dirs, read_private
+from ..files.keys import state_dir, user_state_dir
+from ..files.private import make_dirs, read_private, write_atomic
 from . import store
 
 POLL_S = 1.0
 # A kernel gone this long is shut down, not restarting (see above); the variable shortens it.
 GRACE_S = float(os.environ.get("NB_CUDAGUARD_KEEP_GRACE", 30.0))
-LOCK = "keep-watcher.lock"  # in the state directory; holds the running watcher's pid
+LOCK = "keep-watcher.lock"  # in the user's state directory; holds the running watcher's pid
+PROFILES = "keep-watcher.profiles"  # there: the profiles to watch (JSON), changed under
+REGISTER_LOCK = "keep-watcher.profiles.lock"  # this lock
 _ENV = "NB_CUDAGUARD_KEEP_WATCH"  # the watcher's arguments (not on its command line, where
 # looking for the kernel's process would find the watcher itself)
 
@@ -47,7 +52,7 @@ _ENV = "NB_CUDAGUARD_KEEP_WATCH"  # the watcher's arguments (not on its command 
 # and psutil are found after the standard library, never ahead of it.
 _BOOT = (
     "import json, os, sys, sysconfig\n"
-    "profile, extra = json.loads(os.environ['NB_CUDAGUARD_KEEP_WATCH'])\n"
+    "extra = json.loads(os.environ['NB_CUDAGUARD_KEEP_WATCH'])\n"
     "std = {os.path.realpath(sysconfig.get_paths()[k]) for k in ('stdlib', 'platstdlib')}\n"
     "def is_std(p):\n"
     "    p = os.path.realpath(p)\n"
@@ -55,17 +60,19 @@ _BOOT = (
     "at = max((i + 1 for i, p in enumerate(sys.path) if is_std(p)), default=len(sys.path))\n"
     "sys.path[at:at] = [p for p in extra if p not in sys.path[:at]]\n"
     "from nb_cudaguard.keep.lifetime import main\n"
-    "main(profile)\n"
+    "main()\n"
 )
 
 
 def watch(profile_location: str | os.PathLike[str]) -> bool:
-    """Make sure this profile's keeps are watched: start the watcher unless one runs. False
-    where it could not be started (the keeps then expire as before). Never raises."""
+    """Make sure this profile's keeps are watched: register the profile, and start the user's
+    watcher unless one runs. False where it could not be started (the keeps then expire as
+    before). Never raises."""
     if os.name != "posix":
         return False
     try:
-        place = state_dir(profile_location)
+        place = user_state_dir()
+        register(str(profile_location))
         if _running(place):
             return True
         here = str(Path(__file__).resolve().parents[2])  # this very package, where it was found
@@ -75,7 +82,7 @@ def watch(profile_location: str | os.PathLike[str]) -> bool:
 
             extra.append(str(Path(psutil.__file__).resolve().parents[1]))
         env = dict(os.environ)
-        env[_ENV] = json.dumps([str(profile_location), extra])
+        env[_ENV] = json.dumps(extra)
         # Through a shell that starts it in the background and exits at once: the watcher is
         # nobody's child to reap, whatever the kernel does next (exit, or execve in place).
         start = '"$0" -I -c "$1" </dev/null >/dev/null 2>&1 &'
@@ -94,14 +101,58 @@ def watch(profile_location: str | os.PathLike[str]) -> bool:
         return False
 
 
-def watcher_pid(profile_location: str | os.PathLike[str]) -> int | None:
-    """The pid of the watcher running for this profile, or None."""
-    place = state_dir(profile_location)
+def watcher_pid() -> int | None:
+    """The pid of the user's running watcher, or None."""
+    place = user_state_dir()
     if not _running(place):
         return None
     with contextlib.suppress(OSError, ValueError):
         return int((place / LOCK).read_text().strip())
     return None
+
+
+def registered() -> list[str]:
+    """The profiles the watcher looks at."""
+    with contextlib.suppress(Exception):
+        found = json.loads(read_private(user_state_dir() / PROFILES).decode("utf-8"))
+        if isinstance(found, list):
+            return [p for p in found if isinstance(p, str)]
+    return []
+
+
+def register(profile_location: str) -> None:
+    """Add a profile to the ones watched (after its keep is saved: see ``_forget``)."""
+    with _register_lock():
+        profiles = registered()
+        if profile_location not in profiles:
+            write_atomic(user_state_dir() / PROFILES, json.dumps([*profiles, profile_location]))
+
+
+def _forget(profile_location: str) -> bool:
+    """Drop a profile with no keep left; under the register's lock, where a keep saved
+    meanwhile is seen (``register`` runs after the save), so none is dropped unwatched."""
+    with _register_lock():
+        if any(_keeps(profile_location)):
+            return False
+        profiles = registered()
+        if profile_location in profiles:
+            profiles.remove(profile_location)
+            write_atomic(user_state_dir() / PROFILES, json.dumps(profiles))
+        return True
+
+
+@contextlib.contextmanager
+def _register_lock() -> Iterator[None]:
+    import fcntl
+
+    place = user_state_dir()
+    make_dirs(place)
+    fd = os.open(
+        place / REGISTER_LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600
+    )
+    with os.fdopen(fd, "r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _running(place: Path) -> bool:
@@ -207,35 +258,51 @@ class _Watch:
 
 
 def run(
-    profile_location: str,
+    profile_location: str | None = None,
     poll: float = POLL_S,
     grace: float = GRACE_S,
     ram: list[Path] | None = None,
 ) -> str:
-    """Watch this profile's keeps until none is left; returns ``done``, or ``running`` where
-    another watcher has them already."""
-    place = state_dir(profile_location)
+    """Watch the registered profiles' keeps (``profile_location``'s too: registered first)
+    until none is left; returns ``done``, or ``running`` where another watcher has them."""
+    if profile_location is not None:
+        register(profile_location)
+    place = user_state_dir()
     lock = _lock(place)
     if lock is None:
         return "running"
-    watcher = _Watch(profile_location, grace, ram)
+    watches: dict[str, _Watch] = {}
     while True:
         lock.seek(0)
         lock.truncate()
         lock.write(str(os.getpid()))
         lock.flush()
-        while watcher.poll():
+        while _poll(watches, grace, ram):
             time.sleep(poll)
         # A keep saved while this one decided to end found the lock held and did not start a
         # watcher of its own: look once more with the lock released.
         lock.close()
-        if not any(_keeps(profile_location)):
+        if not any(any(_keeps(p)) for p in registered()):
             return "done"
         lock = _lock(place)
         if lock is None:
             return "running"  # a new watcher has them
 
 
-def main(profile_location: str) -> None:
+def _poll(watches: dict[str, _Watch], grace: float, ram: list[Path] | None) -> int:
+    """One look at every registered profile; how many keeps are left to watch."""
+    left = 0
+    for profile in registered():
+        watching = watches.get(profile)
+        if watching is None:
+            watching = watches[profile] = _Watch(profile, grace, ram)
+        found = watching.poll()
+        if not found and _forget(profile):
+            del watches[profile]
+        left += found
+    return left
+
+
+def main() -> None:
     with contextlib.suppress(Exception):
-        run(profile_location)
+        run()

@@ -21,7 +21,7 @@ import json
 import random
 import sys
 import zlib
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType

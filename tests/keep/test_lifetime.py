@@ -4,7 +4,6 @@ and real files."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -37,17 +36,26 @@ class Keep:
         return not any(p.exists() for p in self.places())
 
 
-def _keep(tmp_path: Path, name: str) -> Keep:
+def _keep(tmp_path: Path, name: str, profile: str = "profile") -> Keep:
     ram = tmp_path / "ram"
     ram.mkdir(mode=0o1777, exist_ok=True)
     connection = tmp_path / "runtime" / f"kernel-{name}.json"
     connection.parent.mkdir(exist_ok=True)
     connection.write_text("{}")
-    location = str(tmp_path / "profile")
+    location = str(tmp_path / profile)
     manifest = store.save(
         {"a": np.ones(1000)}, location, str(connection), store.SaveOptions(ram=[ram])
     )
     return Keep(location, str(connection), ram, manifest)
+
+
+@pytest.fixture(autouse=True)
+def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own user: its own watcher and register (a detached watcher another test
+    started may still be watching that test's keeps)."""
+    place = tmp_path / "user-state"
+    monkeypatch.setenv("NB_CUDAGUARD_USER_DIR", str(place))
+    return place
 
 
 @pytest.fixture
@@ -92,7 +100,7 @@ def no_watcher_left(kept: Keep, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     monkeypatch.setenv("NB_CUDAGUARD_KEEP_GRACE", "1")  # the detached watcher's
     monkeypatch.setenv("NB_CUDAGUARD_KEEP_RAM", str(kept.ram))
     yield
-    pid = lifetime.watcher_pid(kept.location)
+    pid = lifetime.watcher_pid()
     if pid is not None:
         os.kill(pid, 9)
 
@@ -165,29 +173,36 @@ def test_the_watch_ends_once_everything_is_restored(kept):
     assert store.read_manifest(kept.location, kept.connection) is not None
 
 
-def test_one_watcher_watches_every_keep_of_the_user(tmp_path, kept, no_watcher_left):
-    second = _keep(tmp_path, "5678")
-    kernels = [_a_kernel_with(k.connection) for k in (kept, second)]
+def test_one_watcher_watches_every_keep_of_the_user_across_profiles(
+    tmp_path, kept, no_watcher_left, user_dir
+):
+    second = _keep(tmp_path, "5678")  # another kernel of the same profile
+    third = _keep(tmp_path, "9012", profile="other-profile")  # another IPython profile's
+    keeps = (kept, second, third)
+    kernels = [_a_kernel_with(k.connection) for k in keeps]
     try:
         assert lifetime.watch(kept.location)
-        assert _until(lambda: lifetime.watcher_pid(kept.location) is not None, 20)
-        pid = lifetime.watcher_pid(kept.location)
+        assert _until(lambda: lifetime.watcher_pid() is not None, 20)
+        pid = lifetime.watcher_pid()
         assert lifetime.watch(second.location)  # the second restart's save
+        assert lifetime.watch(third.location)  # and one in the other profile
+        assert sorted(lifetime.registered()) == sorted({kept.location, third.location})
         time.sleep(2.0)
-        watchers = [  # of this profile (other tests' kernels may have theirs)
+        watchers = [  # of this user (other tests' kernels may have theirs)
             p.pid
             for p in psutil.process_iter(["environ"])
-            if json.loads((p.info["environ"] or {}).get(lifetime._ENV, "[null]"))[0]
-            == kept.location
+            if lifetime._ENV in (p.info["environ"] or {})
+            and (p.info["environ"] or {}).get("NB_CUDAGUARD_USER_DIR") == str(user_dir)
         ]
         assert watchers == [pid]
-        assert kept.exists() and second.exists()
+        assert all(k.exists() for k in keeps)
     finally:
         _stop(*kernels)
-    for keep in (kept, second):
+    for keep in keeps:
         Path(keep.connection).unlink()
-    assert _until(lambda: kept.gone() and second.gone(), 20)
+    assert _until(lambda: all(k.gone() for k in keeps), 20)
     assert pid is not None and _until(lambda: _ended(pid), 10)  # with no keep left, it ends
+    assert lifetime.registered() == []
 
 
 def _ended(pid: int) -> bool:
@@ -198,7 +213,7 @@ def _ended(pid: int) -> bool:
 
 
 def test_the_watcher_holds_no_notebook_directory_and_imports_the_standard_library(
-    tmp_path, kept, no_watcher_left, monkeypatch
+    tmp_path, kept, no_watcher_left, monkeypatch, user_dir
 ):
     # A directory on PYTHONPATH (or a site-packages) holding a module named as a standard one
     # (an old backport) must not be what the watcher imports; nor may it keep the directory
@@ -213,10 +228,10 @@ def test_the_watcher_holds_no_notebook_directory_and_imports_the_standard_librar
     kernel = _a_kernel_with(kept.connection)
     try:
         assert lifetime.watch(kept.location)
-        assert _until(lambda: lifetime.watcher_pid(kept.location) is not None, 20)
-        pid = lifetime.watcher_pid(kept.location)
+        assert _until(lambda: lifetime.watcher_pid() is not None, 20)
+        pid = lifetime.watcher_pid()
         assert pid is not None
-        assert psutil.Process(pid).cwd() == str(store.state_dir(kept.location))
+        assert psutil.Process(pid).cwd() == str(user_dir)
     finally:
         _stop(kernel)
     Path(kept.connection).unlink()
