@@ -94,6 +94,11 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
     stack = [value]
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
+    if len(_TOKENS) < 3:
+        if torch is not None:
+            _TOKENS.update({torch.Tensor: _tensor_token, torch.nn.Parameter: _tensor_token})
+        if numpy is not None:
+            _TOKENS[numpy.ndarray] = _array_token
     while stack:
         obj = stack.pop()
         kind = type(obj)
@@ -566,6 +571,11 @@ class Recorder:
         return found
 
 
+# torch.Tensor, nn.Parameter and numpy.ndarray, once imported (noted by ``fingerprint``): the
+# function giving their token.
+_TOKENS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+
+
 # Seen by identity alone, without walking them: a module, function or class holds no state
 # of the namespace's (an own module's globals are seen apart, in ``_see_modules``).
 _BY_IDENTITY = frozenset(
@@ -574,9 +584,15 @@ _BY_IDENTITY = frozenset(
 
 
 def _see(value: Any) -> _Seen:
-    if type(value) in _BY_IDENTITY:  # a third of a notebook's names, a set lookup each
+    kind = type(value)
+    if kind in _BY_IDENTITY:  # a third of a notebook's names, a set lookup each
         return (id(value), (id(value),), True)
     try:
+        # A plain tensor or array, the bulk of a large namespace: its token at once, as the
+        # walk would give it, without the walk's setup.
+        token = _TOKENS.get(kind)
+        if token is not None:
+            return (id(value), (token(value),), True)
         tokens, whole = fingerprint(value)
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False
