@@ -21,10 +21,11 @@ from ..server_extension.live_views import WIDGET_VIEW_MIME as WIDGET_MIME
 BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
-# What the next kernel does: `%load_ext` only lists what was kept and offers it back; the values
-# return on the Restore button or `%cudaguard restore` (keep_glue.offer_restore).
+# What the next kernel does: our restart loads the extension there (restart/injection.py), which
+# only lists what was kept and offers it back, at the first cell; the values return on the
+# Restore button or `%cudaguard restore` (keep_glue.offer_restore).
 RERUN = (
-    "then, in the new kernel, `%load_ext nb_cudaguard` lists the kept CPU variables and "
+    "then the new kernel lists the kept CPU variables at its first cell and "
     "`%cudaguard restore` puts them back; re-run the rest"
 )
 # One sentence per button, saying what it does (the primary one first).
@@ -86,8 +87,8 @@ def after_restart_text(
     expect = _EXPECT.get(method, "The kernel restarts.")
     if blocking:
         mode = (
-            " It starts with CUDA_LAUNCH_BLOCKING=1 (that start only); `%load_ext nb_cudaguard` "
-            "will say so."
+            " It starts with CUDA_LAUNCH_BLOCKING=1 (that start only) and says so at its first "
+            "cell."
         )
     elif blocking_kept:
         mode = (

@@ -270,8 +270,8 @@ class CudaGuardMagics(Magics):
 
         After a restart all variables are gone. nb_cudaguard's own restart keeps the list of
         the kernel's cells for its next process: ``%cudaguard replay`` (also offered, with a
-        button, by ``%load_ext nb_cudaguard`` there) re-runs only the cells that rebuild what the
-        failing cell uses and the namespace lacks, in their order, then the failing cell, and
+        button, at the first cell there) re-runs only the cells that rebuild what the failing
+        cell uses and the namespace lacks, in their order, then the failing cell, and
         stops at the first error (``--yes`` then fails its own cell, so Run All stops); in
         blocking mode that traceback points at the line that failed. The cells are found from
         their text: a cell whose effect cannot be known (``exec``, ``globals()``, a star import,
@@ -290,10 +290,11 @@ class CudaGuardMagics(Magics):
         ``torch.from_numpy`` and its array, a view and its base) are written together, each
         byte once, and come back together and still sharing: restoring one restores the others.
         A name this kernel has defined again is not overwritten without ``--force``; the output
-        says which were left. `%load_ext nb_cudaguard` in the new kernel offers them with a
-        Restore button. Files are private to you and to this kernel, deleted once restored or
-        when the kernel is shut down (not by our own restart), and expire after a day; a save
-        that fails never deletes what an earlier restart kept.
+        says which were left. The new kernel, which our restart starts with nb_cudaguard
+        loaded, offers them at its first cell with a Restore button. Files are private to you
+        and to this kernel, deleted once restored or when the kernel is shut down (not by our
+        own restart), and expire after a day; a save that fails never deletes what an earlier
+        restart kept.
         """
         # Intermixed: `restore --force labels` as well as `restore labels --force`.
         args = self.cudaguard.parser.parse_intermixed_args(arg_split(line))

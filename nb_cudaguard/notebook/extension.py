@@ -66,6 +66,7 @@ class CudaGuardExtension:
         # the one IPython hook, and unload removes them all with it.
         self.cell_hooks: list[Callable[[ExecutionResult], None]] = []
         self.rank_dir = RankDir()  # where ranks launched from a cell write their records
+        self._greet_at_first_cell = False
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -84,6 +85,13 @@ class CudaGuardExtension:
             self.rank_dir.open()
         except Exception as internal:
             print(f"nb_cudaguard: no folder for ranks' records ({internal}).", file=sys.stderr)
+        if _answering_a_request(self.shell):
+            self._greet()
+        else:  # loaded by our restart's startup file: what it shows would reach no cell
+            self._greet_at_first_cell = True
+
+    def _greet(self) -> None:
+        """What a load shows: the blocking-mode banner, what was kept, the replay."""
         try:
             from .display import on_load
 
@@ -169,6 +177,7 @@ class CudaGuardExtension:
                 delay=DELAY_S if delay is None else delay,
                 connection=connection,
                 warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
+                load_extension=True,  # so that the commands the panel shows work there
             )
         return replace(plan, kept=kept)
 
@@ -199,6 +208,10 @@ class CudaGuardExtension:
 
     # --- the hook ------------------------------------------------------------------------------
     def pre_run_cell(self, *_info: Any) -> None:
+        if self._greet_at_first_cell:
+            self._greet_at_first_cell = False
+            with contextlib.suppress(BaseException):
+                self._greet()
         with contextlib.suppress(BaseException):  # bookkeeping only: never break the user's cell
             self._started.append(time.perf_counter())
             self.cells.start()
@@ -314,6 +327,20 @@ class CudaGuardExtension:
 
         message = diagnosis.error.message if diagnosis.error is not None else diagnosis.title
         show_fallout(self.poisoned_in_cell, message, self.poisoned_since)
+
+
+def _answering_a_request(shell: InteractiveShell) -> bool:
+    """Whether what is displayed now reaches a frontend: a kernel files output under the request
+    it answers, and frontends drop output without one (a startup file's, before the first
+    request); a shell that is not a kernel's prints it."""
+    get_parent = getattr(shell, "get_parent", None)  # ipykernel's ZMQInteractiveShell
+    if get_parent is None:
+        return True
+    try:
+        parent = get_parent()
+    except Exception:
+        return True
+    return isinstance(parent, dict) and bool(parent.get("header"))
 
 
 def _fold_spec() -> tuple[str, str, str]:

@@ -5,7 +5,8 @@
   (``keep.store``) and returns the sentence the restart message ends with. It never raises and
   never waits longer than the store's deadline: nothing of ours may stand between a broken
   kernel and its cure.
-- ``offer_restore``: at ``%load_ext nb_cudaguard`` in the new process, what was kept (names,
+- ``offer_restore``: at the extension's load in the new process (our restart loads it there; it
+  shows at the first cell), what was kept (names,
   types, sizes, what was not kept and why) with a Restore button (text + HTML saying the command
   where widgets do not render, as ``actions.py`` does).
 - ``%cudaguard restore [NAME ...]``, ``%cudaguard keep [NAME ...]``: the commands

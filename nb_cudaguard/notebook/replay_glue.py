@@ -350,8 +350,8 @@ BLOCKING_OFF = (
 
 
 BLOCKING_THEN_REPLAY = (
-    "The cells stay saved: in the new kernel `%load_ext nb_cudaguard` offers the replay again, "
-    "and its traceback points at the line that failed."
+    "The cells stay saved: the new kernel offers the replay again at its first cell, and its "
+    "traceback points at the line that failed."
 )
 
 
@@ -491,7 +491,8 @@ def offer(
 
 
 def offer_after_restart(blocking_on: bool, restart: Restarter | None = None) -> None:
-    """At ``%load_ext`` in the process our restart started: the plan, if a cell failed."""
+    """At load (at the first cell, where our restart's startup file loaded the extension) in the
+    process our restart started: the plan, if a cell failed."""
     from IPython import get_ipython
 
     shell = get_ipython()
