@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
     from ..diagnosis.model import Diagnosis
     from ..restart.methods import RestartPlan
+    from .keep_glue import KeepState
+    from .replay_glue import ReplayState
 
 
 class ExtensionState(Protocol):
@@ -34,12 +36,18 @@ class ExtensionState(Protocol):
     @property
     def shell(self) -> InteractiveShell: ...
 
+    @property
+    def keep(self) -> KeepState: ...
+
+    @property
+    def replay(self) -> ReplayState: ...
+
 
 def _status(state: ExtensionState, args: argparse.Namespace) -> None:
     from ..runtime.status import gather
     from .keep_glue import status_lines
 
-    print("\n".join([gather().text(), *status_lines(state.shell)]))
+    print("\n".join([gather().text(), *status_lines(state.keep)]))
 
 
 def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
@@ -110,7 +118,11 @@ def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
     from .replay_glue import replay_command
 
     replay_command(
-        state.shell, yes=args.yes, blocking_on=blocking_in_force()[0], restart=state.restart
+        state.shell,
+        state.replay,
+        yes=args.yes,
+        blocking_on=blocking_in_force()[0],
+        restart=state.restart,
     )
 
 
@@ -123,10 +135,12 @@ def _restore(state: ExtensionState, args: argparse.Namespace) -> None:
     if args.discard:
         if args.value or args.force:
             raise UsageError("%cudaguard restore --discard deletes everything kept: no NAME")
-        print(f"nb_cudaguard: {discard(connection, profile, shell)}")
+        print(f"nb_cudaguard: {discard(connection, profile, state.keep)}")
         return
     try:
-        text = restore(shell, connection, profile, args.value or None, force=args.force)
+        text = restore(
+            shell, connection, profile, args.value or None, force=args.force, keep=state.keep
+        )
     except StoreError as error:
         raise UsageError(f"nothing to restore: {error}") from None
     except NotKept as error:
@@ -142,7 +156,9 @@ def _keep(state: ExtensionState, args: argparse.Namespace) -> None:
         return getattr(state, "poisoned_since", None) is not None
 
     try:
-        print(keep_command(state.shell, is_poisoned, list(args.value), args.stop, state))
+        print(
+            keep_command(state.shell, state.keep, is_poisoned, list(args.value), args.stop, state)
+        )
     except NotSnapshottable as error:
         raise UsageError(str(error)) from None
 
