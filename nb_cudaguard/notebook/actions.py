@@ -19,8 +19,10 @@ from ..server_extension.live_views import MARK, MARK_VALUE
 from ..server_extension.live_views import WIDGET_VIEW_MIME as WIDGET_MIME
 
 BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
+BLOCKING_REPLAY_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1, then replay"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
+PRIMARY_STYLE = "danger"  # the one primary restart under a failure: the context is broken
 # What the next kernel does: our restart loads the extension there (restart/injection.py), which
 # only lists what was kept and offers it back, at the first cell; the values return on the
 # Restore button or `%cudaguard restore` (keep_glue.offer_restore).
@@ -37,6 +39,10 @@ DOES_PLAIN = "Restart: a new kernel with your CPU variables kept (GPU memory is 
 DOES_BLOCKING = (
     "Restart with CUDA_LAUNCH_BLOCKING=1: a new kernel whose CUDA launches wait for their kernels "
     "(slower, that start only), so re-running shows the line that failed; CPU variables kept."
+)
+DOES_BLOCKING_REPLAY = (
+    "Restart with CUDA_LAUNCH_BLOCKING=1, then replay: a new kernel in blocking mode (CPU "
+    "variables kept) that offers the replay again; its traceback points at the line that failed."
 )
 
 
@@ -172,6 +178,19 @@ def listing(html: str) -> Any:
 Restarter = Callable[..., Any]  # restart_kernel's signature: (blocking=..., after_cell=...) -> plan
 
 
+def blocking_restart_button(primary: bool, then_replay: bool = False) -> Any:
+    """The button that restarts in blocking mode, wherever it is offered: under the panel, and
+    (``then_replay``) under the replay offered after a plain restart."""
+    import ipywidgets as widgets
+
+    return widgets.Button(
+        description=BLOCKING_REPLAY_LABEL if then_replay else BLOCKING_LABEL,
+        button_style=PRIMARY_STYLE if primary else "",
+        tooltip=DOES_BLOCKING_REPLAY if then_replay else DOES_BLOCKING,
+        layout=widgets.Layout(width="auto"),
+    )
+
+
 class RestartActions:
     """The buttons and a status line, wired to ``restart``: one primary button, the step the
     diagnosis calls for (``primary_is_plain``), and one sentence on what each does. In a kernel
@@ -199,18 +218,13 @@ class RestartActions:
         def plain() -> Any:
             return widgets.Button(
                 description=PLAIN_OFF_LABEL if blocking_on and blocking_ours else PLAIN_LABEL,
-                button_style="danger" if plain_first else "",
+                button_style=PRIMARY_STYLE if plain_first else "",
                 tooltip=DOES_PLAIN,
                 layout=widgets.Layout(width="auto"),
             )
 
         def blocking() -> Any:
-            return widgets.Button(
-                description=BLOCKING_LABEL,
-                button_style="" if plain_first else "danger",
-                tooltip=DOES_BLOCKING,
-                layout=widgets.Layout(width="auto"),
-            )
+            return blocking_restart_button(primary=not plain_first)
 
         # Built in the order shown (a frontend lists the models as they are created).
         self.blocking_button: Any = None  # not offered where blocking mode is already on

@@ -34,6 +34,7 @@ from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
 from ..replay.record import CellRecord, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
+from .actions import blocking_restart_button
 from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
 
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from .actions import Restarter
 
 REPLAY_LABEL = "Replay to the failing cell"
-BLOCKING_REPLAY_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1, then replay"
 COMMAND = "%cudaguard replay --yes"
 
 
@@ -401,13 +401,7 @@ class ReplayOffer:
         self.buttons = [self.button]
         self.blocking_button: Any = None
         if restart is not None and not view.blocking_on:
-            self.blocking_button = widgets.Button(
-                description=BLOCKING_REPLAY_LABEL,
-                button_style="danger",
-                tooltip="A new kernel process in blocking mode (CPU variables kept), where the "
-                "replay is offered again: its traceback points at the line that failed",
-                layout=widgets.Layout(width="auto"),
-            )
+            self.blocking_button = blocking_restart_button(primary=True, then_replay=True)
             self.blocking_button.on_click(self._restart_clicked)
             self.buttons.insert(0, self.blocking_button)
         from .actions import button_row, listing

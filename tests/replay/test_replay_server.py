@@ -22,7 +22,8 @@ from jupyter_harness import (
 )
 from pytorch_texts import ASSERT_2_9
 
-from nb_cudaguard.notebook.replay_glue import BLOCKING_REPLAY_LABEL, REPLAY_LABEL
+from nb_cudaguard.notebook.actions import BLOCKING_REPLAY_LABEL
+from nb_cudaguard.notebook.replay_glue import REPLAY_LABEL
 
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
