@@ -136,6 +136,19 @@ def live_bundle(static: dict[str, str], widget: Any) -> tuple[dict[str, Any], di
     return {**static, WIDGET_MIME: view}, {MARK: dict(MARK_VALUE)}
 
 
+def does_note(sentences: list[str]) -> Any:
+    """One sentence per button, in the buttons' order, saying what it does (quiet, under them)."""
+    import ipywidgets as widgets
+
+    return widgets.HTML(
+        value="".join(
+            f"<div class='nb-cudaguard-does' style='font-family:sans-serif;"
+            f"color:{TEXT_QUIET};white-space:normal'>{inline_html(sentence)}</div>"
+            for sentence in sentences
+        )
+    )
+
+
 def status_html(text: str, color: str = "inherit", bold: bool = False) -> str:
     """A widget's status line: in the text colour around it (done), or one of the theme's
     ``TEXT_*`` (diagnosis/render.py): under way, failed."""
@@ -240,14 +253,7 @@ class RestartActions:
             self.blocking_button, self.plain_button = blocking(), plain()
             self.buttons = [self.blocking_button, self.plain_button]
             sentences.insert(0, DOES_BLOCKING)
-        self.note = widgets.HTML(
-            value="".join(
-                f"<div class='nb-cudaguard-does' style='font-family:sans-serif;"
-                f"color:{TEXT_QUIET};white-space:normal'>"
-                f"{inline_html(sentence)}</div>"
-                for sentence in sentences
-            )
-        )
+        self.note = does_note(sentences)
         self.status = widgets.HTML(value="")  # what happens after a click, under the buttons
         for button in self.buttons:
             button.on_click(self._clicked)

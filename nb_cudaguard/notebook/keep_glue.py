@@ -32,7 +32,7 @@ from ..keep.snapshot import NotSnapshottable, Snapshots
 from ..keep.store import Manifest, StoreError
 from ..keep.text import count, kept_sentence, offer_text, restored_text
 from ..keep.text import not_kept_text as not_kept_text  # the magic's, with the others here
-from .actions import button_row, listing, live_bundle, status_html
+from .actions import button_row, does_note, listing, live_bundle, status_html
 from .cell_output import into_cell, showing_cell
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 RESTORE_LABEL = "Restore"
 DISCARD_LABEL = "Discard"
+DOES_RESTORE = "Restore: puts every kept variable back into this kernel."
+DOES_DISCARD = "Discard: deletes what was kept."
 
 
 def where_kept(shell: InteractiveShell) -> tuple[str | None, tuple[str, str] | None]:
@@ -187,7 +189,9 @@ class _Note:
 
 
 class RestoreOffer:
-    """What was kept, the Restore and Discard buttons, and a status line under them."""
+    """What was kept, the Restore and Discard buttons with a sentence on what each does, and a
+    status line under them. Restore is the one primary button of a new kernel's offers (there
+    is something to restore wherever this offer is shown); the replay's are secondary."""
 
     def __init__(
         self,
@@ -205,14 +209,15 @@ class RestoreOffer:
         self.restore_button = widgets.Button(
             description=RESTORE_LABEL,
             button_style="success",
-            tooltip="Put every kept variable back into this kernel",
+            tooltip=DOES_RESTORE,
             layout=widgets.Layout(width="auto"),
         )
         self.discard_button = widgets.Button(
             description=DISCARD_LABEL,
-            tooltip="Delete what was kept",
+            tooltip=DOES_DISCARD,
             layout=widgets.Layout(width="auto"),
         )
+        self.note = does_note([DOES_RESTORE, DOES_DISCARD])
         self.status = widgets.HTML(value="")
         self.cell = showing_cell(shell)  # what a click says goes to its real outputs too
         self.restore_button.on_click(self._restore)
@@ -221,11 +226,13 @@ class RestoreOffer:
             [
                 listing(_pre_html(self.text, "nb-cudaguard-keep")),
                 button_row([self.restore_button, self.discard_button]),
+                self.note,
                 self.status,
             ]
         )
 
     def _say(self, text: str, color: str = "inherit") -> None:
+        self.note.value = ""  # the buttons are done with: what happened replaces what they do
         self.status.value = status_html(text, color)
 
     def _restore(self, _button: Any) -> None:

@@ -34,7 +34,7 @@ from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
 from ..replay.record import CellRecord, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
-from .actions import blocking_restart_button
+from .actions import DOES_BLOCKING_REPLAY, blocking_restart_button, does_note
 from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
 
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from .actions import Restarter
 
 REPLAY_LABEL = "Replay to the failing cell"
+DOES_REPLAY = (
+    "Replay to the failing cell: runs the cells listed above, then the failing cell, here; it "
+    "stops at the first error."
+)
 COMMAND = "%cudaguard replay --yes"
 
 
@@ -377,7 +381,9 @@ class ReplayOffer:
     there is no such cell). Where blocking mode
     is off and this kernel can restart itself (``restart``: the extension's own restart, the
     panel's), a second button restarts in blocking mode first: the cells are saved again for the
-    next process, which offers the replay there."""
+    next process, which offers the replay there. Both are secondary: the one primary button of a
+    new kernel's offers is Restore, where something was kept (``keep_glue.RestoreOffer``); a
+    sentence under them says what each does."""
 
     def __init__(
         self,
@@ -393,17 +399,17 @@ class ReplayOffer:
         self.replay = ReplayState() if replay is None else replay
         self._restart = restart
         self.button = widgets.Button(
-            description=REPLAY_LABEL,
-            button_style="primary",
-            tooltip="Run the cells listed above, then the failing cell; stops at the first error",
-            layout=widgets.Layout(width="auto"),
+            description=REPLAY_LABEL, tooltip=DOES_REPLAY, layout=widgets.Layout(width="auto")
         )
         self.buttons = [self.button]
+        sentences = [DOES_REPLAY]
         self.blocking_button: Any = None
         if restart is not None and not view.blocking_on:
-            self.blocking_button = blocking_restart_button(primary=True, then_replay=True)
+            self.blocking_button = blocking_restart_button(primary=False, then_replay=True)
             self.blocking_button.on_click(self._restart_clicked)
             self.buttons.insert(0, self.blocking_button)
+            sentences.insert(0, DOES_BLOCKING_REPLAY)
+        self.note = does_note(sentences)
         from .actions import button_row, listing
 
         self.status = widgets.HTML(value="")
@@ -411,7 +417,9 @@ class ReplayOffer:
         self.cell = showing_cell(shell)  # the replay's output goes to its real outputs
         self.button.on_click(self._clicked)
         self.plan = listing(view._repr_mimebundle_()["text/html"])
-        self.widget = widgets.VBox([self.plan, button_row(self.buttons), self.status, self.output])
+        self.widget = widgets.VBox(
+            [self.plan, button_row(self.buttons), self.note, self.status, self.output]
+        )
 
     def _restart_clicked(self, _button: Any) -> None:
         from .actions import after_restart_text
@@ -419,6 +427,7 @@ class ReplayOffer:
         assert self._restart is not None
         for each in self.buttons:
             each.disabled = True
+        self.note.value = ""
         self.status.value = note_html(
             "nb-cudaguard-replay-restart",
             BAR_QUIET,
@@ -454,6 +463,7 @@ class ReplayOffer:
             self.status.value = note_html("nb-cudaguard-replay-changed", BAR_QUIET, PLAN_SHRANK)
         for each in self.buttons:
             each.disabled = True
+        self.note.value = ""
         with into_cell(self.shell, self.cell, fallback=self.output):
             said = run_plan(self.shell, self.saved, plan, self.view.blocking_on, self.replay)
         self.status.value = note_html("nb-cudaguard-replay-done", BAR_INFO, said)
