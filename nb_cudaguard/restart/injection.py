@@ -8,14 +8,14 @@ data:
 - a pending file ``<profile>/nb_cudaguard/pending-<key>.json`` (0600 in a 0700 directory, written
   atomically) that names the kernel by its connection file (the path survives restarts; ``key`` is
   its hash), when it was written, the variables, each checked against an allowlist (none for a
-  plain restart), and whether to load the extension (where the kernel that asked had it loaded,
-  so that the commands its panel shows work in the new kernel);
+  plain restart), and whether to load the extension (the notebook glue's restarts ask for it, so
+  that the commands their messages show work in the new kernel);
 - a one-shot IPython startup file ``<profile>/startup/0-nb_cudaguard-once-<key>.py``, the fixed
-  text of ``startup_once.py``: standard library only, it imports nb_cudaguard only to load the
-  extension, after the variable is set (the next process may not be able to: another
-  environment, an older version; the variable is set all the same). IPython runs startup files
-  before the first cell, so the variable is in ``os.environ`` before torch can create a CUDA
-  context. It only reads the data file; nothing read from a file is executed.
+  text of ``startup_once.py``: standard library only, it has IPython's extension manager load
+  nb_cudaguard, after the variable is set (the next process may not be able to import it:
+  another environment, an older version; the variable is set all the same). IPython runs
+  startup files before the first cell, so the variable is in ``os.environ`` before torch can
+  create a CUDA context. It only reads the data file; nothing read from a file is executed.
 
 IPython runs every startup file in every process of the profile. Only the process whose
 connection file hashes to the key acts: it removes both files, then sets the variable (once).
