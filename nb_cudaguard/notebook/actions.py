@@ -137,12 +137,13 @@ def live_bundle(static: dict[str, str], widget: Any) -> tuple[dict[str, Any], di
 
 
 def does_note(sentences: list[str]) -> Any:
-    """One sentence per button, in the buttons' order, saying what it does (quiet, under them)."""
+    """One sentence per button, in the buttons' order, saying what it does (quiet, under them;
+    the line height of text, not the 28 px ipywidgets gives an HTML widget's lines)."""
     import ipywidgets as widgets
 
     return widgets.HTML(
         value="".join(
-            f"<div class='nb-cudaguard-does' style='font-family:sans-serif;"
+            f"<div class='nb-cudaguard-does' style='font-family:sans-serif;line-height:1.4;"
             f"color:{TEXT_QUIET};white-space:normal'>{inline_html(sentence)}</div>"
             for sentence in sentences
         )
