@@ -120,6 +120,24 @@ def test_the_kernel_our_restart_started_runs_our_commands_and_a_later_start_does
     assert "Line magic function `%cudaguard` not found" in later.stream
 
 
+def test_after_the_blocking_button_the_first_cell_shows_the_banner_without_a_load_ext(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
+        sock.execute("%load_ext nb_cudaguard")
+        failed = sock.execute(RAISE_ASSERT)
+        sock.click(failed.button(BLOCKING_LABEL))
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value == "1"
+    first = server.execute(kid, "x = 1")  # any cell: the extension is loaded already
+    banners = [d["text/plain"] for d in first.displays if "blocking mode is on" in d["text/plain"]]
+    assert len(banners) == 1 and f"cell [{failed.execution_count}]" in banners[0]
+    status = server.execute(kid, "%cudaguard status")
+    assert status.status == "ok" and "CUDA_LAUNCH_BLOCKING" in status.stream
+    assert server.execute(kid, "y = 2").displays == []  # shown once, at the first cell
+
+
 def test_a_hanging_atexit_handler_does_not_delay_the_restart(server, server_kernel):
     # Stands in for CUDA's teardown hanging after a sticky error: the server would wait for the
     # polite shutdown before killing the kernel.
