@@ -181,10 +181,10 @@ class JupyterServer:
     def connect(self, kid: str) -> KernelSocket:
         return KernelSocket(self, kid)
 
-    def execute(self, kid: str, code: str, timeout: float = 30) -> Reply:
+    def execute(self, kid: str, code: str, timeout: float = 30, silent: bool = False) -> Reply:
         """Run one cell over a websocket of its own, as a frontend that opens a notebook does."""
         with self.connect(kid) as sock:
-            return sock.execute(code, timeout=timeout)
+            return sock.execute(code, timeout=timeout, silent=silent)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -321,9 +321,13 @@ class KernelSocket:
                 messages.append(msg)
         return Reply(status, messages, count, msg_id)
 
-    def execute(self, code: str, timeout: float = 30) -> Reply:
+    def execute(self, code: str, timeout: float = 30, silent: bool = False) -> Reply:
+        """One cell as a frontend runs it; ``silent``: as a frontend runs its own code, which
+        IPython runs without the cell events (no cell of the user's)."""
         msg_id = self.send(
-            "shell", "execute_request", {"code": code, "silent": False, "store_history": True}
+            "shell",
+            "execute_request",
+            {"code": code, "silent": silent, "store_history": not silent},
         )
         return self.collect(msg_id, timeout)
 
@@ -343,8 +347,9 @@ PROBE = "import os; print(os.getpid(), os.environ.get('CUDA_LAUNCH_BLOCKING'))"
 
 
 def probe(server: JupyterServer, kid: str, timeout: float = 5) -> tuple[int, str | None]:
-    """(pid, CUDA_LAUNCH_BLOCKING) of the kernel's current process, over a fresh websocket."""
-    out = server.execute(kid, PROBE, timeout=timeout).stream.split()
+    """(pid, CUDA_LAUNCH_BLOCKING) of the kernel's current process, over a fresh websocket;
+    silent, so that the new process's first cell is still the test's."""
+    out = server.execute(kid, PROBE, timeout=timeout, silent=True).stream.split()
     return int(out[0]), None if out[1] == "None" else out[1]
 
 

@@ -25,7 +25,7 @@ def kept_sentence(manifest: Manifest) -> str:
     if kept:
         text = (
             f"Kept {count(len(kept))} ({human_size(manifest.size)}) for the new kernel: "
-            "`%load_ext nb_cudaguard` there offers to restore them."
+            "its first cell offers to restore them."
         )
     else:
         text = "Nothing was kept."

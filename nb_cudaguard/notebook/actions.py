@@ -19,12 +19,15 @@ from ..server_extension.live_views import MARK, MARK_VALUE
 from ..server_extension.live_views import WIDGET_VIEW_MIME as WIDGET_MIME
 
 BLOCKING_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1"
+BLOCKING_REPLAY_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1, then replay"
 PLAIN_LABEL = "Restart"
 PLAIN_OFF_LABEL = "Restart (blocking mode off)"
-# What the next kernel does: `%load_ext` only lists what was kept and offers it back; the values
-# return on the Restore button or `%cudaguard restore` (keep_glue.offer_restore).
+PRIMARY_STYLE = "danger"  # the one primary restart under a failure: the context is broken
+# What the next kernel does: our restart loads the extension there (restart/injection.py), which
+# only lists what was kept and offers it back, at the first cell; the values return on the
+# Restore button or `%cudaguard restore` (keep_glue.offer_restore).
 RERUN = (
-    "then, in the new kernel, `%load_ext nb_cudaguard` lists the kept CPU variables and "
+    "then the new kernel lists the kept CPU variables at its first cell and "
     "`%cudaguard restore` puts them back; re-run the rest"
 )
 # One sentence per button, saying what it does (the primary one first).
@@ -36,6 +39,10 @@ DOES_PLAIN = "Restart: a new kernel with your CPU variables kept (GPU memory is 
 DOES_BLOCKING = (
     "Restart with CUDA_LAUNCH_BLOCKING=1: a new kernel whose CUDA launches wait for their kernels "
     "(slower, that start only), so re-running shows the line that failed; CPU variables kept."
+)
+DOES_BLOCKING_REPLAY = (
+    "Restart with CUDA_LAUNCH_BLOCKING=1, then replay: a new kernel in blocking mode (CPU "
+    "variables kept) that offers the replay again; its traceback points at the line that failed."
 )
 
 
@@ -86,8 +93,8 @@ def after_restart_text(
     expect = _EXPECT.get(method, "The kernel restarts.")
     if blocking:
         mode = (
-            " It starts with CUDA_LAUNCH_BLOCKING=1 (that start only); `%load_ext nb_cudaguard` "
-            "will say so."
+            " It starts with CUDA_LAUNCH_BLOCKING=1 (that start only) and says so at its first "
+            "cell."
         )
     elif blocking_kept:
         mode = (
@@ -127,6 +134,20 @@ def live_bundle(static: dict[str, str], widget: Any) -> tuple[dict[str, Any], di
     shows the text there, not "model not found"."""
     view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
     return {**static, WIDGET_MIME: view}, {MARK: dict(MARK_VALUE)}
+
+
+def does_note(sentences: list[str]) -> Any:
+    """One sentence per button, in the buttons' order, saying what it does (quiet, under them;
+    the line height of text, not the 28 px ipywidgets gives an HTML widget's lines)."""
+    import ipywidgets as widgets
+
+    return widgets.HTML(
+        value="".join(
+            f"<div class='nb-cudaguard-does' style='font-family:sans-serif;line-height:1.4;"
+            f"color:{TEXT_QUIET};white-space:normal'>{inline_html(sentence)}</div>"
+            for sentence in sentences
+        )
+    )
 
 
 def status_html(text: str, color: str = "inherit", bold: bool = False) -> str:
@@ -171,6 +192,19 @@ def listing(html: str) -> Any:
 Restarter = Callable[..., Any]  # restart_kernel's signature: (blocking=..., after_cell=...) -> plan
 
 
+def blocking_restart_button(primary: bool, then_replay: bool = False) -> Any:
+    """The button that restarts in blocking mode, wherever it is offered: under the panel, and
+    (``then_replay``) under the replay offered after a plain restart."""
+    import ipywidgets as widgets
+
+    return widgets.Button(
+        description=BLOCKING_REPLAY_LABEL if then_replay else BLOCKING_LABEL,
+        button_style=PRIMARY_STYLE if primary else "",
+        tooltip=DOES_BLOCKING_REPLAY if then_replay else DOES_BLOCKING,
+        layout=widgets.Layout(width="auto"),
+    )
+
+
 class RestartActions:
     """The buttons and a status line, wired to ``restart``: one primary button, the step the
     diagnosis calls for (``primary_is_plain``), and one sentence on what each does. In a kernel
@@ -198,18 +232,13 @@ class RestartActions:
         def plain() -> Any:
             return widgets.Button(
                 description=PLAIN_OFF_LABEL if blocking_on and blocking_ours else PLAIN_LABEL,
-                button_style="danger" if plain_first else "",
+                button_style=PRIMARY_STYLE if plain_first else "",
                 tooltip=DOES_PLAIN,
                 layout=widgets.Layout(width="auto"),
             )
 
         def blocking() -> Any:
-            return widgets.Button(
-                description=BLOCKING_LABEL,
-                button_style="" if plain_first else "danger",
-                tooltip=DOES_BLOCKING,
-                layout=widgets.Layout(width="auto"),
-            )
+            return blocking_restart_button(primary=not plain_first)
 
         # Built in the order shown (a frontend lists the models as they are created).
         self.blocking_button: Any = None  # not offered where blocking mode is already on
@@ -225,14 +254,7 @@ class RestartActions:
             self.blocking_button, self.plain_button = blocking(), plain()
             self.buttons = [self.blocking_button, self.plain_button]
             sentences.insert(0, DOES_BLOCKING)
-        self.note = widgets.HTML(
-            value="".join(
-                f"<div class='nb-cudaguard-does' style='font-family:sans-serif;"
-                f"color:{TEXT_QUIET};white-space:normal'>"
-                f"{inline_html(sentence)}</div>"
-                for sentence in sentences
-            )
-        )
+        self.note = does_note(sentences)
         self.status = widgets.HTML(value="")  # what happens after a click, under the buttons
         for button in self.buttons:
             button.on_click(self._clicked)

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
     from ..diagnosis.model import Diagnosis
     from ..restart.methods import RestartPlan
+    from .keep_glue import KeepState
+    from .replay_glue import ReplayState
 
 
 class ExtensionState(Protocol):
@@ -34,12 +36,18 @@ class ExtensionState(Protocol):
     @property
     def shell(self) -> InteractiveShell: ...
 
+    @property
+    def keep(self) -> KeepState: ...
+
+    @property
+    def replay(self) -> ReplayState: ...
+
 
 def _status(state: ExtensionState, args: argparse.Namespace) -> None:
     from ..runtime.status import gather
     from .keep_glue import status_lines
 
-    print("\n".join([gather().text(), *status_lines(state.shell)]))
+    print("\n".join([gather().text(), *status_lines(state.keep)]))
 
 
 def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
@@ -110,7 +118,11 @@ def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
     from .replay_glue import replay_command
 
     replay_command(
-        state.shell, yes=args.yes, blocking_on=blocking_in_force()[0], restart=state.restart
+        state.shell,
+        state.replay,
+        yes=args.yes,
+        blocking_on=blocking_in_force()[0],
+        restart=state.restart,
     )
 
 
@@ -123,10 +135,12 @@ def _restore(state: ExtensionState, args: argparse.Namespace) -> None:
     if args.discard:
         if args.value or args.force:
             raise UsageError("%cudaguard restore --discard deletes everything kept: no NAME")
-        print(f"nb_cudaguard: {discard(connection, profile, shell)}")
+        print(f"nb_cudaguard: {discard(connection, profile, state.keep)}")
         return
     try:
-        text = restore(shell, connection, profile, args.value or None, force=args.force)
+        text = restore(
+            shell, connection, profile, args.value or None, force=args.force, keep=state.keep
+        )
     except StoreError as error:
         raise UsageError(f"nothing to restore: {error}") from None
     except NotKept as error:
@@ -142,7 +156,9 @@ def _keep(state: ExtensionState, args: argparse.Namespace) -> None:
         return getattr(state, "poisoned_since", None) is not None
 
     try:
-        print(keep_command(state.shell, is_poisoned, list(args.value), args.stop, state))
+        print(
+            keep_command(state.shell, state.keep, is_poisoned, list(args.value), args.stop, state)
+        )
     except NotSnapshottable as error:
         raise UsageError(str(error)) from None
 
@@ -270,8 +286,8 @@ class CudaGuardMagics(Magics):
 
         After a restart all variables are gone. nb_cudaguard's own restart keeps the list of
         the kernel's cells for its next process: ``%cudaguard replay`` (also offered, with a
-        button, by ``%load_ext nb_cudaguard`` there) re-runs only the cells that rebuild what the
-        failing cell uses and the namespace lacks, in their order, then the failing cell, and
+        button, at the first cell there) re-runs only the cells that rebuild what the failing
+        cell uses and the namespace lacks, in their order, then the failing cell, and
         stops at the first error (``--yes`` then fails its own cell, so Run All stops); in
         blocking mode that traceback points at the line that failed. The cells are found from
         their text: a cell whose effect cannot be known (``exec``, ``globals()``, a star import,
@@ -290,10 +306,11 @@ class CudaGuardMagics(Magics):
         ``torch.from_numpy`` and its array, a view and its base) are written together, each
         byte once, and come back together and still sharing: restoring one restores the others.
         A name this kernel has defined again is not overwritten without ``--force``; the output
-        says which were left. `%load_ext nb_cudaguard` in the new kernel offers them with a
-        Restore button. Files are private to you and to this kernel, deleted once restored or
-        when the kernel is shut down (not by our own restart), and expire after a day; a save
-        that fails never deletes what an earlier restart kept.
+        says which were left. The new kernel, which our restart starts with nb_cudaguard
+        loaded, offers them at its first cell with a Restore button. Files are private to you
+        and to this kernel, deleted once restored or when the kernel is shut down (not by our
+        own restart), and expire after a day; a save that fails never deletes what an earlier
+        restart kept.
         """
         # Intermixed: `restore --force labels` as well as `restore labels --force`.
         args = self.cudaguard.parser.parse_intermixed_args(arg_split(line))

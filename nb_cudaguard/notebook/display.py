@@ -4,12 +4,18 @@ and, in a kernel that nb_cudaguard restarted in blocking mode, the banner that s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..diagnosis.model import Diagnosis
 from ..diagnosis.render import Fallout, Panel
 from ..diagnosis.theme import BAR_INFO, note_html
 from ..runtime.blocking import Marker
 from .actions import Restarter
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from .replay_glue import ReplayState
 
 
 def blocking_in_force() -> tuple[bool, bool]:
@@ -94,19 +100,15 @@ class Banner:
         }
 
 
-_banner_shown: list[bool] = []
-
-
-def on_load(restart: Restarter | None = None) -> None:
-    """At extension load: the blocking-mode banner (once per process), then the replay offered
-    (once per process); and watch torch's CUDA start, so that ``%cudaguard status`` can tell
-    whether the variable came in time."""
+def on_load(shell: InteractiveShell, replay: ReplayState, restart: Restarter | None = None) -> None:
+    """At extension load: the blocking-mode banner, then the replay offered (``replay``: the
+    extension's, which remembers it was); and watch torch's CUDA start, so that
+    ``%cudaguard status`` can tell whether the variable came in time."""
     from ..runtime.blocking import marker, watch_cuda_init
 
     watch_cuda_init()
     found = marker()
-    if found is not None and not _banner_shown:
-        _banner_shown.append(True)
+    if found is not None:
         from IPython.display import display
 
         display(Banner(found))
@@ -114,4 +116,4 @@ def on_load(restart: Restarter | None = None) -> None:
 
     # After our restart: the previous kernel's cells that lead to the error, replayed on a click.
     # ``restart``: the extension's own, for the offer's blocking-restart button.
-    offer_after_restart(blocking_in_force()[0], restart)
+    offer_after_restart(shell, replay, blocking_in_force()[0], restart)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.assert_lines import parse_assert_lines
@@ -30,10 +30,12 @@ from ..replay.record import Recorder
 from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
 from ..runtime.probe import Probe, probe_devices
+from .keep_glue import KeepState
 
 # Re-exported: they lived here before the replay needed them without importing this module.
 from .locate import kernel_connection as kernel_connection
 from .locate import profile_dirs as profile_dirs
+from .replay_glue import ReplayState, own_modules
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -66,6 +68,9 @@ class CudaGuardExtension:
         # the one IPython hook, and unload removes them all with it.
         self.cell_hooks: list[Callable[[ExecutionResult], None]] = []
         self.rank_dir = RankDir()  # where ranks launched from a cell write their records
+        self.keep = KeepState()  # the restore offers shown, the snapshots of `%cudaguard keep`
+        self.replay = ReplayState()  # the previous kernel's cells, the cells a replay ran
+        self._greet_at_first_cell = False
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -76,7 +81,7 @@ class CudaGuardExtension:
         self._register_magics()
         self.loaded = True
         with contextlib.suppress(Exception):  # a replay then plans from the cells' text alone
-            self.recorder = Recorder(set(self.shell.user_ns_hidden), _own_modules)
+            self.recorder = Recorder(set(self.shell.user_ns_hidden), own_modules)
             self.recorder.prime(self.shell.user_ns)
         with contextlib.suppress(Exception):  # without it, device lines reach the cell unfolded
             self.tee.fold = _fold_spec()
@@ -84,16 +89,25 @@ class CudaGuardExtension:
             self.rank_dir.open()
         except Exception as internal:
             print(f"nb_cudaguard: no folder for ranks' records ({internal}).", file=sys.stderr)
+        if _answering_a_request(self.shell):
+            self._greet()
+        else:  # loaded by our restart's startup file: what it shows would reach no cell
+            self._greet_at_first_cell = True
+
+    def _greet(self) -> None:
+        """What a load shows: the blocking-mode banner, what was kept, the replay."""
         try:
             from .display import on_load
 
-            on_load(self.restart)  # the blocking-mode banner, the replay, after our restart
+            # the blocking-mode banner, the replay, after our restart
+            on_load(self.shell, self.replay, self.restart)
         except Exception as internal:  # a banner is never worth a failed %load_ext
             print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
         try:
             from .keep_glue import offer_restore
 
-            offer_restore(self.shell, kernel_connection(self.shell), profile_dirs(self.shell))
+            connection, profile = kernel_connection(self.shell), profile_dirs(self.shell)
+            offer_restore(self.shell, connection, profile, self.keep)
         except Exception as internal:  # nor is the offer to restore what was kept
             print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
 
@@ -109,9 +123,9 @@ class CudaGuardExtension:
                 self.shell.events.unregister(event, callback)
         self.set_sync(False)
         with contextlib.suppress(Exception):  # the snapshot hook, if %cudaguard keep started one
-            from .keep_glue import close
-
-            close(self.shell)
+            self.keep.close()
+        self.keep, self.replay = KeepState(), ReplayState()  # a later load starts afresh
+        self._greet_at_first_cell = False
         self.tee.close()
         self.cell_hooks.clear()
         self.rank_dir.close()
@@ -155,13 +169,15 @@ class CudaGuardExtension:
         if keep:
             from .keep_glue import keep_before_restart
 
-            kept = keep_before_restart(self.shell, connection, profile)
+            kept = keep_before_restart(self.shell, connection, profile, self.keep.snapshots)
         # Once the context is known broken no further panel is shown, so the last panel's cell is
         # also the one that broke it; where the probe could not tell, the panel still named it.
         after_cell = self.last_sticky_cell if after_cell is None else after_cell
         # The cells, for `%cudaguard replay` in the next process.
         records = self.recorder.settle() if self.recorder is not None else {}
-        with cells_kept_for_restart(self.shell, self.outcomes, after_cell, self.seconds, records):
+        with cells_kept_for_restart(
+            self.shell, self.outcomes, after_cell, self.seconds, records, self.replay
+        ):
             plan = restart_kernel(
                 blocking,
                 after_cell=after_cell,
@@ -169,6 +185,7 @@ class CudaGuardExtension:
                 delay=DELAY_S if delay is None else delay,
                 connection=connection,
                 warning=multi_gpu_warning(self.shell.user_ns) if blocking else "",
+                load_extension=True,  # so that the commands the panel shows work there
             )
         return replace(plan, kept=kept)
 
@@ -199,6 +216,10 @@ class CudaGuardExtension:
 
     # --- the hook ------------------------------------------------------------------------------
     def pre_run_cell(self, *_info: Any) -> None:
+        if self._greet_at_first_cell:
+            self._greet_at_first_cell = False
+            with contextlib.suppress(BaseException):
+                self._greet()
         with contextlib.suppress(BaseException):  # bookkeeping only: never break the user's cell
             self._started.append(time.perf_counter())
             self.cells.start()
@@ -316,6 +337,20 @@ class CudaGuardExtension:
         show_fallout(self.poisoned_in_cell, message, self.poisoned_since)
 
 
+def _answering_a_request(shell: InteractiveShell) -> bool:
+    """Whether what is displayed now reaches a frontend: a kernel files output under the request
+    it answers, and frontends drop output without one (a startup file's, before the first
+    request); a shell that is not a kernel's prints it."""
+    get_parent = getattr(shell, "get_parent", None)  # ipykernel's ZMQInteractiveShell
+    if get_parent is None:
+        return True
+    try:
+        parent = get_parent()
+    except Exception:
+        return True
+    return isinstance(parent, dict) and bool(parent.get("header"))
+
+
 def _fold_spec() -> tuple[str, str, str]:
     """What the tee's child needs to fold repeated device assert lines (runtime/capture.py):
     where this package is, the module that reads the lines, the command its verdict names."""
@@ -351,26 +386,25 @@ def _with_context(diagnosis: Diagnosis, probe: Probe) -> Diagnosis:
     )
 
 
-_STATES: dict[int, CudaGuardExtension] = {}
-
-
-def _own_modules(names: Collection[str]) -> Collection[str]:
-    from .replay_glue import own_modules  # imported when a cell first uses a module
-
-    return own_modules(names)
+# IPython keeps no object of an extension's (its extension manager records module names) and
+# hands unload only the shell: so the shell carries its extension, in this one attribute, set at
+# load and removed at unload. Each shell has its own; nothing of ours is kept at module level.
+_ATTRIBUTE = "_nb_cudaguard_extension"
 
 
 def load_ipython_extension(shell: InteractiveShell) -> None:
-    state = _STATES.get(id(shell))
-    if state is None or state.shell is not shell:
-        state = _STATES[id(shell)] = CudaGuardExtension(shell)
+    state = current_state(shell)
+    if state is None:
+        state = CudaGuardExtension(shell)
+        setattr(shell, _ATTRIBUTE, state)
     state.load()
 
 
 def unload_ipython_extension(shell: InteractiveShell) -> None:
-    state = _STATES.pop(id(shell), None)
-    if state is not None and state.shell is shell:
+    state = current_state(shell)
+    if state is not None:
         state.unload()
+        delattr(shell, _ATTRIBUTE)
 
 
 def current_state(shell: InteractiveShell | None = None) -> CudaGuardExtension | None:
@@ -379,7 +413,8 @@ def current_state(shell: InteractiveShell | None = None) -> CudaGuardExtension |
         from IPython import get_ipython
 
         shell = get_ipython()
-    return _STATES.get(id(shell)) if shell is not None else None
+    state = getattr(shell, _ATTRIBUTE, None)
+    return state if isinstance(state, CudaGuardExtension) else None
 
 
 def multi_gpu_warning(namespace: dict[str, Any]) -> str:

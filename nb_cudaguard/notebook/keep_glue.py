@@ -5,12 +5,16 @@
   (``keep.store``) and returns the sentence the restart message ends with. It never raises and
   never waits longer than the store's deadline: nothing of ours may stand between a broken
   kernel and its cure.
-- ``offer_restore``: at ``%load_ext nb_cudaguard`` in the new process, what was kept (names,
+- ``offer_restore``: at the extension's load in the new process (our restart loads it there; it
+  shows at the first cell), what was kept (names,
   types, sizes, what was not kept and why) with a Restore button (text + HTML saying the command
   where widgets do not render, as ``actions.py`` does).
 - ``%cudaguard restore [NAME ...]``, ``%cudaguard keep [NAME ...]``: the commands
   (``cudaguard_magic.py``).
 - Snapshots: a ``post_run_cell`` hook, registered while a name is kept and removed on unload.
+
+What one shell holds (the offers shown, the snapshot hook) is a ``KeepState``, owned by the
+extension object and handed in.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import html
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis.render import TEXT_ERROR
@@ -27,7 +32,7 @@ from ..keep.snapshot import NotSnapshottable, Snapshots
 from ..keep.store import Manifest, StoreError
 from ..keep.text import count, kept_sentence, offer_text, restored_text
 from ..keep.text import not_kept_text as not_kept_text  # the magic's, with the others here
-from .actions import button_row, listing, live_bundle, status_html
+from .actions import button_row, does_note, listing, live_bundle, status_html
 from .cell_output import into_cell, showing_cell
 
 if TYPE_CHECKING:
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
 
 RESTORE_LABEL = "Restore"
 DISCARD_LABEL = "Discard"
+DOES_RESTORE = "Restore: puts every kept variable back into this kernel."
+DOES_DISCARD = "Discard: deletes what was kept."
 
 
 def where_kept(shell: InteractiveShell) -> tuple[str | None, tuple[str, str] | None]:
@@ -54,16 +61,19 @@ def where_kept(shell: InteractiveShell) -> tuple[str | None, tuple[str, str] | N
 
 
 def keep_before_restart(
-    shell: InteractiveShell, connection: str | None, profile: tuple[str, str] | None
+    shell: InteractiveShell,
+    connection: str | None,
+    profile: tuple[str, str] | None,
+    snapshots: SnapshotHook | None = None,
 ) -> str:
-    """Save this kernel's CPU state for its next process; the sentence for the restart message
-    ("" where there is no kernel, or nothing to say)."""
+    """Save this kernel's CPU state for its next process (GPU objects from ``snapshots``, the
+    extension's snapshot hook, where it has one); the sentence for the restart message ("" where
+    there is no kernel, or nothing to say)."""
     if connection is None or profile is None:
         return ""
     try:
         from ..keep import store
 
-        snapshots = _sessions.get(id(shell))
         substitutes: dict[Any, Any] = {}
         notes: dict[str, str] = {}
         missing: dict[str, str] = {}
@@ -134,9 +144,13 @@ def _state_dict_of(namespace: dict[str, Any], name: str) -> Any:
 
 
 def offer_restore(
-    shell: InteractiveShell, connection: str | None, profile: tuple[str, str] | None
+    shell: InteractiveShell,
+    connection: str | None,
+    profile: tuple[str, str] | None,
+    keep: KeepState,
 ) -> None:
-    """At load: show what the previous process kept, with the Restore button."""
+    """At load: show what the previous process kept, with the Restore button (``keep``: the
+    extension's, which disables the offer's buttons once nothing is left)."""
     if connection is None or profile is None:
         return
     from IPython.display import display
@@ -156,7 +170,7 @@ def offer_restore(
         if not manifest.restored:  # only reasons: said at the restart already
             store.discard_keep(profile[0], connection)
         return
-    display(restore_offer(shell, connection, profile, manifest))
+    display(restore_offer(shell, connection, profile, manifest, keep))
 
 
 def _pre_html(text: str, css: str) -> str:
@@ -175,7 +189,9 @@ class _Note:
 
 
 class RestoreOffer:
-    """What was kept, the Restore and Discard buttons, and a status line under them."""
+    """What was kept, the Restore and Discard buttons with a sentence on what each does, and a
+    status line under them. Restore is the one primary button of a new kernel's offers (there
+    is something to restore wherever this offer is shown); the replay's are secondary."""
 
     def __init__(
         self,
@@ -183,22 +199,25 @@ class RestoreOffer:
         connection: str,
         profile: tuple[str, str],
         manifest: Manifest,
+        keep: KeepState,
     ) -> None:
         import ipywidgets as widgets
 
         self.shell, self.connection, self.profile = shell, connection, profile
+        self.keep = keep
         self.text = offer_text(manifest)
         self.restore_button = widgets.Button(
             description=RESTORE_LABEL,
             button_style="success",
-            tooltip="Put every kept variable back into this kernel",
+            tooltip=DOES_RESTORE,
             layout=widgets.Layout(width="auto"),
         )
         self.discard_button = widgets.Button(
             description=DISCARD_LABEL,
-            tooltip="Delete what was kept",
+            tooltip=DOES_DISCARD,
             layout=widgets.Layout(width="auto"),
         )
+        self.note = does_note([DOES_RESTORE, DOES_DISCARD])
         self.status = widgets.HTML(value="")
         self.cell = showing_cell(shell)  # what a click says goes to its real outputs too
         self.restore_button.on_click(self._restore)
@@ -207,17 +226,19 @@ class RestoreOffer:
             [
                 listing(_pre_html(self.text, "nb-cudaguard-keep")),
                 button_row([self.restore_button, self.discard_button]),
+                self.note,
                 self.status,
             ]
         )
 
     def _say(self, text: str, color: str = "inherit") -> None:
+        self.note.value = ""  # the buttons are done with: what happened replaces what they do
         self.status.value = status_html(text, color)
 
     def _restore(self, _button: Any) -> None:
         self.disable()
         try:
-            text = restore(self.shell, self.connection, self.profile)
+            text = restore(self.shell, self.connection, self.profile, keep=self.keep)
             self._say(text)
         except Exception as error:
             text = f"Could not restore: {error}"
@@ -226,7 +247,7 @@ class RestoreOffer:
 
     def _discard(self, _button: Any) -> None:
         self.disable()
-        text = discard(self.connection, self.profile, self.shell)
+        text = discard(self.connection, self.profile, self.keep)
         self._say(text)
         self._keep_in_cell(text)
 
@@ -250,29 +271,43 @@ class RestoreOffer:
         return live_bundle(static, self.widget)
 
 
-# The offers shown in each shell: once nothing is left to restore (a restore or a discard, by a
-# button or a command), their buttons are disabled, so that none restores over what is there.
-_offers: dict[int, list[RestoreOffer]] = {}
+@dataclass
+class KeepState:
+    """What keep and restore hold in one shell, owned by the extension object: the offers shown,
+    whose buttons are disabled once nothing is left to restore (a restore or a discard, by a
+    button or a command), so that none restores over what is there; the snapshot hook."""
 
+    offers: list[RestoreOffer] = field(default_factory=list)
+    snapshots: SnapshotHook | None = None
 
-def _settle_offers(shell: InteractiveShell, text: str, nothing_left: bool) -> None:
-    if not nothing_left:
-        return
-    for offer in _offers.pop(id(shell), []):
-        with contextlib.suppress(Exception):  # a closed comm: nothing to update
-            if not offer.restore_button.disabled:
-                offer.disable()
-                offer._say(text)
+    def settle_offers(self, text: str) -> None:
+        offers, self.offers = self.offers, []
+        for offer in offers:
+            with contextlib.suppress(Exception):  # a closed comm: nothing to update
+                if not offer.restore_button.disabled:
+                    offer.disable()
+                    offer._say(text)
+
+    def close(self) -> None:
+        """At unload: the offers are forgotten, the snapshot hook goes, and its buffers."""
+        self.offers = []
+        if self.snapshots is not None:
+            self.snapshots.close()
+            self.snapshots = None
 
 
 def restore_offer(
-    shell: InteractiveShell, connection: str, profile: tuple[str, str], manifest: Manifest
+    shell: InteractiveShell,
+    connection: str,
+    profile: tuple[str, str],
+    manifest: Manifest,
+    keep: KeepState,
 ) -> RestoreOffer | _Note:
     try:
-        offer = RestoreOffer(shell, connection, profile, manifest)
+        offer = RestoreOffer(shell, connection, profile, manifest, keep)
     except Exception:  # no ipywidgets, or no comm support: the command still works
         return _Note(offer_text(manifest).removeprefix("nb_cudaguard: "))
-    _offers.setdefault(id(shell), []).append(offer)
+    keep.offers.append(offer)
     return offer
 
 
@@ -282,11 +317,12 @@ def restore(
     profile: tuple[str, str] | None,
     names: Iterable[str] | None = None,
     force: bool = False,
+    keep: KeepState | None = None,
 ) -> str:
     """Put what was kept (all, or ``names`` and what shares state with them) into the namespace,
     leaving the names defined here again as they are unless ``force``; the sentence saying what
-    came back, what not, and what to do with GPU snapshots. Raises ``StoreError`` /
-    ``store.NotKept``."""
+    came back, what not, and what to do with GPU snapshots (``keep``: whose offers are settled
+    once everything is back). Raises ``StoreError`` / ``store.NotKept``."""
     if connection is None or profile is None:
         raise StoreError("this is not a Jupyter kernel: nothing is kept here")
     from ..keep import store
@@ -294,7 +330,8 @@ def restore(
     started = time.perf_counter()
     done = store.restore(shell.user_ns, profile[0], connection, names, force=force)
     text = restored_text(done, time.perf_counter() - started)
-    _settle_offers(shell, text, nothing_left=not done.remaining)
+    if keep is not None and not done.remaining:
+        keep.settle_offers(text)
     return text
 
 
@@ -319,7 +356,7 @@ def restored_names(shell: InteractiveShell) -> tuple[tuple[str, ...], tuple[str,
 
 
 def discard(
-    connection: str | None, profile: tuple[str, str] | None, shell: InteractiveShell | None = None
+    connection: str | None, profile: tuple[str, str] | None, keep: KeepState | None = None
 ) -> str:
     if connection is None or profile is None:
         return "Nothing is kept here."
@@ -327,8 +364,8 @@ def discard(
 
     store.discard_keep(profile[0], connection)  # in the profile and in RAM
     text = "Deleted what the previous process kept."
-    if shell is not None:
-        _settle_offers(shell, text, nothing_left=True)
+    if keep is not None:
+        keep.settle_offers(text)
     return text
 
 
@@ -377,35 +414,23 @@ class SnapshotHook:
             self.registered = False
 
 
-_sessions: dict[int, SnapshotHook] = {}
-
-
-def snapshot_hook(shell: InteractiveShell, is_poisoned: Any, hooks: Any) -> SnapshotHook:
-    hook = _sessions.get(id(shell))
-    if hook is None or hook.shell is not shell:
-        hook = _sessions[id(shell)] = SnapshotHook(shell, is_poisoned, hooks)
-    return hook
-
-
-def close(shell: InteractiveShell) -> None:
-    """At unload: the snapshot hook goes, and its buffers with it."""
-    _offers.pop(id(shell), None)
-    hook = _sessions.pop(id(shell), None)
-    if hook is not None:
-        hook.close()
-
-
-def status_lines(shell: InteractiveShell) -> list[str]:
-    hook = _sessions.get(id(shell))
-    return [] if hook is None else hook.snapshots.status()
+def status_lines(keep: KeepState) -> list[str]:
+    return [] if keep.snapshots is None else keep.snapshots.snapshots.status()
 
 
 def keep_command(
-    shell: InteractiveShell, is_poisoned: Any, names: list[str], stop: bool, hooks: Any
+    shell: InteractiveShell,
+    keep: KeepState,
+    is_poisoned: Any,
+    names: list[str],
+    stop: bool,
+    hooks: Any,
 ) -> str:
     """``%cudaguard keep [NAME ...] [--stop]``: start or stop snapshots; list them. ``hooks``:
     the extension object, which runs the snapshot hook after each cell."""
-    hook = snapshot_hook(shell, is_poisoned, hooks)
+    if keep.snapshots is None:
+        keep.snapshots = SnapshotHook(shell, is_poisoned, hooks)
+    hook = keep.snapshots
     if stop:
         hook.stop(names or None)
     elif names:

@@ -30,7 +30,8 @@ def restart_kernel(
     error nb_cudaguard last explained) is named in the new kernel's banner. Re-run the notebook
     from the top afterwards. Raises ``RestartError`` where there is no kernel to restart.
     With ``keep`` (the default), the CPU variables are saved first for the new process:
-    ``%load_ext nb_cudaguard`` there offers to restore them; ``plan.kept`` says what was kept.
+    the new kernel loads nb_cudaguard, which offers to restore them at its first cell;
+    ``plan.kept`` says what was kept.
     """
     state = current_state()
     if state is not None:
@@ -49,5 +50,6 @@ def restart_kernel(
         delay=delay,
         connection=connection,
         warning=multi_gpu_warning(shell.user_ns) if blocking else "",
+        load_extension=True,  # it offers back what was kept
     )
     return replace(plan, kept=kept)

@@ -4,8 +4,8 @@ next process, plan it against the namespace as it is, and run the chosen cells.
 The cells run through ``shell.run_cell`` (as ``%%capture`` runs its body), so every
 ``pre/post_run_cell`` hook, ours included, sees them and a failure shows the usual traceback and
 our panel. They run with ``store_history=False``: a nested cell that stored history would share the
-outer cell's execution count and shift IPython's input list. Which cells a replay ran is kept here
-instead, so that the next restart saves them in their place.
+outer cell's execution count and shift IPython's input list. Which cells a replay ran is kept in
+the extension's ``ReplayState`` instead, so that the next restart saves them in their place.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
 from ..replay.record import CellRecord, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
+from .actions import DOES_BLOCKING_REPLAY, blocking_restart_button, does_note
 from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
 
@@ -44,13 +45,17 @@ if TYPE_CHECKING:
     from .actions import Restarter
 
 REPLAY_LABEL = "Replay to the failing cell"
-BLOCKING_REPLAY_LABEL = "Restart with CUDA_LAUNCH_BLOCKING=1, then replay"
+DOES_REPLAY = (
+    "Replay to the failing cell: runs the cells listed above, then the failing cell, here; it "
+    "stops at the first error."
+)
 COMMAND = "%cudaguard replay --yes"
 
 
 @dataclass
-class _Process:
-    """What this process knows about replays (one per process: there is one kernel)."""
+class ReplayState:
+    """What the loaded extension knows about replays in its shell (the extension object owns
+    it: an unload forgets it, a second shell has its own)."""
 
     previous: SavedCells | None = None  # the previous kernel's cells, read at load
     why_none: str = "no cells were saved for this kernel"
@@ -63,9 +68,6 @@ class _Process:
     facts: dict[str, CellFacts] = field(default_factory=dict)  # by source: plans are remade
 
 
-_PROCESS = _Process()
-
-
 # --- saving, in the old process ------------------------------------------------------------------
 
 
@@ -74,21 +76,24 @@ def own_cells(
     outcomes: dict[int, bool],
     seconds: Mapping[int, float] | None = None,
     records: Mapping[int, CellRecord] | None = None,
+    replay: ReplayState | None = None,
 ) -> list[tuple[Cell, bool]]:
     """This process's cells in the order they ran, each with whether a replay ran it (those
     stand right after the cell that ran them, or the last one before the click); ``seconds``:
     how long each ran, ``records``: what it did (``replay.record``), by execution count, where
-    known. A cell that ran a replay has no record: what its replay did is the replayed cells'."""
+    known; ``replay``: the extension's replay state (None: no replay ran). A cell that ran a
+    replay has no record: what its replay did is the replayed cells'."""
     raw = _history(shell)
     seconds = seconds or {}
     records = records or {}
-    cells: list[tuple[Cell, bool]] = [(c, True) for c in _PROCESS.replayed.get(1, [])]
+    replayed = replay.replayed if replay is not None else {}
+    cells: list[tuple[Cell, bool]] = [(c, True) for c in replayed.get(1, [])]
     for count, source in enumerate(raw[1:], start=1):
         ok = outcomes.get(count)
         failed = None if ok is None else not ok
-        record = None if count + 1 in _PROCESS.replayed else records.get(count)
+        record = None if count + 1 in replayed else records.get(count)
         cells.append((Cell(source, count, failed, seconds.get(count), record), False))
-        cells.extend((c, True) for c in _PROCESS.replayed.get(count + 1, []))
+        cells.extend((c, True) for c in replayed.get(count + 1, []))
     return cells
 
 
@@ -103,20 +108,22 @@ def cells_to_save(
     after_cell: int | None,
     seconds: Mapping[int, float] | None = None,
     records: Mapping[int, CellRecord] | None = None,
+    replay: ReplayState | None = None,
 ) -> tuple[list[Cell], int | None]:
     """(cells, index of the failing one). The previous kernel's cells come first while they
     were not replayed here (a restart that only switches blocking mode on keeps them). The
     failing cell is ``after_cell`` (the CUDA error explained here); else the previous kernel's
     (a NameError here, where its variables are gone, is no better target); else the last cell
-    here that failed."""
+    here that failed. ``replay``: the extension's replay state (None: nothing read or run)."""
+    replay = ReplayState() if replay is None else replay
     carried: list[Cell] = []
     carried_failing: int | None = None
-    previous = _PROCESS.previous
-    if previous is not None and not _PROCESS.replayed:
+    previous = replay.previous
+    if previous is not None and not replay.replayed:
         carried, carried_failing = list(previous.cells), previous.failing
-    own = own_cells(shell, outcomes, seconds, records)
+    own = own_cells(shell, outcomes, seconds, records, replay)
     # A cell that ran a replay fails where the replay did: the cell it replayed is the target.
-    ran_replay = {count - 1 for count in _PROCESS.replayed}
+    ran_replay = {count - 1 for count in replay.replayed}
     found = [
         i
         for i, (c, replayed) in enumerate(own)
@@ -143,6 +150,7 @@ def cells_kept_for_restart(
     after_cell: int | None,
     seconds: Mapping[int, float] | None = None,
     records: Mapping[int, CellRecord] | None = None,
+    replay: ReplayState | None = None,
 ) -> Iterator[None]:
     """Around our restart: save this kernel's cells for its next process; discard them again if
     the restart could not be asked for. Saving never stands in the restart's way."""
@@ -150,7 +158,7 @@ def cells_kept_for_restart(
     saved = False
     if profile is not None and connection is not None:
         try:
-            cells, failing = cells_to_save(shell, outcomes, after_cell, seconds, records)
+            cells, failing = cells_to_save(shell, outcomes, after_cell, seconds, records, replay)
             save_cells(profile[0], connection, cells, failing)
             saved = True
         except Exception as error:
@@ -168,34 +176,36 @@ def cells_kept_for_restart(
 # --- reading, in the new process -----------------------------------------------------------------
 
 
-def previous_cells(shell: InteractiveShell) -> tuple[SavedCells | None, str]:
-    """The previous kernel's cells (read once per process, then kept in memory)."""
-    if not _PROCESS.loaded:
+def previous_cells(shell: InteractiveShell, replay: ReplayState) -> tuple[SavedCells | None, str]:
+    """The previous kernel's cells (read once, the file consumed, then kept in ``replay``)."""
+    if not replay.loaded:
         profile, connection = profile_dirs(shell), kernel_connection(shell)
         if profile is None or connection is None:
-            _PROCESS.why_none = "this is not a Jupyter kernel"
+            replay.why_none = "this is not a Jupyter kernel"
         else:
-            _PROCESS.previous, why = load_cells(profile[0], connection)
-            _PROCESS.why_none = why or _PROCESS.why_none
-        _PROCESS.loaded = True
-    return _PROCESS.previous, _PROCESS.why_none
+            replay.previous, why = load_cells(profile[0], connection)
+            replay.why_none = why or replay.why_none
+        replay.loaded = True
+    return replay.previous, replay.why_none
 
 
-def make_plan(shell: InteractiveShell, saved: SavedCells) -> Plan:
-    """The plan against the namespace as it is now (whatever was kept or restored is there)."""
+def make_plan(
+    shell: InteractiveShell, saved: SavedCells, replay: ReplayState | None = None
+) -> Plan:
+    """The plan against the namespace as it is now (whatever was kept or restored is there);
+    ``replay``: where the cells' analyses are kept, for the plans made again."""
     assert saved.failing is not None
     cells = saved.cells[: saved.failing + 1]
+    known = replay.facts if replay is not None else {}
 
     def transform(source: str) -> str:
         return str(shell.transform_cell(source))
 
     facts = []
     for cell in cells:
-        found = _PROCESS.facts.get(cell.source)
+        found = known.get(cell.source)
         if found is None:
-            found = _PROCESS.facts[cell.source] = analyse_cell(
-                runnable_source(cell.source), transform
-            )
+            found = known[cell.source] = analyse_cell(runnable_source(cell.source), transform)
         facts.append(joined(found, cell.record))
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     from .keep_glue import restored_names
@@ -351,8 +361,8 @@ BLOCKING_OFF = (
 
 
 BLOCKING_THEN_REPLAY = (
-    "The cells stay saved: in the new kernel `%load_ext nb_cudaguard` offers the replay again, "
-    "and its traceback points at the line that failed."
+    "The cells stay saved: the new kernel offers the replay again at its first cell, and its "
+    "traceback points at the line that failed."
 )
 
 
@@ -372,7 +382,9 @@ class ReplayOffer:
     there is no such cell). Where blocking mode
     is off and this kernel can restart itself (``restart``: the extension's own restart, the
     panel's), a second button restarts in blocking mode first: the cells are saved again for the
-    next process, which offers the replay there."""
+    next process, which offers the replay there. Both are secondary: the one primary button of a
+    new kernel's offers is Restore, where something was kept (``keep_glue.RestoreOffer``); a
+    sentence under them says what each does."""
 
     def __init__(
         self,
@@ -380,29 +392,25 @@ class ReplayOffer:
         saved: SavedCells,
         view: PlanView,
         restart: Restarter | None = None,
+        replay: ReplayState | None = None,
     ) -> None:
         import ipywidgets as widgets
 
         self.shell, self.saved, self.view = shell, saved, view
+        self.replay = ReplayState() if replay is None else replay
         self._restart = restart
         self.button = widgets.Button(
-            description=REPLAY_LABEL,
-            button_style="primary",
-            tooltip="Run the cells listed above, then the failing cell; stops at the first error",
-            layout=widgets.Layout(width="auto"),
+            description=REPLAY_LABEL, tooltip=DOES_REPLAY, layout=widgets.Layout(width="auto")
         )
         self.buttons = [self.button]
+        sentences = [DOES_REPLAY]
         self.blocking_button: Any = None
         if restart is not None and not view.blocking_on:
-            self.blocking_button = widgets.Button(
-                description=BLOCKING_REPLAY_LABEL,
-                button_style="danger",
-                tooltip="A new kernel process in blocking mode (CPU variables kept), where the "
-                "replay is offered again: its traceback points at the line that failed",
-                layout=widgets.Layout(width="auto"),
-            )
+            self.blocking_button = blocking_restart_button(primary=False, then_replay=True)
             self.blocking_button.on_click(self._restart_clicked)
             self.buttons.insert(0, self.blocking_button)
+            sentences.insert(0, DOES_BLOCKING_REPLAY)
+        self.note = does_note(sentences)
         from .actions import button_row, listing
 
         self.status = widgets.HTML(value="")
@@ -410,7 +418,9 @@ class ReplayOffer:
         self.cell = showing_cell(shell)  # the replay's output goes to its real outputs
         self.button.on_click(self._clicked)
         self.plan = listing(view._repr_mimebundle_()["text/html"])
-        self.widget = widgets.VBox([self.plan, button_row(self.buttons), self.status, self.output])
+        self.widget = widgets.VBox(
+            [self.plan, button_row(self.buttons), self.note, self.status, self.output]
+        )
 
     def _restart_clicked(self, _button: Any) -> None:
         from .actions import after_restart_text
@@ -418,6 +428,7 @@ class ReplayOffer:
         assert self._restart is not None
         for each in self.buttons:
             each.disabled = True
+        self.note.value = ""
         self.status.value = note_html(
             "nb-cudaguard-replay-restart",
             BAR_QUIET,
@@ -440,7 +451,7 @@ class ReplayOffer:
         self.status.value = note_html("nb-cudaguard-replay-restart", BAR_DONE, said)
 
     def _clicked(self, _button: Any) -> None:
-        plan = make_plan(self.shell, self.saved)
+        plan = make_plan(self.shell, self.saved, self.replay)
         if plan != self.view.plan:  # something was restored or bound meanwhile
             shown = {step.index for step in self.view.plan.steps}
             self.view = plan_view(self.shell, plan, self.saved, self.view.blocking_on)
@@ -453,8 +464,9 @@ class ReplayOffer:
             self.status.value = note_html("nb-cudaguard-replay-changed", BAR_QUIET, PLAN_SHRANK)
         for each in self.buttons:
             each.disabled = True
+        self.note.value = ""
         with into_cell(self.shell, self.cell, fallback=self.output):
-            said = run_plan(self.shell, self.saved, plan, self.view.blocking_on)
+            said = run_plan(self.shell, self.saved, plan, self.view.blocking_on, self.replay)
         self.status.value = note_html("nb-cudaguard-replay-done", BAR_INFO, said)
 
     def _repr_mimebundle_(
@@ -478,31 +490,33 @@ def offer(
     saved: SavedCells,
     blocking_on: bool,
     restart: Restarter | None = None,
+    replay: ReplayState | None = None,
 ) -> None:
     """Show the plan with a button where widgets work, the command everywhere; with blocking
     mode off, also a button that ``restart``s in blocking mode first."""
     from IPython.display import display
 
-    view = plan_view(shell, make_plan(shell, saved), saved, blocking_on)
+    view = plan_view(shell, make_plan(shell, saved, replay), saved, blocking_on)
     try:
         restart = None if blocking_on else _restarter(restart)
-        display(ReplayOffer(shell, saved, view, restart))
+        display(ReplayOffer(shell, saved, view, restart, replay))
     except Exception:  # no ipywidgets, or no comm: the command in the text still works
         display(view)
 
 
-def offer_after_restart(blocking_on: bool, restart: Restarter | None = None) -> None:
-    """At ``%load_ext`` in the process our restart started: the plan, if a cell failed."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
+def offer_after_restart(
+    shell: InteractiveShell,
+    replay: ReplayState,
+    blocking_on: bool,
+    restart: Restarter | None = None,
+) -> None:
+    """At load (at the first cell, where our restart's startup file loaded the extension) in the
+    process our restart started: the plan, if a cell failed."""
+    saved, _ = previous_cells(shell, replay)
+    if saved is None or saved.failing is None or replay.offered or replay.replayed:
         return
-    saved, _ = previous_cells(shell)
-    if saved is None or saved.failing is None or _PROCESS.offered or _PROCESS.replayed:
-        return
-    _PROCESS.offered = True
-    offer(shell, saved, blocking_on, restart)
+    replay.offered = True
+    offer(shell, saved, blocking_on, restart, replay)
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -541,10 +555,16 @@ def labelled(shell: InteractiveShell, count: int | None) -> Iterator[None]:
             del compiler.cache  # the class's method again
 
 
-def run_plan(shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool) -> str:
+def run_plan(
+    shell: InteractiveShell,
+    saved: SavedCells,
+    plan: Plan,
+    blocking_on: bool,
+    replay: ReplayState | None = None,
+) -> str:
     """Run the plan's cells in order, stopping at the first error; returns what happened, also
-    printed."""
-    return run_steps(shell, saved, plan, blocking_on).said
+    printed. ``replay``: where the cells it ran are kept, for the next restart to save."""
+    return run_steps(shell, saved, plan, blocking_on, replay=replay).said
 
 
 @contextlib.contextmanager
@@ -569,14 +589,20 @@ def kept_definitions(
 
 
 def run_steps(
-    shell: InteractiveShell, saved: SavedCells, plan: Plan, blocking_on: bool, say: bool = True
+    shell: InteractiveShell,
+    saved: SavedCells,
+    plan: Plan,
+    blocking_on: bool,
+    say: bool = True,
+    replay: ReplayState | None = None,
 ) -> Outcome:
     """``run_plan``, saying also whether a cell raised (``say``: printing what happened). What
     the namespace has that a cell binds anew (``Step.keeps``) is put back after it, failed or
     not."""
-    if _PROCESS.running:
+    replay = ReplayState() if replay is None else replay
+    if replay.running:
         return Outcome("A replay is already running.", stopped=True)
-    _PROCESS.running = True
+    replay.running = True
     # Not the execution count: IPython 9 moves it on for a nested run_cell too.
     position = len(_history(shell))
     present = set(shell.user_ns)
@@ -620,8 +646,8 @@ def run_steps(
                 "an error this time."
             )
     finally:
-        _PROCESS.running = False
-        _PROCESS.replayed.setdefault(position, []).extend(ran)
+        replay.running = False
+        replay.replayed.setdefault(position, []).extend(ran)
     if not blocking_on:
         said += " " + BLOCKING_OFF
     if say or ok:
@@ -630,15 +656,19 @@ def run_steps(
 
 
 def replay_command(
-    shell: InteractiveShell, yes: bool, blocking_on: bool, restart: Restarter | None = None
+    shell: InteractiveShell,
+    replay: ReplayState,
+    yes: bool,
+    blocking_on: bool,
+    restart: Restarter | None = None,
 ) -> None:
     """``%cudaguard replay [--yes]``."""
     from IPython.core.error import UsageError
     from IPython.display import display
 
-    if _PROCESS.running:
+    if replay.running:
         raise UsageError("a replay is already running")
-    saved, why = previous_cells(shell)
+    saved, why = previous_cells(shell, replay)
     if saved is None:
         raise UsageError(nothing_to_replay(why))
     if saved.failing is None:
@@ -646,10 +676,10 @@ def replay_command(
             nothing_to_replay("no cell of the previous kernel failed before the restart")
         )
     if not yes:
-        offer(shell, saved, blocking_on, restart)
+        offer(shell, saved, blocking_on, restart, replay)
         return
-    plan = make_plan(shell, saved)
+    plan = make_plan(shell, saved, replay)
     display(plan_view(shell, plan, saved, blocking_on, asking=False))
-    outcome = run_steps(shell, saved, plan, blocking_on, say=False)
+    outcome = run_steps(shell, saved, plan, blocking_on, say=False, replay=replay)
     if outcome.stopped:  # the cell fails as the replayed one did: Run All stops here
         raise UsageError(outcome.said)

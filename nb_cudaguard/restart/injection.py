@@ -1,4 +1,4 @@
-"""Put ``CUDA_LAUNCH_BLOCKING=1`` into the *next* process of *this* kernel, once.
+"""Arm the *next* process of *this* kernel, once: ``CUDA_LAUNCH_BLOCKING=1``, the extension loaded.
 
 A server-managed restart relaunches the kernel with the environment saved at its first launch
 (jupyter_client's ``KernelManager.restart_kernel`` reuses the first launch's arguments,
@@ -7,13 +7,15 @@ data:
 
 - a pending file ``<profile>/nb_cudaguard/pending-<key>.json`` (0600 in a 0700 directory, written
   atomically) that names the kernel by its connection file (the path survives restarts; ``key`` is
-  its hash), when it was written, and the variables, each checked against an allowlist;
+  its hash), when it was written, the variables, each checked against an allowlist (none for a
+  plain restart), and whether to load the extension (the notebook glue's restarts ask for it, so
+  that the commands their messages show work in the new kernel);
 - a one-shot IPython startup file ``<profile>/startup/0-nb_cudaguard-once-<key>.py``, the fixed
-  text of ``startup_once.py``: standard library only, it never imports nb_cudaguard (the next
-  process may not be able to: another environment, an older version). IPython runs startup files
-  before the first cell, so the variable is in ``os.environ`` before torch can create a CUDA
-  context, even if the user never loads nb_cudaguard again. It only reads the data file; nothing
-  read from a file is executed.
+  text of ``startup_once.py``: standard library only, it has IPython's extension manager load
+  nb_cudaguard, after the variable is set (the next process may not be able to import it:
+  another environment, an older version; the variable is set all the same). IPython runs
+  startup files before the first cell, so the variable is in ``os.environ`` before torch can
+  create a CUDA context. It only reads the data file; nothing read from a file is executed.
 
 IPython runs every startup file in every process of the profile. Only the process whose
 connection file hashes to the key acts: it removes both files, then sets the variable (once).
@@ -21,7 +23,9 @@ Every other process (another kernel, a terminal, another virtual environment) to
 none can consume or cancel this kernel's pending restart; an error deletes nothing either. Files
 older than ``TTL_S`` are leftovers of a restart that never came: the next ``write_pending``
 removes them. The process that got the variable carries ``MARKER`` so that the extension can say
-so (its banner) and a later in-place restart can drop it again.
+so (its banner) and a later in-place restart can drop it again. A startup file has no request to
+answer, so the extension loaded there shows what it shows at load in the first cell run
+(``notebook/extension.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from ..runtime.blocking import BLOCKING
 # Only these variables, with only these values, are ever set from a pending file.
 ALLOWED: Mapping[str, frozenset[str]] = {"CUDA_LAUNCH_BLOCKING": frozenset({"1"})}
 TTL_S = 300.0  # a restart takes seconds; anything older is a leftover
-FORMAT = 1  # startup_once.py reads this format
+FORMAT = 2  # startup_once.py reads this format
 
 STARTUP_PREFIX = "0-nb_cudaguard-once-"  # "0-" sorts before the usual "00-..." startup files
 
@@ -74,17 +78,20 @@ def write_pending(
     *,
     after_cell: int | None = None,
     env: Mapping[str, str] = BLOCKING,
+    load_extension: bool = False,
     now: float | None = None,
 ) -> tuple[Path, Path]:
-    """Arm the next start of the kernel with this connection file. Returns (data, startup) paths."""
+    """Arm the next start of the kernel with this connection file: ``env`` (empty: no variable)
+    and, with ``load_extension``, the extension loaded. Returns (data, startup) paths."""
     key = kernel_key(connection_path)
     created = time.time() if now is None else now
     data = {
         "format": FORMAT,
         "kernel": os.path.realpath(os.path.abspath(connection_path)),
         "created": created,
-        "env": validate_env(dict(env)),
+        "env": validate_env(dict(env)) if env else {},
         "after_cell": after_cell,
+        "load_extension": load_extension,
     }
     data_path = pending_path(profile_location, key)
     private_dir(data_path.parent)

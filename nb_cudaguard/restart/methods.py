@@ -189,6 +189,7 @@ def restart_kernel(
     delay: float = DELAY_S,
     connection: str | None = _ASK_IPYKERNEL,
     warning: str = "",
+    load_extension: bool = False,
 ) -> RestartPlan:
     """Restart this kernel; with ``blocking``, its next process alone gets CUDA_LAUNCH_BLOCKING=1.
 
@@ -197,29 +198,41 @@ def restart_kernel(
     ``profile`` is the IPython profile's (location, startup directory), where a blocking restart
     leaves its one-shot startup file; ``after_cell`` is the cell that crashed, named in the new
     kernel's banner. ``connection`` is the kernel's connection file (None: not a kernel);
-    ``warning`` is said with the plan (blocking mode with several GPUs, ...). Raises
-    ``RestartError`` where there is no kernel to restart; nothing else ever ends the process.
+    ``warning`` is said with the plan (blocking mode with several GPUs, ...);
+    ``load_extension``: the new process loads nb_cudaguard at its start (the kernel that asks
+    has it loaded). Raises ``RestartError`` where there is no kernel to restart; nothing else
+    ever ends the process.
     """
     plan = plan_restart(connection=connection) if plan is None else plan
     if warning:
         plan = replace(plan, warning=warning)
-    if plan.method is not Method.EXECVE:
-        if profile is None or plan.connection_file is None:
-            if blocking:
-                raise RestartError("cannot find this kernel's IPython profile or connection file")
-        else:
-            key = kernel_key(plan.connection_file)
-            if blocking:
-                injection.write_pending(*profile, plan.connection_file, after_cell=after_cell)
-            else:
-                injection.cancel(*profile, key)
+    # execve carries the variable in the environment it passes; the startup file only loads.
+    env = BLOCKING if blocking and plan.method is not Method.EXECVE else {}
+    if profile is None or plan.connection_file is None:
+        if env:
+            raise RestartError("cannot find this kernel's IPython profile or connection file")
+    elif env:
+        injection.write_pending(
+            *profile,
+            plan.connection_file,
+            after_cell=after_cell,
+            env=env,
+            load_extension=load_extension,
+        )
+    elif load_extension:
+        try:
+            injection.write_pending(*profile, plan.connection_file, env={}, load_extension=True)
+        except Exception:  # OSError, NotPrivate: the extension is never worth a failed restart
+            injection.cancel(*profile, kernel_key(plan.connection_file))
+    else:
+        injection.cancel(*profile, kernel_key(plan.connection_file))
 
     action: Callable[[], None]
     if plan.method is Method.REST:
         action = lambda: _rest_restart(plan)  # noqa: E731
     elif plan.method is Method.EXECVE:
-        env = _execve_environment(blocking, after_cell)
-        action = lambda: _execve_in_place(env)  # noqa: E731
+        environment = _execve_environment(blocking, after_cell)
+        action = lambda: _execve_in_place(environment)  # noqa: E731
     else:
         action = lambda: _end_process(plan.method)  # noqa: E731
 

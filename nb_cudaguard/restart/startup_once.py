@@ -1,9 +1,11 @@
-# nb_cudaguard's one-shot IPython startup file (`%cudaguard restart`). It sets
-# CUDA_LAUNCH_BLOCKING=1 in the next start of ONE kernel, the one whose connection file hashes to
-# the key in this file's name, and then removes itself and its data file. Every other IPython
-# process of this profile (another kernel, a terminal, another virtual environment) leaves both
-# alone. It uses the standard library only, never imports nb_cudaguard, reads one JSON data file
-# and executes nothing read from it. Safe to delete.
+# nb_cudaguard's one-shot IPython startup file (its restart). In the next start of ONE kernel, the
+# one whose connection file hashes to the key in this file's name, it sets CUDA_LAUNCH_BLOCKING=1
+# (a blocking restart) and loads the extension again (where the kernel that asked had it loaded),
+# then removes itself and its data file. Every other IPython process of this profile (another
+# kernel, a terminal, another virtual environment) leaves both alone. It imports nothing but the
+# standard library itself; IPython imports nb_cudaguard to load the extension, after the variable
+# is set, and a failure there (another environment, an older version) costs only the extension.
+# It reads one JSON data file and executes nothing read from it. Safe to delete.
 #
 # This module's text *is* the startup file (nb_cudaguard/restart/injection.py copies it): so no
 # docstring and no module-level name but the one function, which deletes itself after running, for
@@ -15,8 +17,10 @@ def _nb_cudaguard_once(
     connection: str | None = None,
     environ: dict[str, str] | None = None,
     now: float | None = None,
+    shell: object = None,
 ) -> str:
-    """Apply the pending restart meant for this kernel; returns what it did (one word)."""
+    """Apply the pending restart meant for this kernel; returns what it did (one word).
+    ``shell``: where the extension is loaded (default: the running IPython's)."""
     import hashlib
     import json
     import os
@@ -65,10 +69,11 @@ def _nb_cudaguard_once(
             data = json.load(handle)
     except (OSError, ValueError):
         return "no-data"
-    if not isinstance(data, dict) or data.get("format") != 1:
+    if not isinstance(data, dict) or data.get("format") != 2:
         return "invalid"
     env, created, after_cell = data.get("env"), data.get("created"), data.get("after_cell")
-    if data.get("kernel") != kernel or env != allowed:
+    load = data.get("load_extension", False)
+    if data.get("kernel") != kernel or env not in ({}, allowed) or not isinstance(load, bool):
         return "invalid"
     if not isinstance(created, (int, float)) or isinstance(created, bool):
         return "invalid"
@@ -84,9 +89,25 @@ def _nb_cudaguard_once(
     now = time.time() if now is None else now
     if abs(now - created) > ttl_s:
         return "expired"  # a leftover of a restart that never happened
-    target = os.environ if environ is None else environ
-    target.update(allowed)
-    target[marker] = "" if after_cell is None else str(after_cell)
+    if env:  # first: nothing below may import torch before the variable is set
+        target = os.environ if environ is None else environ
+        target.update(env)
+        target[marker] = "" if after_cell is None else str(after_cell)
+    if load:
+        if shell is None:
+            ipython = sys.modules.get("IPython")  # looked up: this process runs IPython
+            shell = ipython.get_ipython() if ipython is not None else None
+        if shell is None:
+            return "applied"
+        try:
+            # Through IPython's extension manager, as %load_ext loads it, so that %unload_ext
+            # and %reload_ext know it (a notebook's own %load_ext then says it is loaded).
+            loaded = shell.extension_manager.load_extension("nb_cudaguard")  # type: ignore[attr-defined]
+        except Exception as error:
+            loaded = f"{type(error).__name__}: {error}"
+        if loaded not in (None, "already loaded"):
+            print(f"nb_cudaguard: not loaded after the restart ({loaded})", file=sys.stderr)
+            return "applied-not-loaded"
     return "applied"
 
 

@@ -25,9 +25,9 @@ from nb_cudaguard.replay.text import plan_summary
 
 
 @pytest.fixture
-def recorded(shell: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A shell with the extension loaded, an empty user namespace and replay state of its own."""
-    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process())
+def recorded(shell: Any) -> Iterator[Any]:
+    """A shell with the extension loaded (with replay state of its own), an empty user
+    namespace."""
     before = set(shell.user_ns)
     grad = torch.is_grad_enabled()
     shell.run_line_magic("load_ext", "nb_cudaguard")
@@ -46,7 +46,7 @@ def _run(shell: Any, cells: Sequence[str]) -> SavedCells:
     assert state is not None and state.recorder is not None
     failing_count = shell.execution_count - 1
     kept, failing = replay_glue.cells_to_save(
-        shell, state.outcomes, failing_count, state.seconds, state.recorder.settle()
+        shell, state.outcomes, failing_count, state.seconds, state.recorder.settle(), state.replay
     )
     assert failing is not None
     return SavedCells(tuple(kept), failing, time.time(), 1)
@@ -209,10 +209,7 @@ def test_a_fingerprint_sees_a_module_trained_and_a_container_filled():
     assert fingerprint(big)[1] is False  # too large to see whole: said, never guessed
 
 
-def test_cells_run_before_the_extension_loaded_are_named_as_planned_from_text(
-    shell: Any, monkeypatch: pytest.MonkeyPatch
-):
-    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process())
+def test_cells_run_before_the_extension_loaded_are_named_as_planned_from_text(shell: Any):
     shell.run_cell("early_base = [1, 2]", store_history=True)
     early = shell.execution_count - 1
     shell.run_line_magic("load_ext", "nb_cudaguard")

@@ -22,7 +22,8 @@ from jupyter_harness import (
 )
 from pytorch_texts import ASSERT_2_9
 
-from nb_cudaguard.notebook.replay_glue import BLOCKING_REPLAY_LABEL, REPLAY_LABEL
+from nb_cudaguard.notebook.actions import BLOCKING_REPLAY_LABEL
+from nb_cudaguard.notebook.replay_glue import REPLAY_LABEL
 
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
@@ -151,7 +152,7 @@ def test_after_a_restart_from_the_kernel_menu_there_is_nothing_to_replay(server,
 
 def _restart_and_wait(server, kid, command):
     with server.connect(kid) as sock:
-        pid = int(sock.execute("import os; print(os.getpid())").stream.split()[0])
+        pid = int(sock.execute("import os; print(os.getpid())", silent=True).stream.split()[0])
         sock.execute(command)
     wait_for_new_process(server, kid, pid)
 
@@ -200,7 +201,9 @@ def test_a_click_after_the_plan_grew_shows_it_and_runs_it_on_the_next_click(serv
     kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
     with server.connect(kid) as sock:
-        sock.execute(RESTORED)  # before the load: the offer's plan runs the failing cell only
+        # Before the offer (shown at the first cell of the user's): its plan runs the failing
+        # cell only; silent, as a frontend's own code runs.
+        sock.execute(RESTORED, silent=True)
         loaded = sock.execute("%load_ext nb_cudaguard")
         button = loaded.button(REPLAY_LABEL)
         sock.execute("del data")  # now data must be built again: cells not in the plan shown
@@ -255,7 +258,7 @@ def test_without_blocking_mode_a_button_restarts_in_it_and_the_replay_is_offered
     kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT, restart="%cudaguard restart --no-blocking")
     with server.connect(kid) as sock:
-        pid = int(sock.execute("import os; print(os.getpid())").stream.split()[0])
+        pid = int(sock.execute("import os; print(os.getpid())", silent=True).stream.split()[0])
         loaded = sock.execute("%load_ext nb_cudaguard")
         buttons = {c["data"]["state"].get("description"): c["comm_id"] for c in loaded.comm_opens()}
         assert REPLAY_LABEL in buttons  # replaying here, without blocking mode, stays possible

@@ -13,7 +13,13 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from nb_cudaguard.notebook import replay_glue
-from nb_cudaguard.notebook.replay_glue import COMMAND, PlanView, make_plan, run_plan
+from nb_cudaguard.notebook.replay_glue import (
+    COMMAND,
+    PlanView,
+    ReplayState,
+    make_plan,
+    run_plan,
+)
 from nb_cudaguard.replay.history import Cell, SavedCells
 
 CELLS = (
@@ -78,13 +84,13 @@ def test_an_earlier_cell_that_fails_stops_the_run_before_the_failing_cell(fresh)
     assert "stopped at cell [1] of the previous kernel (before the failing cell)" in said
 
 
-def test_the_replayed_cells_are_kept_for_the_next_restart(fresh, saved, monkeypatch):
-    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process())
-    fresh.user_ns["_go"] = lambda: run_plan(fresh, saved, make_plan(fresh, saved), True)
+def test_the_replayed_cells_are_kept_for_the_next_restart(fresh, saved):
+    replay = ReplayState()  # the extension's, in a kernel
+    fresh.user_ns["_go"] = lambda: run_plan(fresh, saved, make_plan(fresh, saved), True, replay)
     with capture_output():
         fresh.run_cell("_go()", store_history=True)  # as %cudaguard replay --yes runs, in a cell
     fresh.run_cell("after = 1", store_history=True)
-    cells, failing = replay_glue.cells_to_save(fresh, {}, after_cell=None)
+    cells, failing = replay_glue.cells_to_save(fresh, {}, after_cell=None, replay=replay)
     # In their place: after the cell that ran them, before the next one.
     assert [c.source for c in cells[-6:]] == [
         "_go()",
@@ -97,8 +103,7 @@ def test_the_replayed_cells_are_kept_for_the_next_restart(fresh, saved, monkeypa
     assert all(c.seconds is not None for c in cells[-5:-1])  # timed as they ran
 
 
-def test_the_magic_says_there_is_nothing_to_replay_outside_a_kernel(shell, monkeypatch):
-    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process())
+def test_the_magic_says_there_is_nothing_to_replay_outside_a_kernel(shell):
     shell.run_line_magic("load_ext", "nb_cudaguard")
     with pytest.raises(UsageError, match="nothing to replay: this is not a Jupyter kernel"):
         shell.run_line_magic("cudaguard", "replay")
@@ -110,14 +115,14 @@ def test_yes_goes_with_replay_only(shell):
         shell.run_line_magic("cudaguard", "status --yes")
 
 
-def test_before_any_replay_the_previous_kernels_failing_cell_stays_the_target(
-    fresh, saved, monkeypatch
-):
+def test_before_any_replay_the_previous_kernels_failing_cell_stays_the_target(fresh, saved):
     # A plain restart, then a NameError here (the variables are gone), then the blocking restart.
-    monkeypatch.setattr(replay_glue, "_PROCESS", replay_glue._Process(previous=saved, loaded=True))
+    replay = ReplayState(previous=saved, loaded=True)
     fresh.run_cell("print(a_name_that_is_gone)", store_history=True)
     count = fresh.execution_count - 1
-    cells, failing = replay_glue.cells_to_save(fresh, {count: False}, after_cell=None)
+    cells, failing = replay_glue.cells_to_save(
+        fresh, {count: False}, after_cell=None, replay=replay
+    )
     assert list(cells[: len(CELLS)]) == list(CELLS)
     assert failing == 4 and cells[failing] == CELLS[4]
     assert cells[-1] == Cell("print(a_name_that_is_gone)", count, True)

@@ -132,6 +132,23 @@ def test_the_matching_kernel_gets_the_variable_and_the_marker(profile):
     assert blocking.marker(environ) == blocking.Marker(after_cell=7)
 
 
+def test_a_plain_restart_loads_the_extension_and_sets_no_variable(profile, shell):
+    injection.write_pending(*profile, CONN, env={}, load_extension=True)
+    environ: dict[str, str] = {}
+    script = injection.startup_path(profile[1], injection.kernel_key(CONN))
+    assert _nb_cudaguard_once(str(script), CONN, environ, shell=shell) == "applied"
+    assert environ == {}
+    assert "cudaguard" in shell.magics_manager.magics["line"]
+    assert _files(profile) == []
+
+
+def test_the_extension_is_loaded_only_where_asked(profile, shell):
+    injection.write_pending(*profile, CONN)
+    script = injection.startup_path(profile[1], injection.kernel_key(CONN))
+    assert _nb_cudaguard_once(str(script), CONN, {}, shell=shell) == "applied"
+    assert "cudaguard" not in shell.magics_manager.magics["line"]
+
+
 def test_the_injection_is_consumed_once(profile):
     injection.write_pending(*profile, CONN)
     _once(profile, CONN, {})
@@ -243,6 +260,43 @@ def test_a_kernel_manager_restart_starts_the_next_process_with_the_variable(tmp_
         # The startup file never imported the package, and left no name behind.
         assert _expression(client, "import sys", "'nb_cudaguard' in sys.modules") == "False"
         assert _expression(client, "", "'_nb_cudaguard_once' in globals()") == "False"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def _line(client, code: str) -> dict:
+    """The reply to one cell, and what it printed."""
+    printed: list[str] = []
+
+    def output(msg: dict) -> None:
+        if msg["msg_type"] in ("stream", "error"):
+            printed.append(msg["content"].get("text") or msg["content"].get("evalue", ""))
+
+    reply = client.execute_interactive(code, timeout=30, output_hook=output)
+    return {"status": reply["content"]["status"], "printed": "".join(printed)}
+
+
+def test_the_restarted_kernel_has_the_extension_loaded_and_the_next_one_does_not(tmp_path):
+    manager, client = _start(tmp_path)
+    try:
+        injection.write_pending(
+            *_profile(tmp_path), manager.connection_file, env={}, load_extension=True
+        )
+        client.stop_channels()
+        client = _restart(manager)
+        synced = _line(client, "%cudaguard sync")  # no %load_ext in this process
+        assert synced["status"] == "ok", synced
+        assert "end-of-cell CUDA synchronise is off" in synced["printed"]
+        # Loaded as %load_ext loads it: IPython's extension manager knows it.
+        again = _line(client, "%load_ext nb_cudaguard")
+        assert again["status"] == "ok" and "already loaded" in again["printed"]
+        assert _value(client) == "None"
+        client.stop_channels()
+        client = _restart(manager)  # the user's own restart: an ordinary start
+        missing = _line(client, "%cudaguard sync")
+        assert missing["status"] == "error" and "not found" in missing["printed"]
+        assert _expression(client, "import sys", "'nb_cudaguard' in sys.modules") == "False"
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

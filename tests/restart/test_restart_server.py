@@ -81,7 +81,9 @@ def test_a_click_disables_the_buttons_and_says_what_to_do_before_the_kernel_goes
     assert sum(1 for s in clicked.widget_states if s.get("disabled") is True) == 2
     said = clicked.widget_text
     # What to do next: restore what was kept (keep_glue) and re-run the rest, or re-run it all.
-    assert "there offers to restore them" in said or ("re-run the notebook from the top" in said)
+    assert "its first cell offers to restore them" in said or (
+        "re-run the notebook from the top" in said
+    )
     assert "CUDA_LAUNCH_BLOCKING=1" in said
     wait_for_new_process(server, kid, pid)
 
@@ -97,6 +99,43 @@ def test_the_new_kernel_shows_the_banner_naming_the_crashing_cell(server, server
     banners = [d["text/plain"] for d in shown if "blocking mode is on" in d.get("text/plain", "")]
     assert len(banners) == 1
     assert f"cell [{failed.execution_count}]" in banners[0]
+
+
+def test_the_kernel_our_restart_started_runs_our_commands_and_a_later_start_does_not(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    server.execute(kid, "count = 7\n%load_ext nb_cudaguard\n%cudaguard restart --no-blocking")
+    new_pid, _ = wait_for_new_process(server, kid, pid)
+    first = server.execute(kid, "%cudaguard restore")  # no %load_ext in this process
+    assert first.status == "ok", first.errors
+    # What the load shows reaches the first cell (the startup file's load had none to show in).
+    assert any("count" in d.get("text/plain", "") for d in first.displays)
+    assert "restored" in first.stream.lower()
+    assert server.execute(kid, "print(count)").stream.strip() == "7"
+    server.restart_kernel(kid)  # the user's own restart, from the frontend
+    wait_for_new_process(server, kid, new_pid)
+    later = server.execute(kid, "%cudaguard status")
+    assert later.status == "error"
+    assert "Line magic function `%cudaguard` not found" in later.stream
+
+
+def test_after_the_blocking_button_the_first_cell_shows_the_banner_without_a_load_ext(
+    server, server_kernel
+):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
+        sock.execute("%load_ext nb_cudaguard")
+        failed = sock.execute(RAISE_ASSERT)
+        sock.click(failed.button(BLOCKING_LABEL))
+    _, value = wait_for_new_process(server, kid, pid)
+    assert value == "1"
+    first = server.execute(kid, "x = 1")  # any cell: the extension is loaded already
+    banners = [d["text/plain"] for d in first.displays if "blocking mode is on" in d["text/plain"]]
+    assert len(banners) == 1 and f"cell [{failed.execution_count}]" in banners[0]
+    status = server.execute(kid, "%cudaguard status")
+    assert status.status == "ok" and "CUDA_LAUNCH_BLOCKING" in status.stream
+    assert server.execute(kid, "y = 2").displays == []  # shown once, at the first cell
 
 
 def test_a_hanging_atexit_handler_does_not_delay_the_restart(server, server_kernel):
