@@ -83,6 +83,8 @@ class CudaGuardExtension:
         with contextlib.suppress(Exception):  # a replay then plans from the cells' text alone
             self.recorder = Recorder(set(self.shell.user_ns_hidden), own_modules)
             self.recorder.prime(self.shell.user_ns)
+        # What a restore puts back, and what the user changes after it, for the replay's plan.
+        self.keep.recorder = self.replay.recorder = self.recorder
         with contextlib.suppress(Exception):  # without it, device lines reach the cell unfolded
             self.tee.fold = _fold_spec()
         try:  # children of a launcher started in a cell inherit its name

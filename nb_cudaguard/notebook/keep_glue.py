@@ -38,6 +38,8 @@ from .cell_output import into_cell, showing_cell
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
+    from ..replay.record import Recorder
+
 RESTORE_LABEL = "Restore"
 DISCARD_LABEL = "Discard"
 DOES_RESTORE = "Restore: puts every kept variable back into this kernel."
@@ -279,6 +281,9 @@ class KeepState:
 
     offers: list[RestoreOffer] = field(default_factory=list)
     snapshots: SnapshotHook | None = None
+    # The extension's record of what each cell did: told what a restore put back, so that a
+    # replay can tell what the user changed since (None: no recorder, nothing to tell).
+    recorder: Recorder | None = None
 
     def settle_offers(self, text: str) -> None:
         offers, self.offers = self.offers, []
@@ -330,6 +335,9 @@ def restore(
     started = time.perf_counter()
     done = store.restore(shell.user_ns, profile[0], connection, names, force=force)
     text = restored_text(done, time.perf_counter() - started)
+    if keep is not None and keep.recorder is not None:
+        with contextlib.suppress(Exception):  # bookkeeping: never a failed restore
+            keep.recorder.put_back([k.name for k in done.restored], shell.user_ns)
     if keep is not None and not done.remaining:
         keep.settle_offers(text)
     return text

@@ -33,7 +33,7 @@ from ..replay.definitions import HOLDER, KeptDefinitions
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
-from ..replay.record import CellRecord, restore_rng
+from ..replay.record import CellRecord, Recorder, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
 from .actions import DOES_BLOCKING_REPLAY, blocking_restart_button, does_note
 from .cell_output import into_cell, showing_cell
@@ -64,6 +64,9 @@ class ReplayState:
     # them included: IPython stores a cell's input before running it).
     replayed: dict[int, list[Cell]] = field(default_factory=dict)
     running: bool = False
+    # The extension's record of what each cell did (None: none): which restored names the user
+    # changed since their restore, and the baseline a replay's own rebuilding moves.
+    recorder: Recorder | None = None
     offered: bool = False
     facts: dict[str, CellFacts] = field(default_factory=dict)  # by source: plans are remade
 
@@ -212,6 +215,8 @@ def make_plan(
 
     modules = {m for f in facts for m in f.imported_from.values()}
     restored, after_failure = restored_names(shell)
+    recorder = replay.recorder if replay is not None else None
+    changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
     plan = plan_replay(
         facts,
         saved.failing,
@@ -220,6 +225,7 @@ def make_plan(
         restored=restored,
         after_failure=after_failure,
         own_modules=own_modules(modules),
+        changed_here=changed_here,
     )
     return with_records(plan, facts, [c.record for c in cells])
 
@@ -606,6 +612,7 @@ def run_steps(
     # Not the execution count: IPython 9 moves it on for a nested run_cell too.
     position = len(_history(shell))
     present = set(shell.user_ns)
+    before = dict(shell.user_ns)  # references only: what the replay binds anew shows by identity
     ran: list[Cell] = []
     said = ""
     ok = True
@@ -648,11 +655,24 @@ def run_steps(
     finally:
         replay.running = False
         replay.replayed.setdefault(position, []).extend(ran)
+        if replay.recorder is not None:  # what the replay rebuilt is no change of the user's
+            with contextlib.suppress(Exception):
+                known = replay.recorder.put_back_names
+                rebuilt = [n for n in rebuilt_by(shell.user_ns, before) if n in known]
+                replay.recorder.put_back(rebuilt, shell.user_ns)
     if not blocking_on:
         said += " " + BLOCKING_OFF
     if say or ok:
         print(f"nb_cudaguard: {said}", flush=True)
     return Outcome(said, stopped=not ok)
+
+
+def rebuilt_by(namespace: Mapping[str, Any], before: Mapping[str, Any]) -> list[str]:
+    """The names of ``namespace`` bound anew since ``before`` (a copy of it)."""
+    return [n for n, v in namespace.items() if before.get(n, _ABSENT) is not v]
+
+
+_ABSENT = object()
 
 
 def replay_command(

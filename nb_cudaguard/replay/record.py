@@ -415,6 +415,10 @@ class Recorder:
             if name in namespace:
                 self._put_back[name] = _see(namespace[name])
 
+    @property
+    def put_back_names(self) -> frozenset[str]:
+        return frozenset(self._put_back)
+
     def changed_since_put_back(self, namespace: Mapping[str, Any]) -> tuple[str, ...]:
         """The names put back that the user re-bound, changed in place or deleted since."""
         changed = []

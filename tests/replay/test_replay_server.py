@@ -549,3 +549,30 @@ def test_a_replayed_class_cell_leaves_one_class_for_restored_and_rebuilt_instanc
     assert "SAME True True True" in replay.stream, replay.stream
     assert "AFTER True True" in after.stream
     assert "'toks'" in names.stream and "_nb_cudaguard_kept" not in names.stream
+
+
+def test_a_restored_value_the_user_fixed_after_the_restore_stays_theirs(server, server_kernel):
+    kid, pid = server_kernel
+    cells = (
+        "import torch\nprint('RAN:imports')",
+        "history = []\nprint('RAN:history')",
+        "labels = torch.tensor([1, 2, 4])\nprint('RAN:labels')",
+    )
+    failed = _run_restart(server, kid, pid, cells, FAIL_CHANGING)
+    assert re.findall(r"STATE .*", failed.stream) == ["STATE [0] [0, 1, 3]"]
+    with server.connect(kid) as sock:
+        sock.execute("%load_ext nb_cudaguard")
+        assert "Restored" in sock.execute("%cudaguard restore").stream
+        sock.execute("labels[2] = 2")  # the user's fix, in place, on the restored tensor
+        planned = sock.execute("%cudaguard replay")
+        replay = sock.execute("%cudaguard replay --yes", timeout=90)
+        after = sock.execute("print('AFTER', history, labels.tolist())")
+    plan = " ".join(d["text/plain"] for d in planned.displays)
+    assert (
+        "kept as you changed them after the restore, though labels: the one restored has the "
+        "failing cell's change already" in plan
+    ), plan
+    assert "defines history again" in plan  # not changed by the user: built again as before
+    assert _markers(replay.stream) == ["history", "fail"]  # labels' cell is not run again
+    assert re.findall(r"STATE .*", replay.stream) == ["STATE [0] [-1, 0, 1]"]
+    assert "AFTER [0] [-1, 0, 1]" in after.stream
