@@ -73,8 +73,13 @@ def _plan_text(displays: list[dict]) -> str:
     return "\n".join(d.get("text/plain", "") for d in displays)
 
 
-# A step's reason that only says what the cell binds or changes, not that a name may differ.
-_PLAIN_REASON = re.compile(r"^(defines|changes|imports|may define) \w+( through \w+)?$")
+# A step's reason that only says what the cell binds or changes, or that the name here is used
+# (put back, kept from a class/def), not that a name may differ.
+_PLAIN_REASON = re.compile(
+    r"^(defines|changes|imports|may define) \w+( through \w+)?$"
+    r"|^the [\w, ]+ here (is|are) put back after it$"
+    r"|^the [\w, ]+ here stays? from the cell's class/def on"
+)
 
 
 def _warnings(text: str) -> str:
@@ -443,7 +448,10 @@ def test_the_user_fixes_a_restored_learning_rate(server, server_kernel):
         "{'lr': lr, 'opt': opt.param_groups[0]['lr'], 'model': round(model.weight.sum().item(), 5)}"
     )
     out = run_case(server, kid, pid, cells, fp, restore="", after=("lr = 0.01",))
-    assert_no_silent_difference(out)
+    print(out.explain())
+    # lr differs by the user's own hand; what was built from the old lr must be as before
+    assert out.after is not None and out.after["lr"] == 0.01, out.explain()
+    assert [k for k in out.silent() if k != "lr"] == [], out.explain()
 
 
 # --- 7. torch settings ---------------------------------------------------------------------
@@ -525,4 +533,52 @@ def test_dict_accumulations_over_epochs_run_twice(server, server_kernel):
     )
     cells = (cells[0], cells[1], cells[1], cells[2])
     fp = "{'metrics': metrics, 'epoch': epoch, 'best': best}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
+
+
+# --- 9. state the record cannot walk: torch.Generator, a function's defaults ---------------------
+
+GENERATOR_DRAWS = (
+    "import torch\nfrom torch.utils.data import DataLoader\ng = torch.Generator().manual_seed(0)",
+    "noise = torch.randn(3, generator=g)",
+    "peek = torch.rand(2, generator=g)",  # a look nobody needs later
+    "loader = DataLoader(list(range(8)), batch_size=4, shuffle=True, generator=g)\n"
+    "order = [b.tolist() for b in loader]",
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="silent difference: draws through a torch.Generator (torch.rand(..., generator=g), "
+    "DataLoader(generator=g)) are invisible: no restore: peek cell skipped, g/order differ; "
+    "restore: g kept with the failing cell's own draw in it, plan says g is kept",
+)
+@pytest.mark.parametrize("restore", [None, ""], ids=["no-restore", "all"])
+def test_draws_from_a_torch_generator_object(server, server_kernel, restore):
+    kid, pid = server_kernel
+    fp = "{'noise': noise.tolist(), 'order': order, 'g': torch.rand(2, generator=g).tolist()}"
+    assert_no_silent_difference(run_case(server, kid, pid, GENERATOR_DRAWS, fp, restore=restore))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="silent difference: collect('b') grows collect's mutable default; the replay skips "
+    "the cell (a function is seen by identity) and the plan does not name collect",
+)
+def test_a_functions_mutable_default_collects_calls(server, server_kernel):
+    kid, pid = server_kernel
+    cells = (
+        "def collect(x, seen=[]):\n    seen.append(x)\n    return len(seen)",
+        "n = collect('a')",
+        "collect('b')",
+    )
+    fp = "{'collect': collect.__defaults__[0], 'n': n}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
+
+
+def test_a_rebinding_cell_run_twice(server, server_kernel):
+    kid, pid = server_kernel
+    cells = ("x = 3\nsteps = ()", "x = x * 2\nsteps = steps + (x,)")
+    cells = (cells[0], cells[1], cells[1])
+    fp = "{'x': x, 'steps': steps}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
