@@ -15,6 +15,7 @@ import html
 import os
 import sys
 import time
+import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -217,6 +218,7 @@ def make_plan(
     restored, after_failure = restored_names(shell)
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
+    own = own_modules(modules)
     plan = plan_replay(
         facts,
         saved.failing,
@@ -224,10 +226,23 @@ def make_plan(
         failed,
         restored=restored,
         after_failure=after_failure,
-        own_modules=own_modules(modules),
+        own_modules=own,
         changed_here=changed_here,
+        fresh=[n for n in restored if _from_module(shell.user_ns.get(n)) in own],
     )
     return with_records(plan, facts, [c.record for c in cells])
+
+
+def _from_module(value: Any) -> str | None:
+    """The top-level module a module, function or class is (or comes from): a restore brings
+    these back by importing them again, so with what the module's file sets, not what the
+    cells did to its globals since; None for anything else (restored as it was)."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__.partition(".")[0]
+    if isinstance(value, type | types.FunctionType):
+        module = getattr(value, "__module__", None)
+        return module.partition(".")[0] if isinstance(module, str) else None
+    return None
 
 
 def own_modules(names: Iterable[str]) -> set[str]:

@@ -66,6 +66,12 @@ class Plan:
     # Restored names the user changed since the restore that the plan builds again all the
     # same (what is built from them here would not match them otherwise): (name, why).
     overwritten: tuple[tuple[str, str], ...] = ()
+    # Names the plan rebuilds from those the user changed since the restore: they follow the
+    # user's change, not the state before the failure.
+    from_yours: tuple[str, ...] = ()
+    # Cells that failed when they ran, after binding or changing names the plan rebuilds: not
+    # run again (they would fail again), so those names lack what they did. (index, names)
+    failed_changes: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -85,6 +91,7 @@ def plan_replay(
     after_failure: Collection[str] = (),
     own_modules: Collection[str] = (),
     changed_here: Collection[str] = (),
+    fresh: Collection[str] = (),
 ) -> Plan:
     """The cells to run, in order, ending with ``failing`` (an index into ``facts``).
 
@@ -94,7 +101,10 @@ def plan_replay(
     cell ran (its changes too); ``own_modules``: the top-level modules the notebook imports
     that are its own (a ``helpers.py`` beside it), not libraries; ``changed_here``: the
     restored names the user re-bound or changed in this kernel since their restore (a fix):
-    never built again for a change they already had, and named where built again at all.
+    never built again for a change they already had, and named where built again at all;
+    ``fresh``: restored names that came back as they were at their import, not as the cells
+    left them (the notebook's own modules, and what the namespace holds from them: their
+    globals are the module's file's): every cell that changed them runs again.
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
@@ -103,7 +113,9 @@ def plan_replay(
     present = set(present)
     restored = set(restored) & present
     yours = set(changed_here) & restored
-    planner = _Planner(facts, failing, present, set(failed), modules, restored, yours)
+    planner = _Planner(
+        facts, failing, present, set(failed), modules, restored, yours, set(fresh) & restored
+    )
     return replace(planner.run(set(after_failure) & restored), drop=deleted_before(facts, failing))
 
 
@@ -220,6 +232,7 @@ class _Planner:
         modules: set[str],
         restored: set[str] = frozenset(),  # type: ignore[assignment]
         changed_here: set[str] = frozenset(),  # type: ignore[assignment]
+        fresh: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> None:
         self.facts = facts
         self.restored = restored
@@ -232,6 +245,7 @@ class _Planner:
         self.kept: set[str] = set()
         self.stale: dict[str, str] = {}  # kept names to build again -> why
         self.changed_here = changed_here  # restored, then changed by the user
+        self.fresh = fresh  # restored as imported, without the cells' changes
         self.yours: dict[str, str] = {}  # of those, kept though stale -> why they were
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)
         self.modules = modules  # calling their functions changes no object of ours
@@ -260,6 +274,16 @@ class _Planner:
                 self.need(name, self.failing, self.failing)
         for name in sorted(target.uses | target.deferred):  # a stable order of reasons
             self.need(name, self.failing, self.failing)
+        for name in sorted(self.fresh):
+            for index in sorted(self._touching(name, self.failing)):
+                facts = self.facts[index]
+                if index not in self.failed and name in facts.mutates and self._counts(name, facts):
+                    self._include(
+                        index,
+                        f"changes {name} again (a module of the notebook's own, and what it "
+                        "holds, come back from a restore as the file sets them)",
+                        index,
+                    )
         while True:
             before = set(self.reasons)
             self.drain()
@@ -293,7 +317,45 @@ class _Planner:
             overwritten=tuple(
                 sorted((n, why) for n, why in self.stale.items() if n in self.changed_here)
             ),
+            from_yours=self._from_yours(steps),
+            failed_changes=self._failed_changes(steps),
         )
+
+    def _rebuilt(self, steps: Sequence[Step]) -> dict[str, int]:
+        """The names the plan's cells (not the failing one) bind anew, by the first of them."""
+        found: dict[str, int] = {}
+        for step in steps:
+            if step.failing:
+                continue
+            facts = self.facts[step.index]
+            for name in facts.defines - facts.imports - set(step.keeps):
+                found.setdefault(name, step.index)
+        return found
+
+    def _from_yours(self, steps: Sequence[Step]) -> tuple[str, ...]:
+        yours = self.changed_here - self.stale.keys()
+        if not yours:
+            return ()
+        found = set()
+        for step in steps:
+            links = self.facts[step.index].links
+            found |= {n for n, sources in links.items() if sources & yours}
+        return tuple(sorted(found - yours))
+
+    def _failed_changes(self, steps: Sequence[Step]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        rebuilt = self._rebuilt(steps)
+        chosen = {s.index for s in steps}
+        found = []
+        for index in sorted(self.failed):
+            if index in chosen or index >= self.failing:
+                continue
+            facts = self.facts[index]
+            names = sorted(
+                n for n in facts.defines - facts.imports if n in rebuilt and rebuilt[n] < index
+            )
+            if names:
+                found.append((index, tuple(names)))
+        return tuple(found)
 
     def _mark_stale(self, name: str, why: str) -> bool:
         """Build ``name`` again for a change the restored one has already, unless the user

@@ -146,12 +146,30 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
                 stack.extend(state.values())
         elif numpy is not None and isinstance(obj, numpy.ndarray):
             tokens.append(_array_token(obj))
+        elif kind is FunctionType and obj.__module__ == "__main__":
+            # A notebook function's state: what its closure holds (a counter ``tick()``
+            # advances) and its defaults (``def collect(x, seen=[])``).
+            tokens.append(id(obj))
+            held = [_cell_contents(c) for c in obj.__closure__ or ()]
+            held += [*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+            tokens.append(tuple(map(id, held)))
+            stack.extend(_mutable(held))
+        elif torch is not None and isinstance(obj, torch.Generator):
+            # A generator of one's own (``torch.Generator().manual_seed(0)``): where it stands.
+            tokens.append((id(obj), obj.get_state().numpy().tobytes()))
         elif callable(obj) or isinstance(obj, ModuleType):
             tokens.append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
             tokens.append((id(obj), kind))
             stack.extend(_plain_attributes(obj))
     return tuple(tokens), True
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a closure variable not bound yet
+        return None
 
 
 def _mutable(items: Iterable[Any]) -> Iterable[Any]:
@@ -250,6 +268,11 @@ def _settings_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
             direct("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
         ),
         ("torch.set_num_threads", torch.get_num_threads),
+        ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
+        (
+            "torch.set_printoptions",
+            lambda: tuple(sorted(vars(torch._tensor_str.PRINT_OPTS).items())),
+        ),
     ]
     _READERS[:] = [(torch, readers)]
     return readers
@@ -580,17 +603,16 @@ class Recorder:
 _TOKENS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
 
 
-# Seen by identity alone, without walking them: a module, function or class holds no state
-# of the namespace's (an own module's globals are seen apart, in ``_see_modules``).
-_BY_IDENTITY = frozenset(
-    {ModuleType, FunctionType, BuiltinFunctionType, MethodType, type, *_IMMUTABLE}
-)
+# Seen by identity alone, without walking them: a module, a library's function or a class
+# holds no state of the namespace's (an own module's globals are seen apart, in
+# ``_see_modules``; a notebook function's closure and defaults are walked).
+_BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, MethodType, type, *_IMMUTABLE})
 
 
 def _see(value: Any) -> _Seen:
     kind = type(value)
-    if kind in _BY_IDENTITY:  # a third of a notebook's names, a set lookup each
-        return (id(value), (id(value),), True)
+    if kind in _BY_IDENTITY or (kind is FunctionType and value.__module__ != "__main__"):
+        return (id(value), (id(value),), True)  # a third of a notebook's names: no walk
     try:
         # A plain tensor or array, the bulk of a large namespace: its token at once, as the
         # walk would give it, without the walk's setup.

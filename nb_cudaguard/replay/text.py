@@ -94,6 +94,20 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             "kept as you changed them after the restore, though "
             + "; ".join(f"{name}: {why}" for name, why in plan.yours[:12])
         )
+    if plan.from_yours:
+        notes.append(
+            "built from what you changed after the restore, so they follow your change: "
+            + ", ".join(plan.from_yours[:12])
+        )
+    if plan.failed_changes:
+        notes.append(
+            "; ".join(
+                f"{cell_label(cells[i])} failed when it ran, after it bound or changed "
+                f"{', '.join(names[:12])}: it is not run again, so "
+                f"{'that name lacks' if len(names) == 1 else 'those names lack'} what it did"
+                for i, names in plan.failed_changes
+            )
+        )
     if plan.overwritten:
         notes.append(
             "built again though you changed them after the restore (your change is lost): "

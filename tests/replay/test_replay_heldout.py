@@ -229,15 +229,7 @@ CLOSURE = (
 @pytest.mark.parametrize(
     "restore",
     [
-        pytest.param(
-            None,
-            id="no-restore",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="silent difference: bare tick() calls advance a closure's state; the "
-                "replay skips them (tick is seen by identity) and the plan does not name tick",
-            ),
-        ),
+        pytest.param(None, id="no-restore"),
         pytest.param("", id="all"),
     ],
 )
@@ -291,11 +283,6 @@ def test_a_deleted_name_stays_deleted(server, server_kernel):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="silent difference: a cell that raised a plain Python error after changing data in "
-    "place is skipped by the replay; data lacks its change and the plan does not say so",
-)
 def test_a_cell_that_failed_earlier_after_changing_a_list(server, server_kernel):
     kid, pid = server_kernel
     cells = (
@@ -364,15 +351,7 @@ def remember(x):
     "restore",
     [
         pytest.param(None, id="no-restore"),
-        pytest.param(
-            "",
-            id="all",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="silent difference: after a restore the helper module st is fresh "
-                "(st.LR, st.SEEN as imported), yet the plan calls st kept and replays nothing",
-            ),
-        ),
+        pytest.param("", id="all"),
     ],
 )
 def test_a_helper_module_with_state(server, server_kernel, restore):
@@ -457,11 +436,6 @@ def test_the_user_fixes_a_restored_learning_rate(server, server_kernel):
 # --- 7. torch settings ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="silent difference: torch.autograd.set_detect_anomaly and torch.set_printoptions "
-    "are not recorded settings; their cell is skipped and the plan says nothing",
-)
 def test_torch_settings_changed_in_cells(server, server_kernel):
     kid, pid = server_kernel
     cells = (
@@ -547,12 +521,6 @@ GENERATOR_DRAWS = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="silent difference: draws through a torch.Generator (torch.rand(..., generator=g), "
-    "DataLoader(generator=g)) are invisible: no restore: peek cell skipped, g/order differ; "
-    "restore: g kept with the failing cell's own draw in it, plan says g is kept",
-)
 @pytest.mark.parametrize("restore", [None, ""], ids=["no-restore", "all"])
 def test_draws_from_a_torch_generator_object(server, server_kernel, restore):
     kid, pid = server_kernel
@@ -560,11 +528,6 @@ def test_draws_from_a_torch_generator_object(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, GENERATOR_DRAWS, fp, restore=restore))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="silent difference: collect('b') grows collect's mutable default; the replay skips "
-    "the cell (a function is seen by identity) and the plan does not name collect",
-)
 def test_a_functions_mutable_default_collects_calls(server, server_kernel):
     kid, pid = server_kernel
     cells = (
