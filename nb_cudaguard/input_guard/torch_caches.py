@@ -11,7 +11,7 @@ starts, and empties those that were built while it was active as it ends: torch 
 again from its own objects on their next use, as it would have without the guard.
 
 TorchScript's table of builtins is the exception: it is built at once, before the wrappers go in
-(the guard also lists its wrappers there as the ops they wrap, ``scope._Entries``).
+(the guard also lists its wrappers there as the ops they wrap, ``entries._Entries``).
 """
 
 from __future__ import annotations
