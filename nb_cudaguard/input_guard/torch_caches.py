@@ -11,7 +11,7 @@ starts, and empties those that were built while it was active as it ends: torch 
 again from its own objects on their next use, as it would have without the guard.
 
 TorchScript's table of builtins is the exception: it is built at once, before the wrappers go in
-(the guard also lists its wrappers there as the ops they wrap, ``scope._Entries``).
+(the guard also lists its wrappers there as the ops they wrap, ``entries._Entries``).
 """
 
 from __future__ import annotations
@@ -36,18 +36,23 @@ CACHES = (
 _FOUND: dict[tuple[str, str], Any] = {}  # the cached functions, once their module is imported
 
 
+def _caches() -> dict[tuple[str, str], Any]:
+    """The caches that exist now; those found once are kept (asked twice per guard)."""
+    if len(_FOUND) < len(CACHES):
+        for module, path in CACHES:
+            if (module, path) not in _FOUND and module in sys.modules:
+                found = _cache(module, path)
+                if found is not None:
+                    _FOUND[(module, path)] = found
+    return _FOUND
+
+
 def _cache(module: str, path: str) -> Any:
-    found = _FOUND.get((module, path))
-    if found is not None:
-        return found
     found = sys.modules.get(module)
-    if found is None:
-        return None
     for name in path.split("."):
         found = getattr(found, name, None)
     if not (hasattr(found, "cache_clear") and hasattr(found, "cache_info")):
         return None
-    _FOUND[(module, path)] = found
     return found
 
 
@@ -60,21 +65,13 @@ def _filled(cache: Any) -> bool:
 
 def built() -> frozenset[tuple[str, str]]:
     """The tables that exist now."""
-    found = set()
-    for module, path in CACHES:
-        cache = _cache(module, path)
-        if cache is not None and _filled(cache):
-            found.add((module, path))
-    return frozenset(found)
+    return frozenset([key for key, cache in _caches().items() if _filled(cache)])
 
 
 def forget_built_since(before: frozenset[tuple[str, str]]) -> None:
     """Empty the tables built since ``before`` was taken (while the wrappers were in place)."""
-    for module, path in CACHES:
-        if (module, path) in before:
-            continue
-        cache = _cache(module, path)
-        if cache is not None and _filled(cache):
+    for key, cache in _caches().items():
+        if key not in before and _filled(cache):
             cache.cache_clear()
 
 

@@ -13,8 +13,9 @@ So the guard reads the type's slots before it sets anything (``SequenceSlots.tak
 every change writes them back, and into every subclass that inherits the dunders the value
 CPython derives from them (empty where the type's is empty); a subclass created in between is
 given it as it is created (the guard's ``__init_subclass__``). A class with its own
-``__getitem__`` keeps what CPython gave it. About 28 us per guard (14 subclasses of
-``torch.Tensor`` in a plain torch 2.13 process).
+``__getitem__`` keeps what CPython gave it. Per guard, each subclass's two slots
+are read twice and written twice (13 subclasses of ``torch.Tensor`` in a plain torch 2.13
+process, 20 once ``torch.optim`` is imported).
 
 The layout of ``PyTypeObject`` is read with ctypes and verified against the type's own
 ``__name__``, ``__basicsize__`` and ``__itemsize__`` first; where it does not match (another
@@ -24,9 +25,9 @@ Python implementation), ``supported()`` is false and the guard leaves these dund
 from __future__ import annotations
 
 import ctypes
+import operator
 import sys
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 _POINTER = ctypes.sizeof(ctypes.c_void_p)
@@ -44,7 +45,10 @@ _NAMES = {SQ_ITEM: ("__getitem__",), SQ_ASS_ITEM: ("__setitem__", "__delitem__")
 DUNDERS = frozenset(name for names in _NAMES.values() for name in names)
 
 Values = dict[int, int]  # slot offset -> function pointer (0: empty)
-Places = tuple[tuple[int, ctypes.c_void_p], ...]  # slot offset -> where it lives
+# sq_item, was_sq_slice, sq_ass_item: one view reads or writes both slots in one call
+_Span = ctypes.c_void_p * 3
+_BOTH = slice(0, 3, 2)  # sq_item and sq_ass_item in a _Span
+Pair = list[int | None]  # [sq_item, sq_ass_item] as a _Span reads them (None: empty)
 
 
 def _word(address: int) -> int:
@@ -97,7 +101,8 @@ def supported() -> bool:
     return _GENERIC is not None
 
 
-def _subclasses(cls: type) -> Iterator[type]:
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
     seen: set[type] = set()
     stack = [cls]
     while stack:
@@ -106,7 +111,20 @@ def _subclasses(cls: type) -> Iterator[type]:
             if sub not in seen:
                 seen.add(sub)
                 stack.append(sub)
-                yield sub
+                found.append(sub)
+    return found
+
+
+def _dunders(cls: type) -> tuple[Any, ...]:
+    try:
+        found: tuple[Any, ...] = _READ_DUNDERS(cls)  # one call: read for every class, twice a guard
+    except AttributeError:
+        return tuple(getattr(cls, name, None) for name in _DUNDER_ORDER)
+    return found
+
+
+_DUNDER_ORDER = tuple(sorted(DUNDERS))
+_READ_DUNDERS = operator.attrgetter(*_DUNDER_ORDER)
 
 
 class SequenceSlots:
@@ -115,64 +133,100 @@ class SequenceSlots:
 
     def __init__(self, root: type) -> None:
         self.root = root
-        self.found: Values = {}  # the root's, while a guard holds the dunders
+        self.found: Pair | None = None  # the root's, while a guard holds the dunders
+        self.inherited: Pair = []  # what CPython derives from them for a subclass
         # each class's slots, read and written in place (its table is part of the type object,
-        # so the addresses hold as long as the class lives)
-        self.places: weakref.WeakKeyDictionary[type, Places] = weakref.WeakKeyDictionary()
+        # so the addresses hold as long as the class lives); keyed weakly, by the class
+        self.spans: dict[weakref.ref[type], Any] = {}
         self.usable = _GENERIC is not None and _layout_matches(root)
 
-    def _places(self, cls: type) -> Places:
-        places = self.places.get(cls)
-        if places is None:
-            table = _sequence_methods(cls)
-            places = tuple((slot, ctypes.c_void_p.from_address(table + slot)) for slot in _NAMES)
-            self.places[cls] = places
-        return places
+    def _span(self, cls: type) -> Any:
+        span = self.spans.get(weakref.ref(cls))
+        if span is None:
+            span = _Span.from_address(_sequence_methods(cls) + SQ_ITEM)
+            # a dead class's entry goes with it (a dead reference hashes as it did alive)
+            self.spans[weakref.ref(cls, self._forget_class)] = span
+        return span
+
+    def _forget_class(self, key: weakref.ref[type]) -> None:
+        self.spans.pop(key, None)
 
     def take(self) -> None:
-        self.found = {}
+        self.forget()
         if self.usable:
-            self.found = {slot: place.value or 0 for slot, place in self._places(self.root)}
+            found: Pair = self._span(self.root)[_BOTH]
+            generic = _GENERIC or {}
+            # what CPython gives a class that inherits the dunders: the generic function where
+            # the root's slot is filled, none where it is empty
+            self.inherited = [
+                (generic.get(slot) or None) if value else None
+                for slot, value in zip((SQ_ITEM, SQ_ASS_ITEM), found, strict=True)
+            ]
+            self.found = found
 
     def forget(self) -> None:
-        self.found = {}
+        self.found = None
+        self.inherited = []
 
     def put_back(self) -> None:
         """The root's slots as found, and each subclass's as CPython derives them from the
-        root's where it inherits the dunders."""
-        if not self.found:
+        root's where it inherits the dunders (only those that differ are written)."""
+        if self.found is None:
             return
-        self._write(self.root, self.found)
-        inherited = self._inherited()
-        for cls in _subclasses(self.root):
-            self._write(cls, inherited)
+        root = self.root
+        changed = self._write(root, self.found, ())
+        inherited, dunders = self.inherited, _dunders(root)
+        spans, key = self.spans, weakref.ref
+        # once per subclass, twice a guard: kept to the few calls below
+        for cls in _subclasses(root):
+            span = spans.get(key(cls))
+            if span is None:
+                span = self._span(cls)
+            if span[_BOTH] == inherited:
+                continue
+            if all(map(operator.is_, _dunders(cls), dunders)):
+                span[_BOTH] = inherited
+                changed = True
+            else:  # a class's own dunder (or a user class's in between) keeps CPython's slot
+                changed = self._write_inherited(cls, span, span[_BOTH], inherited) or changed
+        if changed:
+            # CPython invalidates the subclasses with the root (PyType_Modified recurses)
+            _type_modified(root)
 
     def put_back_one(self, cls: type) -> None:
-        if self.found:
-            self._write(cls, self.found if cls is self.root else self._inherited())
-
-    def _inherited(self) -> Values:
-        """What CPython gives a class that inherits the dunders: the generic function where the
-        root's slot is filled, none where it is empty."""
-        generic = _GENERIC or {}
-        return {slot: generic.get(slot, 0) if value else 0 for slot, value in self.found.items()}
-
-    def _write(self, cls: type, values: Values) -> None:
-        changed = False
-        root = self.root
-        for slot, place in self._places(cls):
-            wanted = values[slot]
-            if (place.value or 0) == wanted:
-                continue
-            # a class's own dunder (or a user class's in between) keeps CPython's slot
-            if cls is not root and any(
-                getattr(cls, name, None) is not getattr(root, name, None) for name in _NAMES[slot]
-            ):
-                continue
-            place.value = wanted or None
-            changed = True
+        if self.found is None:
+            return
+        if cls is self.root:
+            changed = self._write(cls, self.found, ())
+        else:
+            changed = self._write(cls, self.inherited, _dunders(self.root))
         if changed:
             _type_modified(cls)
+
+    def _write(self, cls: type, wanted: Pair, root_dunders: tuple[Any, ...]) -> bool:
+        """``root_dunders``: the root's dunders, for a subclass (empty for the root itself).
+        Whether anything was written."""
+        span = self._span(cls)
+        now: Pair = span[_BOTH]
+        if now == wanted:
+            return False
+        if root_dunders and not all(map(operator.is_, _dunders(cls), root_dunders)):
+            # a class's own dunder (or a user class's in between) keeps CPython's slot
+            return self._write_inherited(cls, span, now, wanted)
+        span[_BOTH] = wanted
+        return True
+
+    def _write_inherited(self, cls: type, span: Any, now: Pair, wanted: Pair) -> bool:
+        changed = False
+        for index, slot in enumerate((SQ_ITEM, SQ_ASS_ITEM)):
+            if now[index] == wanted[index] or any(
+                getattr(cls, name, None) is not getattr(self.root, name, None)
+                for name in _NAMES[slot]
+            ):
+                continue
+            span[2 * index] = wanted[index]
+            changed = True
+        return changed
 
 
 def _type_modified(cls: type) -> None:

@@ -74,7 +74,7 @@ class FlushAtCellEnd(CallAtCellEnd):
     """Ends every cell with a read of the deferred verdicts (line mode, deferred)."""
 
     def __init__(self) -> None:
-        super().__init__("nb_cudaguard.input_guard.scope", "flush_after_cell")
+        super().__init__("nb_cudaguard.input_guard.deferral", "flush_after_cell")
 
 
 @magics_class

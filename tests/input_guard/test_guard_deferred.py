@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nb_cudaguard import GuardError, guard
-from nb_cudaguard.input_guard import scope
+from nb_cudaguard.input_guard import deferral, verdicts
+from nb_cudaguard.input_guard.deferral import MAX_PENDING, pending
 from nb_cudaguard.input_guard.errors import GuardIndexError
-from nb_cudaguard.input_guard.scope import MAX_PENDING, STATS, pending
+from nb_cudaguard.input_guard.verdicts import STATS
 
 
 @pytest.fixture(autouse=True)
@@ -27,8 +28,8 @@ def path(
 ) -> str:
     """The device path unless a test asks for a host one (``host_path``)."""
     chosen = getattr(request, "param", "device")
-    monkeypatch.setattr(scope, "TRUST_HOST_OPS", chosen == "cpu op first")
-    monkeypatch.setattr(scope, "HOST_VERDICTS_AT_ONCE", chosen != "device")
+    monkeypatch.setattr(verdicts, "TRUST_HOST_OPS", chosen == "cpu op first")
+    monkeypatch.setattr(deferral, "HOST_VERDICTS_AT_ONCE", chosen != "device")
     return "host" if chosen != "device" else "device"
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nb_cudaguard.input_guard.requirements import FloatRange, IntRange
-from nb_cudaguard.input_guard.scope import first_violation
+from nb_cudaguard.input_guard.verdicts import first_violation
 
 INT_TYPES = [
     getattr(torch, name)

@@ -146,3 +146,58 @@ def test_torch_fx_and_overrides_first_used_inside_a_guard_know_torchs_methods_af
         """
     )
     assert out.split("\n")[:2] == ["True", "['call_method']"]
+
+
+def builtin_table() -> dict[int, str]:
+    import torch.jit._builtins as builtins
+
+    return builtins._get_builtin_table()
+
+
+def test_torchscripts_table_knows_the_wrapper_as_the_op_and_is_as_found_after_the_guard() -> None:
+    before = dict(builtin_table())
+    with guard():
+        assert builtin_table()[id(torch.gather)] == before[id(torch.gather.__wrapped__)]  # type: ignore[attr-defined]
+    assert builtin_table() == before
+    with guard():  # the second guard's start, from the plan made at the first
+        assert builtin_table()[id(torch.gather)] == before[id(torch.gather.__wrapped__)]  # type: ignore[attr-defined]
+    assert builtin_table() == before
+
+
+def test_an_op_replaced_between_guards_is_the_one_wrapped_and_stays_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with guard():
+        pass  # the guard has planned torch's own gather
+    calls: list[int] = []
+
+    def replacement(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return torch._C._VariableFunctions.gather(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "gather", replacement)
+    with guard():
+        assert torch.gather.__wrapped__ is replacement  # type: ignore[attr-defined]
+        with pytest.raises(GuardError):
+            torch.gather(torch.randn(2, 3), 1, torch.tensor([[3], [0]]))
+        calls.clear()
+        torch.gather(torch.randn(2, 3), 1, torch.tensor([[2], [0]]))
+        assert calls == [1]  # the valid call ran the replacement
+    assert torch.gather is replacement
+
+
+def test_an_entry_point_replaced_inside_the_guard_is_left_to_whoever_replaced_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def mine(*args: object, **kwargs: object) -> str:
+        return "mine"
+
+    monkeypatch.setattr(torch, "take", torch.take)  # put back after the test whatever happens
+    with guard():
+        torch.take = mine
+    assert torch.take is mine
+    assert "torch.take was replaced while the guard was active" in capsys.readouterr().err
+    monkeypatch.undo()
+    with guard():
+        assert torch.take.__wrapped__ is not mine  # type: ignore[attr-defined]
+    assert torch.take is not mine

@@ -1,0 +1,142 @@
+"""The deferred mode: each checked call leaves its verdict on the device and runs on values that
+cannot fault; ``flush`` reads the verdicts together and raises the first violation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import GuardError
+from .ops import OpCheck
+from .report import _capture, _changed_since, _dressed, _error, _raise, _violation
+from .requirements import Requirement, Slot
+from .state import _STATE, _Pending
+from .verdicts import STATS, _accepts, _host_error, _judged_on_host, _live, _read, first_violation
+
+# Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
+# loop that never synchronises does not keep its inputs alive without bound.
+MAX_PENDING = 32
+
+
+# Tensors in host memory are judged at the call itself, and a violation is raised there: reading
+# them is no synchronisation, and the CPU op would raise its own error at that very call (code
+# that catches it, ``except IndexError``, behaves as without the guard). Tests turn this off to
+# run the device path on CPU.
+HOST_VERDICTS_AT_ONCE = True
+
+
+def _defer(
+    check: OpCheck, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Record the call's verdict on the device and return arguments that cannot fault."""
+    __tracebackhide__ = True
+    try:
+        live, on_host = _live(check.extract(args, kwargs))
+        if not live:
+            return args, kwargs
+        STATS["calls"] += 1
+        if HOST_VERDICTS_AT_ONCE and on_host:
+            finding = _judged_on_host(live)
+            if finding is not None and _accepts(func, args, kwargs):
+                error = _host_error(check, func, args, kwargs)
+                _raise(check, func, finding, args, kwargs, cpu_error=error)
+            return args, kwargs
+        safe_args, safe_kwargs = args, kwargs
+        for r in live:
+            replaced = _with_safe(r, safe_args, safe_kwargs)
+            if replaced is None:
+                break
+            safe_args, safe_kwargs = replaced
+        else:
+            where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
+            summaries = [r.summary() for r in live]
+            versions = [r.tensor._version for r in live]
+            _STATE.pending.append(_Pending(check, func, live, summaries, versions, where))
+            if len(_STATE.pending) >= MAX_PENDING:
+                flush()
+            return safe_args, safe_kwargs
+    except GuardError:
+        raise
+    except Exception:  # a check must never break a call PyTorch itself would accept
+        STATS["check_failed"] += 1
+        return args, kwargs
+    # a value no replacement can make valid (an index into an empty dimension): check at once
+    finding = first_violation(live)
+    if finding is not None:
+        _raise(check, func, finding, args, kwargs)
+    return args, kwargs
+
+
+def _with_safe(
+    r: Requirement, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    if r.slot is None:
+        return None
+    current = _get_slot(args, kwargs, r.slot)
+    safe = r.safe(current)
+    if safe is None:
+        return None
+    return _put_slot(args, kwargs, r.slot, safe)
+
+
+def _get_slot(args: tuple[Any, ...], kwargs: dict[str, Any], slot: Slot) -> Any:
+    position, keyword, item = slot
+    value: Any = args[position] if len(args) > position else kwargs.get(keyword or "")
+    return value if item is None else value[item]
+
+
+def _put_slot(
+    args: tuple[Any, ...], kwargs: dict[str, Any], slot: Slot, new: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    position, keyword, item = slot
+    in_args = len(args) > position
+    old = args[position] if in_args else kwargs[keyword or ""]
+    if item is not None:
+        items = list(old)
+        items[item] = new
+        new = type(old)(items) if isinstance(old, tuple) else items
+    if in_args:
+        return (*args[:position], new, *args[position + 1 :]), kwargs
+    return args, {**kwargs, keyword or "": new}
+
+
+def pending() -> int:
+    """How many deferred verdicts this thread has not read yet."""
+    return len(_STATE.pending)
+
+
+def flush() -> None:
+    """Read every deferred verdict of this thread (one transfer per dtype) and raise the first
+    violation. Called before ``optimizer.step()``, at ``.item()``, and when a block ends."""
+    __tracebackhide__ = True
+    entries, _STATE.pending = _STATE.pending, []
+    if not entries:
+        return
+    busy, _STATE.busy = _STATE.busy, True  # the message's own tensor work is not checked
+    try:
+        _raise_first(entries)
+    finally:
+        _STATE.busy = busy
+
+
+def _raise_first(entries: list[_Pending]) -> None:
+    __tracebackhide__ = True
+    summaries = [s for e in entries for s in e.summaries]
+    values = iter(_read(summaries) if summaries else [])
+    for entry in entries:
+        for requirement, version in zip(entry.requirements, entry.versions, strict=True):
+            if requirement.holds(next(values)):
+                continue
+            finding = requirement.explain()
+            if finding.count == 0 or requirement.tensor._version != version:
+                finding = _changed_since(finding)
+            violation = _violation(entry.check, entry.func, finding, entry.where, deferred=True)
+            raise _dressed(_error(entry.check)(violation))
+
+
+def flush_after_cell(value: Any = None) -> Any:
+    """The end of a ``%cudacheck on --deferred`` cell: read the verdicts, hand ``value`` back
+    (so the cell's displayed result is unchanged). A violation raises inside the cell itself."""
+    __tracebackhide__ = True
+    flush()
+    return value

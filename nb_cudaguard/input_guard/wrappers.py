@@ -1,0 +1,220 @@
+"""The wrappers installed over torch's entry points: a checked call judged (strict) or deferred
+before it runs, and ``.item()``/``.tolist()`` reading the deferred verdicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from types import FrameType, FunctionType, ModuleType
+from typing import Any
+
+from . import verdicts
+from .caller_frame import _as_caller
+from .deferral import _defer, flush
+from .ops import OpCheck
+from .report import _raise
+from .state import _STATE, _is_compiling, _skips, _ThreadState
+from .verdicts import _accepts, _host_error, _inspect, _runs_on_host
+
+
+def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
+    """The wrapper installed over one entry point while a guard is active somewhere."""
+
+    name = getattr(func, "__name__", "")
+    # x.scatter_(...), x[i] = v: the CPU op may write part of its output before it raises
+    trusted = check.cpu_rejects and not (
+        name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
+    )
+
+    # the frames between the caller and this wrapper: _ModuleOp.__call__'s for a module's function
+    depth = 2 if isinstance(owner, ModuleType) else 1
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
+        state = _STATE
+        try:
+            caller: FrameType | None = sys._getframe(depth)
+        except ValueError:  # called from C with no Python frame above
+            caller = None
+        if state.busy or not state.configs:
+            return _as_caller(caller)(func, args, kwargs)
+        if _skips():
+            return func(*args, **kwargs)
+        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
+
+    if check.nothing_to_check is None:
+        return _dressed_as(owner, attr, checked, func)
+    plain = check.nothing_to_check
+
+    def indexing(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        state = _STATE
+        try:
+            caller: FrameType | None = sys._getframe(depth)
+        except ValueError:
+            caller = None
+        if state.busy or not state.configs or plain(args):
+            return _as_caller(caller)(func, args, kwargs)
+        if _skips():
+            return func(*args, **kwargs)
+        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
+
+    return _dressed_as(owner, attr, indexing, func)
+
+
+def _sync_entry(owner: Any, attr: str, func: Any) -> Any:
+    """``.item()``/``.tolist()``: the caller synchronises here anyway, so read the verdicts too."""
+
+    def synchronising(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if _STATE.pending and not _STATE.busy and not _skips():
+            flush()
+        return func(*args, **kwargs)
+
+    return _dressed_as(owner, attr, synchronising, func)
+
+
+def _dressed_as(owner: Any, attr: str, wrapper: Any, func: Any) -> Any:
+    """``wrapper`` looking like torch's op; a function of a module becomes a ``_ModuleOp``, so
+    it pickles and copies as torch's op wherever a reference to it ends up."""
+    # help(), the name in a message, inspect.signature (through __wrapped__) stay torch's
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(wrapper, name, getattr(func, name))
+    if isinstance(owner, type):
+        # a method: pickle finds a function by its module and qualified name, which name the
+        # wrapper while it is installed (by name, so torch's method is what gets loaded)
+        wrapper.__module__, wrapper.__qualname__ = owner.__module__, f"{owner.__qualname__}.{attr}"
+    wrapper.__wrapped__ = func
+    # torch.compile traces torch's own op where it meets the wrapper (its way of seeing through
+    # its own wrappers): no graph break, and its tables list torch's objects, never ours
+    wrapper._torchdynamo_inline = func
+    if isinstance(func, FunctionType):
+        # torch.jit.script compiles what this returns (F.cross_entropy's own source)
+        wrapper.__prepare_scriptable__ = lambda: func
+    if isinstance(owner, ModuleType):
+        return _ModuleOp(owner.__name__, attr, wrapper, func)
+    return wrapper
+
+
+class _ModuleOp:
+    """A checked function of a module (``torch.gather``, ``F.cross_entropy``): calls the
+    wrapper, and pickles, copies and deep-copies as torch's own function, inside a guard and
+    after it. A plain function cannot: pickle saves a function by its module and name and
+    refuses one that is not what that name holds (after the guard, torch's op again; a model
+    built inside a guard with ``self.loss_fn = F.cross_entropy`` could never be saved).
+    Pickled, it is ``getattr(importlib.import_module(module), name)``: the reader needs torch
+    only, and gets whatever that name holds there (torch's op, outside a guard)."""
+
+    __slots__ = ("__dict__", "__weakref__", "__wrapped__", "_attr", "_call", "_module")
+
+    def __init__(self, module: str, attr: str, call: Any, func: Any) -> None:
+        self._call = call
+        self.__wrapped__ = func
+        self._module = module
+        self._attr = attr
+        for name in ("__name__", "__qualname__", "__doc__", "__module__", "__signature__"):
+            with contextlib.suppress(AttributeError, TypeError):
+                self.__dict__[name] = getattr(func, name)
+        self.__dict__["_torchdynamo_inline"] = func
+        if isinstance(func, FunctionType):
+            self.__dict__["__prepare_scriptable__"] = call.__prepare_scriptable__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if _is_compiling():  # torch.compile inlines this: it traces torch's op, never our checks
+            return self.__wrapped__(*args, **kwargs)
+        return self._call(*args, **kwargs)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # what isinstance() answers, as for torch's Python functions: TorchScript compiles, and
+        # torch.compile traces (``_torchdynamo_inline``), torch's op where they meet a function;
+        # pickle and copy dispatch on the real type (below)
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str) -> Any:
+        # what a function has and this object lacks (``__code__``, ``__defaults__``,
+        # ``__globals__``...), for code that trusts isinstance(op, FunctionType): torch's
+        return getattr(self.__wrapped__, name)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
+        return getattr, (_Import(self._module), self._attr)
+
+    def __copy__(self) -> _ModuleOp:
+        return self  # as copy treats a function: the same object
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ModuleOp:
+        return self
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+class _Import:
+    """Pickled as ``importlib.import_module(name)``: the module, without naming our code."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return importlib.import_module, (self.name,)
+
+
+def _guarded_call(
+    state: _ThreadState,
+    check: OpCheck,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    trusted: bool,
+    caller: FrameType | None,
+) -> Any:
+    __tracebackhide__ = True
+    state.busy = True
+    call = _as_caller(caller)
+    try:
+        config = state.configs[-1]
+        if not config.selects(check):
+            return call(func, args, kwargs)
+        if trusted and verdicts.TRUST_HOST_OPS and _runs_on_host(check, args, kwargs):
+            try:
+                return call(func, args, kwargs)
+            except TypeError:
+                raise  # torch's parser refused the arguments: there is no value to judge
+            except Exception as error:
+                finding = _inspect(check, args, kwargs)
+                if finding is None:
+                    raise  # the op's own complaint, about something the guard does not check
+                # in both modes: on host memory the op raised here, so the guard does too
+                _raise(check, func, finding, args, kwargs, cpu_error=error, replacing=True)
+        if not config.deferred:
+            finding = _inspect(check, args, kwargs)
+            if finding is not None and _accepts(func, args, kwargs):
+                _raise(
+                    check,
+                    func,
+                    finding,
+                    args,
+                    kwargs,
+                    cpu_error=_host_error(check, func, args, kwargs),
+                )
+            return call(func, args, kwargs)
+        waiting = len(state.pending)
+        args, kwargs = _defer(check, func, args, kwargs)
+        try:
+            return call(func, args, kwargs)
+        except TypeError:
+            # torch rejected the arguments themselves: the op never ran, its verdict is moot
+            del state.pending[waiting:]
+            raise
+    finally:
+        state.busy = False
+
+
+def make_wrapper(owner: Any, attr: str, check: OpCheck | None, func: Any) -> Any:
+    if check is None:
+        return _sync_entry(owner, attr, func)
+    return _checked_entry(owner, attr, check, func)
