@@ -24,14 +24,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # measure this checkout's nb_cudaguard, not an installed copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import nb_cudaguard
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's nb_cudaguard, not an installed copy
+
+import nb_cudaguard  # noqa: E402  (this checkout's, found through the line above)
 
 
 def empty_blocks(enter: Callable[[], contextlib.AbstractContextManager[object]], count: int):
