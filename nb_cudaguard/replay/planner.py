@@ -60,8 +60,8 @@ class Plan:
     unrecorded: tuple[int, ...] = ()
     # Names it rebuilds too large to compare whole when they ran: a change inside may be missed.
     unseen: tuple[str, ...] = ()
-    # Restored names the user changed since the restore, kept as they are though the plan
-    # would have built them again: (name, why it would have).
+    # Restored names the user changed since the restore, kept as they are: (name, why the plan
+    # would have built it again, or "").
     yours: tuple[tuple[str, str], ...] = ()
     # Restored names the user changed since the restore that the plan builds again all the
     # same (what is built from them here would not match them otherwise): (name, why).
@@ -313,7 +313,9 @@ class _Planner:
             tuple(sorted(self.kept - self.stale.keys())),
             tuple(sorted(self.unresolved & self.stale.keys())),
             tuple(sorted(self.unseeded)),
-            yours=tuple(sorted(self.yours.items())),
+            yours=tuple(
+                sorted((n, self.yours.get(n, "")) for n in self.changed_here - self.stale.keys())
+            ),
             overwritten=tuple(
                 sorted((n, why) for n, why in self.stale.items() if n in self.changed_here)
             ),
@@ -642,7 +644,8 @@ def _reason(name: str, facts: CellFacts) -> str:
 
 def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
     """A cell's facts from its text, joined with what it was seen to do when it ran: the names it
-    bound, changed in place (``train_result = trainer.train()`` changed ``model``) or deleted,
+    bound, changed in place (``train_result = trainer.train()`` changed ``model``; what it did
+    not change, though its text suggests so, is dropped) or deleted,
     the settings it changed (then it always runs again, as a seed does). Its draws count only
     where its random state was not kept: a replay starts it from that state."""
     if record is None:
@@ -656,11 +659,17 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
         draws = ""
     elif not draws:
         draws = "drew from " + ", ".join(record.drew) + " when it ran"
+    # What the text took for a change in place (``labels.add_(offset)`` hands ``offset`` to a
+    # method) of a name the record saw whole and unchanged was none: the record wins. Names it
+    # does not see (``_x``, IPython's) and those it could not see whole keep the text's guess.
+    guessed = facts.mutates - changed - record.bound - record.unseen - record.deleted
+    unchanged = {n for n in guessed if n[:1] != "_"}
+    assigned = facts.defines - facts.mutates  # bound by an assignment: not a guess
     return replace(
         facts,
-        defines=facts.defines | record.bound | changed,
+        defines=(facts.defines - (unchanged - assigned)) | record.bound | changed,
         uses=facts.uses | changed,  # a change in place is a read and a redefinition
-        mutates=facts.mutates | changed,
+        mutates=(facts.mutates - unchanged) | changed,
         deletes=facts.deletes | record.deleted,
         setup=setup,
         draws=draws,

@@ -34,6 +34,7 @@ _KEEP = 500  # records kept in a long session (as runtime.cells)
 _KEEP_RNG = 200  # of which with a random state (a few KiB each)
 _IMMUTABLE = frozenset({str, bytes, int, float, complex, bool, type(None), range, type(...)})
 _CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
+_CONTAINER_BASES = (list, tuple, dict, set, frozenset)
 _MAY_CHANGE = dict.fromkeys(_IMMUTABLE, False)
 _NOT_MODULES = frozenset({"", "__main__", "builtins", "__mp_main__"})
 
@@ -47,7 +48,9 @@ class CellRecord:
     deleted: frozenset[str] = frozenset()
     settings: tuple[str, ...] = ()  # process settings it changed (``torch.backends.cudnn...``)
     drew: tuple[str, ...] = ()  # the generators it drew from (``torch``, ``numpy``, ``random``)
-    unseen: frozenset[str] = frozenset()  # names too large to see whole: a change may be missed
+    # names not seen whole (too large, or holding C objects whose state Python cannot read): a
+    # change inside them may be missed
+    unseen: frozenset[str] = frozenset()
     rng: str = ""  # the generators' state when it began (where it drew, or failed), encoded
 
     def to_json(self) -> dict[str, Any]:
@@ -92,11 +95,14 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
     tokens: list[Any] = []
     seen: set[int] = set()
     stack = [value]
+    whole = True
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
     if len(_TOKENS) < 3:
         if torch is not None:
             _TOKENS.update({torch.Tensor: _tensor_token, torch.nn.Parameter: _tensor_token})
+            fixed = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
+            _FIXED_TYPES.update(fixed)
         if numpy is not None:
             _TOKENS[numpy.ndarray] = _array_token
     while stack:
@@ -108,14 +114,16 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
         if len(seen) >= limit:
             return tuple(tokens), False
         seen.add(id(obj))
-        if kind in _CONTAINERS:
+        if kind in _CONTAINERS or isinstance(obj, _CONTAINER_BASES):
             if len(obj) > limit:
                 tokens.append((id(obj), len(obj)))
                 return tuple(tokens), False
-            if kind is dict:
+            if kind not in _CONTAINERS:  # OrderedDict, Counter, a namedtuple: their attributes
+                stack.extend(_plain_attributes(obj) or ())  # (a defaultdict's factory: by id)
+            if isinstance(obj, dict):
                 tokens.append((id(obj), tuple(map(id, obj)), tuple(map(id, obj.values()))))
                 stack.extend(_mutable(obj.values()))
-            elif kind is set or kind is frozenset:
+            elif isinstance(obj, set | frozenset):
                 tokens.append((id(obj), len(obj), sum(map(id, obj))))
             else:
                 tokens.append((id(obj), tuple(map(id, obj))))
@@ -146,12 +154,20 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
                 stack.extend(state.values())
         elif numpy is not None and isinstance(obj, numpy.ndarray):
             tokens.append(_array_token(obj))
+            whole = whole and _read_whole(obj)
         elif kind is FunctionType and obj.__module__ == "__main__":
             # A notebook function's state: what its closure holds (a counter ``tick()``
             # advances) and its defaults (``def collect(x, seen=[])``).
             tokens.append(id(obj))
             held = [_cell_contents(c) for c in obj.__closure__ or ()]
             held += [*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
+            tokens.append(tuple(map(id, held)))
+            stack.extend(_mutable(held))
+        elif isinstance(obj, type) and obj.__module__ == "__main__":
+            # A notebook class's own attributes (``Registry.items.append(...)``), not its
+            # methods' code: identity for those.
+            tokens.append(id(obj))
+            held = [v for k, v in vars(obj).items() if k[:2] != "__"]
             tokens.append(tuple(map(id, held)))
             stack.extend(_mutable(held))
         elif torch is not None and isinstance(obj, torch.Generator):
@@ -161,8 +177,12 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
             tokens.append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
             tokens.append((id(obj), kind))
-            stack.extend(_plain_attributes(obj))
-    return tuple(tokens), True
+            attributes = _plain_attributes(obj)
+            if attributes is None:
+                whole = False  # a change inside it cannot be seen
+            else:
+                stack.extend(attributes)
+    return tuple(tokens), whole
 
 
 def _cell_contents(cell: Any) -> Any:
@@ -200,12 +220,51 @@ def _array_token(array: Any) -> tuple[Any, ...]:
     return (id(array), array.shape, array.dtype.num, sample)
 
 
-def _plain_attributes(obj: Any) -> list[Any]:
+def _read_whole(value: Any) -> bool:
+    """Whether a token read all that may change: a tensor's version counter does, an array's
+    sample only where it holds every value (a large one's change may fall between samples)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None or not isinstance(value, numpy.ndarray):
+        return True
+    return bool(value.size <= _SAMPLE and not value.dtype.hasobject)
+
+
+def _plain_attributes(obj: Any) -> list[Any] | None:
+    """An object's attributes, or None where its state is not all in them (a C object without
+    a ``__dict__``, ``__slots__``): not seen whole. Types whose values never change are seen
+    whole by what they are (``torch.device``, a numpy scalar, a path, a date)."""
+    kind = type(obj)
+    if kind.__module__ in _FIXED_MODULES or kind in _FIXED_TYPES:
+        return []
     try:
         attributes = vars(obj)
     except TypeError:
-        return []
-    return list(attributes.values()) if isinstance(attributes, dict) else []
+        return None
+    if not isinstance(attributes, dict) or _c_state(kind):
+        return None
+    return list(attributes.values())
+
+
+def _c_state(kind: type) -> bool:
+    """Whether instances of ``kind`` may hold state outside their ``__dict__``: ``__slots__``,
+    or a base written in C with fields of its own (``random.Random``'s generator state): then
+    an instance is larger than one of a plain class."""
+    return bool(kind.__basicsize__ > _PLAIN_SIZE)
+
+
+class _Plain:
+    pass
+
+
+_PLAIN_SIZE = _Plain.__basicsize__
+
+
+# Modules whose C types' values never change in place, and such types of torch's and numpy's
+# (noted by ``fingerprint`` once imported).
+_FIXED_MODULES = frozenset(
+    {"datetime", "decimal", "fractions", "re", "uuid", "pathlib", "ipaddress", "numpy"}
+)  # numpy: its scalars and dtypes (an array is read apart; numpy.random's generators are not here)
+_FIXED_TYPES: set[type] = set()
 
 
 # --- process state --------------------------------------------------------------------------------
@@ -611,14 +670,16 @@ _BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, MethodType, type, *_I
 
 def _see(value: Any) -> _Seen:
     kind = type(value)
-    if kind in _BY_IDENTITY or (kind is FunctionType and value.__module__ != "__main__"):
+    if (kind in _BY_IDENTITY and not (kind is type and value.__module__ == "__main__")) or (
+        kind is FunctionType and value.__module__ != "__main__"
+    ):
         return (id(value), (id(value),), True)  # a third of a notebook's names: no walk
     try:
         # A plain tensor or array, the bulk of a large namespace: its token at once, as the
         # walk would give it, without the walk's setup.
         token = _TOKENS.get(kind)
         if token is not None:
-            return (id(value), (token(value),), True)
+            return (id(value), (token(value),), _read_whole(value))
         tokens, whole = fingerprint(value)
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False

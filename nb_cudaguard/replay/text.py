@@ -91,8 +91,8 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
         )
     if plan.yours:
         notes.append(
-            "kept as you changed them after the restore, though "
-            + "; ".join(f"{name}: {why}" for name, why in plan.yours[:12])
+            "kept as you changed them after the restore: "
+            + ", ".join(f"{name} (though {why})" if why else name for name, why in plan.yours[:12])
         )
     if plan.from_yours:
         notes.append(

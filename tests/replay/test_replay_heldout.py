@@ -451,11 +451,6 @@ def test_torch_settings_changed_in_cells(server, server_kernel):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lost fix, unnamed: the user's clamp of the restored labels is overwritten by the "
-    "rebuild and the plan does not say so (make_plan never passes changed_here)",
-)
 def test_a_users_in_place_fix_of_a_restored_tensor_is_kept_or_named_lost(server, server_kernel):
     # The tool's own use case: restore the labels, clamp the bad one, replay. A later cell changed
     # labels in place, so the plan builds labels again: the user's fix must stay, or the plan must
