@@ -70,15 +70,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import nb_cudaguard
-from nb_cudaguard.input_guard import verdicts
-from nb_cudaguard.input_guard.verdicts import STATS
+from nb_cudaguard.input_guard import judge
+from nb_cudaguard.input_guard.judge import STATS
 
 
 @dataclass(frozen=True)
 class Mode:
     name: str
     guard: str | None  # guard(mode=...); None: bare
-    cpu_op_first: bool = False  # on CPU tensors, the shortcut (verdicts.TRUST_HOST_OPS)
+    cpu_op_first: bool = False  # on CPU tensors, the shortcut (judge.TRUST_HOST_OPS)
 
 
 BARE = Mode("bare", None)
@@ -101,12 +101,12 @@ def guarded(mode: Mode) -> Iterator[None]:
     if mode.guard is None:
         yield
         return
-    trusted, verdicts.TRUST_HOST_OPS = verdicts.TRUST_HOST_OPS, mode.cpu_op_first
+    trusted, judge.TRUST_HOST_OPS = judge.TRUST_HOST_OPS, mode.cpu_op_first
     try:
         with nb_cudaguard.guard(mode=mode.guard):
             yield
     finally:
-        verdicts.TRUST_HOST_OPS = trusted
+        judge.TRUST_HOST_OPS = trusted
 
 
 # --- models ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ rules first, for a valid and for a bad call, at growing sizes.
 
 On a valid call the shortcut saves the rules (a few microseconds); on a bad one it costs the op's
 work up to the point where it raises (``F.cross_entropy`` computes the whole log_softmax before
-``nll_loss`` meets the targets). Past ``verdicts.HOST_FIRST_LINE`` elements in one tensor the guard
+``nll_loss`` meets the targets). Past ``judge.HOST_FIRST_LINE`` elements in one tensor the guard
 runs the rules first. Each row alternates the two ways within one run and prints medians and the
 ratio; a benchmark, not a timed test.
 """
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from nb_cudaguard import GuardError, guard
-from nb_cudaguard.input_guard import verdicts
+from nb_cudaguard.input_guard import judge
 
 CLASSES = 32000  # a tokenizer-sized vocabulary: the LM loss the issue measured (8192 x 32000)
 ROWS = (2, 8, 32, 128, 512, 2048)
@@ -48,9 +48,9 @@ def both(call: Callable[[], Any], repeats: int) -> tuple[float, float]:
     first: list[float] = []
     rules: list[float] = []
     for _ in range(5):
-        verdicts.HOST_FIRST_LINE = 1 << 62
+        judge.HOST_FIRST_LINE = 1 << 62
         first.append(timed(call, repeats))
-        verdicts.HOST_FIRST_LINE = 0
+        judge.HOST_FIRST_LINE = 0
         rules.append(timed(call, repeats))
     return statistics.median(first), statistics.median(rules)
 
@@ -66,7 +66,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    line = verdicts.HOST_FIRST_LINE
+    line = judge.HOST_FIRST_LINE
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
@@ -91,7 +91,7 @@ def main() -> None:
             f"{valid[1] * 1e3:>7.3f}ms {valid[1] / valid[0]:>6.3f}  {wrong[0] * 1e3:>8.3f}ms "
             f"{wrong[1] * 1e3:>7.3f}ms {wrong[1] / wrong[0]:>7.4f}"
         )
-    verdicts.HOST_FIRST_LINE = line
+    judge.HOST_FIRST_LINE = line
 
 
 if __name__ == "__main__":

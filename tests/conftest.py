@@ -66,29 +66,29 @@ def keep_ram_in_a_temporary_directory(tmp_path_factory: pytest.TempPathFactory) 
 def guard_checks_first(request: pytest.FixtureRequest) -> None:
     """tests/input_guard/ test the guard's rules as a GPU's calls run them: every check judged
     before the call. By default a call on host memory runs first and is checked only when the CPU
-    op raises (``verdicts.TRUST_HOST_OPS``): valid inputs would never reach a rule there, and a
+    op raises (``judge.TRUST_HOST_OPS``): valid inputs would never reach a rule there, and a
     false alarm could not show. Tests of that shortcut ask for ``cpu_op_first``."""
     if request.node.path.parent.name == "input_guard":
-        from nb_cudaguard.input_guard import verdicts
+        from nb_cudaguard.input_guard import judge
 
-        request.getfixturevalue("monkeypatch").setattr(verdicts, "TRUST_HOST_OPS", False)
+        request.getfixturevalue("monkeypatch").setattr(judge, "TRUST_HOST_OPS", False)
 
 
 @pytest.fixture
 def cpu_op_first(guard_checks_first: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's default for host memory: the CPU op first, the check only when it raises."""
-    from nb_cudaguard.input_guard import verdicts
+    from nb_cudaguard.input_guard import judge
 
-    monkeypatch.setattr(verdicts, "TRUST_HOST_OPS", True)
+    monkeypatch.setattr(judge, "TRUST_HOST_OPS", True)
 
 
 @pytest.fixture
 def device_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deferred guard as a CUDA tensor meets it, on CPU tensors: verdicts left on the device
     and read later. Host memory itself has nothing to defer (its violations raise at the call)."""
-    from nb_cudaguard.input_guard import deferral, verdicts
+    from nb_cudaguard.input_guard import deferral, judge
 
-    monkeypatch.setattr(verdicts, "TRUST_HOST_OPS", False)
+    monkeypatch.setattr(judge, "TRUST_HOST_OPS", False)
     monkeypatch.setattr(deferral, "HOST_VERDICTS_AT_ONCE", False)
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import GuardError
+from .judge import STATS, _accepts, _host_error, _judged_on_host, _live, _read, first_violation
 from .ops import OpCheck
 from .report import _capture, _changed_since, _dressed, _error, _raise, _violation
 from .requirements import Requirement, Slot
 from .state import _STATE, _Pending
-from .verdicts import STATS, _accepts, _host_error, _judged_on_host, _live, _read, first_violation
 
 # Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
 # loop that never synchronises does not keep its inputs alive without bound.

@@ -43,10 +43,10 @@ On host memory there is nothing to defer: in both modes a violation is raised at
 PyTorch's CPU op raises its own error (code that catches it behaves as without the guard), and
 the message quotes that error. Where the CPU op rejects every value the CUDA kernel asserts on
 (``ops.CPU_CHECKS``), draws no random number and the tensors are below ``HOST_FIRST_LINE``
-elements, the call runs first and the rules only run when it raises (``verdicts.TRUST_HOST_OPS``).
+elements, the call runs first and the rules only run when it raises (``judge.TRUST_HOST_OPS``).
 
 This module ties the parts together: the wrappers (``wrappers.py``) and where they go
-(``entries.py``), a call's verdict (``verdicts.py``), the deferred mode (``deferral.py``,
+(``entries.py``), a call's verdict (``judge.py``), the deferred mode (``deferral.py``,
 ``step_hook.py``), the error (``report.py``), each thread's guards (``state.py``).
 
 Module import needs torch: ``nb_cudaguard`` imports this lazily.

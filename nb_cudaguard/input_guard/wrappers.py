@@ -10,13 +10,13 @@ import sys
 from types import FrameType, FunctionType, ModuleType
 from typing import Any
 
-from . import verdicts
+from . import judge
 from .caller_frame import _as_caller
 from .deferral import _defer, flush
+from .judge import _accepts, _host_error, _inspect, _runs_on_host
 from .ops import OpCheck
 from .report import _raise
 from .state import _STATE, _is_compiling, _skips, _ThreadState
-from .verdicts import _accepts, _host_error, _inspect, _runs_on_host
 
 
 def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
@@ -179,7 +179,7 @@ def _guarded_call(
         config = state.configs[-1]
         if not config.selects(check):
             return call(func, args, kwargs)
-        if trusted and verdicts.TRUST_HOST_OPS and _runs_on_host(check, args, kwargs):
+        if trusted and judge.TRUST_HOST_OPS and _runs_on_host(check, args, kwargs):
             try:
                 return call(func, args, kwargs)
             except TypeError:

@@ -88,7 +88,7 @@ def test_without_the_guard_a_bad_ctc_target_breaks_the_context_or_the_result() -
 DEFERRED_SCRIPT = """
 import torch, torch.nn.functional as F
 import nb_cudaguard
-from nb_cudaguard.input_guard.verdicts import STATS
+from nb_cudaguard.input_guard.judge import STATS
 dev = "cuda"
 torch.manual_seed(0)
 emb = torch.nn.Embedding(10, 4).to(dev)

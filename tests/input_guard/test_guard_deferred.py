@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nb_cudaguard import GuardError, guard
-from nb_cudaguard.input_guard import deferral, verdicts
+from nb_cudaguard.input_guard import deferral, judge
 from nb_cudaguard.input_guard.deferral import MAX_PENDING, pending
 from nb_cudaguard.input_guard.errors import GuardIndexError
-from nb_cudaguard.input_guard.verdicts import STATS
+from nb_cudaguard.input_guard.judge import STATS
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +28,7 @@ def path(
 ) -> str:
     """The device path unless a test asks for a host one (``host_path``)."""
     chosen = getattr(request, "param", "device")
-    monkeypatch.setattr(verdicts, "TRUST_HOST_OPS", chosen == "cpu op first")
+    monkeypatch.setattr(judge, "TRUST_HOST_OPS", chosen == "cpu op first")
     monkeypatch.setattr(deferral, "HOST_VERDICTS_AT_ONCE", chosen != "device")
     return "host" if chosen != "device" else "device"
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from nb_cudaguard import GuardError, guard
-from nb_cudaguard.input_guard import ops, verdicts
+from nb_cudaguard.input_guard import judge, ops
 
 pytestmark = pytest.mark.usefixtures("cpu_op_first")
 
@@ -127,7 +127,7 @@ def test_past_the_size_line_the_op_never_runs_before_its_bad_call_is_refused(
             F.cross_entropy(logits, labels)
 
     assert "aten::_log_softmax" in aten_ops(bad_call)  # below the line: the CPU op first
-    monkeypatch.setattr(verdicts, "HOST_FIRST_LINE", 1000)  # stands in for 8192 x 32000
+    monkeypatch.setattr(judge, "HOST_FIRST_LINE", 1000)  # stands in for 8192 x 32000
     assert "aten::_log_softmax" not in aten_ops(bad_call)
 
 

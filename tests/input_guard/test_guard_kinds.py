@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nb_cudaguard.input_guard.judge import first_violation
 from nb_cudaguard.input_guard.requirements import FloatRange, IntRange
-from nb_cudaguard.input_guard.verdicts import first_violation
 
 INT_TYPES = [
     getattr(torch, name)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from nb_cudaguard import guard
-from nb_cudaguard.input_guard import verdicts
-from nb_cudaguard.input_guard.verdicts import STATS
+from nb_cudaguard.input_guard import judge
+from nb_cudaguard.input_guard.judge import STATS
 
 oracle = pytest.importorskip("opinfo_oracle", reason="needs torch.testing._internal (expecttest)")
 pytest.importorskip("expecttest")
@@ -44,7 +44,7 @@ def test_the_guard_raises_exactly_when_the_cpu_op_raises(
     # strict and deferred: every rule judged before the call, as on a GPU; the third is the
     # default for host memory, the op first and the rules only when it raises
     if mode.endswith("cpu op first"):
-        monkeypatch.setattr(verdicts, "TRUST_HOST_OPS", True)
+        monkeypatch.setattr(judge, "TRUST_HOST_OPS", True)
     factory = functools.partial(guard, mode=mode.split(",")[0])
     wrong: list[str] = []
     checked = 0

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import gather
 
 from nb_cudaguard import GuardError, guard
+from nb_cudaguard.input_guard.judge import STATS
 from nb_cudaguard.input_guard.scope import active
-from nb_cudaguard.input_guard.verdicts import STATS
 
 # TorchScript, which some tests compile through the guard, warns that it is deprecated
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")

@@ -348,7 +348,7 @@ def test_the_traceback_shows_the_users_lines_not_torchs(
     ip.run_cell("%%cudacheck\nx = 1\nlookup(torch.tensor([10]))")
     out = capsys.readouterr().out
     assert "GuardIndexError: raised at" in out and "return emb(ids)" in out
-    ours = ("scope.py", "wrappers.py", "verdicts.py", "deferral.py", "report.py")
+    ours = ("scope.py", "wrappers.py", "judge.py", "deferral.py", "report.py")
     for internal in ("torch/nn/", "functional.py", *ours, "interactiveshell.py"):
         assert internal not in out, out
 
