@@ -104,12 +104,14 @@ async def _drive(server: JupyterServer) -> dict[str, str]:
         found = VERDICT.search(seen["failed"][:400])
         assert found is not None, seen["failed"][:1000]
         seen["restart"] = await agent.run(found["command"])
-        for _ in range(60):  # the kernel is back within seconds
-            await asyncio.sleep(1)
+        old = re.findall(r"^(\d+)$", pid, re.M)[-1]
+        for _ in range(60):  # the kernel is back within seconds, nb_cudaguard loaded by the
+            await asyncio.sleep(1)  # restart: its first cell shows what was kept, and how
             now = await agent.run("import os\nprint(os.getpid())")
-            if now.strip() and now != pid and re.search(r"^\d+$", now.strip().split("\n")[0]):
+            pids = re.findall(r"^(\d+)$", now, re.M)
+            if pids and pids[-1] != old:
                 break
-        seen["load"] = await agent.run("%load_ext nb_cudaguard")
+        seen["load"] = now
         command = re.search(r"%cudaguard restore\b", seen["load"])
         assert command is not None, seen["load"]
         seen["restore"] = await agent.run(command.group(0))
@@ -131,8 +133,8 @@ def test_an_agent_reads_the_verdict_restarts_and_restores_through_the_mcp_server
     stream = seen["failed"].split("\n\n```text\n")[0]  # up to the panel's markdown
     assert stream.count("Assertion `t >= 0 && t < n_classes` failed.") == 1
     assert "63 more lines of the same assert" in seen["failed"]
-    # the restart names what it kept and what the next kernel's %load_ext does with it
-    assert "Kept" in seen["restart"] and "offers to restore" in seen["restart"]
+    # the restart names what it kept and what the next kernel's first cell does with it
+    assert "Kept" in seen["restart"] and "first cell offers to restore" in seen["restart"]
     assert "CUDA_LAUNCH_BLOCKING=1" in seen["load"]
     assert "Restored" in seen["restore"]
     assert "42 [1, 2, 3] 1" in seen["values"]
