@@ -250,6 +250,10 @@ def _rebuild_tensor(
     return tensor
 
 
+def _rebuild_view(base: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> Any:
+    return base.as_strided(size, stride, offset)
+
+
 class _StorageBytes:
     """One CPU storage as a region; the same storage seen twice is one object (pickle's memo)."""
 
@@ -460,6 +464,23 @@ class KeepPickler:
                 pointer, length = storage.data_ptr(), storage.nbytes()
             except Exception:  # functional / fake / older torch: torch's own way (a copy)
                 return NotImplemented
+            base = tensor._base
+            if (
+                base is not None
+                and type(base) is tensor_type
+                and base.dtype == tensor.dtype
+                and not tensor.requires_grad
+                and not base.requires_grad
+            ):
+                # A view (``view = base[1:]``) comes back as a view of the same base object, not
+                # a tensor that only shares its storage: ``view._base is base`` still holds.
+                found.alive.append(tensor)
+                return _rebuild_view, (
+                    base,
+                    tensor.storage_offset(),
+                    tuple(tensor.shape),
+                    tuple(tensor.stride()),
+                )
             holder = storages.get(pointer) if length else None
             if holder is None:
                 holder = _StorageBytes(

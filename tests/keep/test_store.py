@@ -117,6 +117,15 @@ def test_shared_state_comes_back_shared(profile):
     assert not torch.equal(before, new["model"][0].weight)
 
 
+def test_a_view_comes_back_a_view_of_its_restored_base(profile):
+    ns = notebook("import torch\nbase = torch.arange(6.)\nview = base[2:5]\nrows = base.view(2, 3)")
+    _, _, new = save_and_restore(ns, profile)
+    assert new["view"]._base is new["base"] and new["rows"]._base is new["base"]
+    assert new["view"].tolist() == [2.0, 3.0, 4.0]
+    new["base"][3] = 30.0  # one memory, as before
+    assert new["view"][1] == 30.0 and new["rows"][1, 0] == 30.0
+
+
 def test_unrelated_values_of_one_dtype_are_written_once_each(profile):
     # dtypes, devices and classes are pickled by name and shared by everything: they must not
     # join unrelated arrays into one group (each would be written twice).

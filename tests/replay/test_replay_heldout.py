@@ -9,7 +9,7 @@ names), maybe a user's edit, ``%cudaguard replay`` (the plan) and ``%cudaguard r
 the replayed failing cell prints the fingerprint again. A key whose value differs while the plan
 text (outside the cells' code it lists) never mentions its name is a silent difference.
 
-Cases that find one are ``xfail(strict=True)``: they pass today and fail once it is fixed.
+A case that finds one is marked ``xfail(strict=True)`` until it is fixed (none is, today).
 """
 
 from __future__ import annotations
@@ -385,15 +385,7 @@ ALIAS_FP = (
     "restore",
     [
         pytest.param(None, id="no-restore"),
-        pytest.param(
-            "",
-            id="all",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="silent difference: a restored view shares base's storage but "
-                "view._base is base is False (the autograd view relation is lost); plan: kept",
-            ),
-        ),
+        pytest.param("", id="all"),
         pytest.param("run", id="run"),
         pytest.param("base best", id="base-best"),
     ],
