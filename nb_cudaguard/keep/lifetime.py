@@ -19,7 +19,7 @@ registered profile and
 - drops a profile with no keep left from the register, and ends once no keep is left to
   watch (all restored, discarded or expired).
 
-It runs from the state directory (it holds no notebook's working directory) with the standard
+It runs from the user's state directory (it holds no notebook's working directory) with the standard
 library ahead of every other path, site-packages included.
 """
 
@@ -145,12 +145,7 @@ def _forget(profile_location: str) -> bool:
 def _register_lock() -> Iterator[None]:
     import fcntl
 
-    place = user_state_dir()
-    make_dirs(place)
-    fd = os.open(
-        place / REGISTER_LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600
-    )
-    with os.fdopen(fd, "r+") as handle:
+    with _open_lock(user_state_dir(), REGISTER_LOCK) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
@@ -168,15 +163,20 @@ def _lock(place: Path) -> IO[str] | None:
     """The lock, held open; None where another process holds it."""
     import fcntl
 
-    make_dirs(place)
-    fd = os.open(place / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    handle = os.fdopen(fd, "r+")
+    handle = _open_lock(place, LOCK)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
         return None
     return handle
+
+
+def _open_lock(place: Path, name: str) -> IO[str]:
+    """A lock file of ours in ``place`` (made 0600, never through a link), open, not locked."""
+    make_dirs(place)
+    fd = os.open(place / name, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    return os.fdopen(fd, "r+")
 
 
 def kernel_process(connection: str) -> int | None:

@@ -103,7 +103,7 @@ class RankGuard:
 
     @staticmethod
     def _ended_well() -> None:
-        tee = _tee[0] if _tee else None
+        tee = _fd2()
         if tee is not None:
             with contextlib.suppress(Exception):
                 tee.clear()

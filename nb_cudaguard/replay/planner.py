@@ -58,7 +58,8 @@ class Plan:
     drop: tuple[str, ...] = ()
     # Cells it runs that ran before nb_cudaguard was loaded: planned from their text alone.
     unrecorded: tuple[int, ...] = ()
-    # Names it rebuilds too large to compare whole when they ran: a change inside may be missed.
+    # Names it rebuilds not seen whole when they ran (too large, or holding state Python cannot
+    # read): a change inside may be missed.
     unseen: tuple[str, ...] = ()
     # Restored names the user changed since the restore, kept as they are: (name, why the plan
     # would have built it again, or "").

@@ -10,7 +10,8 @@ attributes; up to ``MAX_NODES`` objects per name. ElasticNotebook (VLDB'24) and 
 detect changed objects by identity graphs the same way; no tracing function runs, so a cell's own
 Python code pays nothing. What a fingerprint cannot see (a write through ``.data`` or ``.numpy()``,
 an element past the sample of a large array, past ``MAX_NODES`` objects) is covered by the text
-analysis, which the plan joins to it, and names too large to see whole are listed as such.
+analysis, which the plan joins to it, and names not seen whole (too large, or holding state
+Python cannot read) are listed as such.
 """
 
 from __future__ import annotations
@@ -154,21 +155,10 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
                 stack.extend(state.values())
         elif numpy is not None and isinstance(obj, numpy.ndarray):
             tokens.append(_array_token(obj))
-            whole = whole and _read_whole(obj)
-        elif kind is FunctionType and obj.__module__ == "__main__":
-            # A notebook function's state: what its closure holds (a counter ``tick()``
-            # advances) and its defaults (``def collect(x, seen=[])``).
-            tokens.append(id(obj))
-            held = [_cell_contents(c) for c in obj.__closure__ or ()]
-            held += [*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()]
-            tokens.append(tuple(map(id, held)))
-            stack.extend(_mutable(held))
-        elif isinstance(obj, type) and obj.__module__ == "__main__":
-            # A notebook class's own attributes (``Registry.items.append(...)``), not its
-            # methods' code: identity for those.
-            tokens.append(id(obj))
-            held = [v for k, v in vars(obj).items() if k[:2] != "__"]
-            tokens.append(tuple(map(id, held)))
+            whole = whole and _array_whole(obj)
+        elif (kind is FunctionType or isinstance(obj, type)) and obj.__module__ == "__main__":
+            held = _held_by(obj)
+            tokens.append((id(obj), tuple(map(id, held))))
             stack.extend(_mutable(held))
         elif torch is not None and isinstance(obj, torch.Generator):
             # A generator of one's own (``torch.Generator().manual_seed(0)``): where it stands.
@@ -183,6 +173,17 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
             else:
                 stack.extend(attributes)
     return tuple(tokens), whole
+
+
+def _held_by(definition: Any) -> list[Any]:
+    """The state a notebook function or class holds: a function's closure (a counter ``tick()``
+    advances) and defaults (``def collect(x, seen=[])``); a class's own attributes
+    (``Registry.items``), not its methods' code."""
+    if isinstance(definition, type):
+        return [v for k, v in vars(definition).items() if k[:2] != "__"]
+    closure = [_cell_contents(c) for c in definition.__closure__ or ()]
+    defaults = definition.__defaults__ or ()
+    return [*closure, *defaults, *(definition.__kwdefaults__ or {}).values()]
 
 
 def _cell_contents(cell: Any) -> Any:
@@ -220,13 +221,10 @@ def _array_token(array: Any) -> tuple[Any, ...]:
     return (id(array), array.shape, array.dtype.num, sample)
 
 
-def _read_whole(value: Any) -> bool:
-    """Whether a token read all that may change: a tensor's version counter does, an array's
-    sample only where it holds every value (a large one's change may fall between samples)."""
-    numpy = sys.modules.get("numpy")
-    if numpy is None or not isinstance(value, numpy.ndarray):
-        return True
-    return bool(value.size <= _SAMPLE and not value.dtype.hasobject)
+def _array_whole(array: Any) -> bool:
+    """Whether an array's token read every value (a large one's change may fall between the
+    samples); a tensor's version counter always sees a change in place."""
+    return bool(array.size <= _SAMPLE and not array.dtype.hasobject)
 
 
 def _plain_attributes(obj: Any) -> list[Any] | None:
@@ -664,22 +662,22 @@ _TOKENS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
 
 # Seen by identity alone, without walking them: a module, a library's function or a class
 # holds no state of the namespace's (an own module's globals are seen apart, in
-# ``_see_modules``; a notebook function's closure and defaults are walked).
-_BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, MethodType, type, *_IMMUTABLE})
+# ``_see_modules``; a notebook function's or class's own state is walked, ``_held_by``).
+_BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, MethodType, *_IMMUTABLE})
+_DEFINITIONS = frozenset({FunctionType, type})  # by identity unless the notebook's own
 
 
 def _see(value: Any) -> _Seen:
     kind = type(value)
-    if (kind in _BY_IDENTITY and not (kind is type and value.__module__ == "__main__")) or (
-        kind is FunctionType and value.__module__ != "__main__"
-    ):
+    if kind in _BY_IDENTITY or (kind in _DEFINITIONS and value.__module__ != "__main__"):
         return (id(value), (id(value),), True)  # a third of a notebook's names: no walk
     try:
         # A plain tensor or array, the bulk of a large namespace: its token at once, as the
         # walk would give it, without the walk's setup.
         token = _TOKENS.get(kind)
         if token is not None:
-            return (id(value), (token(value),), _read_whole(value))
+            whole = token is not _array_token or _array_whole(value)
+            return (id(value), (token(value),), whole)
         tokens, whole = fingerprint(value)
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False

@@ -127,7 +127,7 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
         )
     if plan.unseen:
         notes.append(
-            "too large to compare whole when the cells ran, a change inside them may be "
-            "missed: " + ", ".join(plan.unseen[:12])
+            "not compared whole when the cells ran (too large, or holding state Python cannot "
+            "read), a change inside them may be missed: " + ", ".join(plan.unseen[:12])
         )
     return head + (" (" + "; ".join(notes) + ")" if notes else "") + "."

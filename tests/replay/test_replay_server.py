@@ -326,6 +326,11 @@ def test_a_replay_leaves_a_restored_and_fixed_name_as_it_is(server, server_kerne
     assert replay.status == "ok"  # the fix holds: the failing cell runs through
 
 
+HISTORY_AND_LABELS = (
+    "import torch\nprint('RAN:imports')",
+    "history = []\nprint('RAN:history')",
+    "labels = torch.tensor([1, 2, 4])\nprint('RAN:labels')",
+)
 FAIL_CHANGING = (
     "print('RAN:fail')\nhistory.append(len(history))\nlabels -= 1\n"
     "print('STATE', history, labels.tolist())\n"
@@ -337,12 +342,7 @@ def test_a_replay_does_not_apply_the_failing_cells_changes_twice_to_what_was_res
     server, server_kernel
 ):
     kid, pid = server_kernel
-    cells = (
-        "import torch\nprint('RAN:imports')",
-        "history = []\nprint('RAN:history')",
-        "labels = torch.tensor([1, 2, 4])\nprint('RAN:labels')",
-    )
-    failed = _run_restart(server, kid, pid, cells, FAIL_CHANGING)
+    failed = _run_restart(server, kid, pid, HISTORY_AND_LABELS, FAIL_CHANGING)
     state = re.findall(r"STATE .*", failed.stream)[0]
     assert state == "STATE [0] [0, 1, 3]"
     with server.connect(kid) as sock:
@@ -555,12 +555,7 @@ def test_a_replayed_class_cell_leaves_one_class_for_restored_and_rebuilt_instanc
 
 def test_a_restored_value_the_user_fixed_after_the_restore_stays_theirs(server, server_kernel):
     kid, pid = server_kernel
-    cells = (
-        "import torch\nprint('RAN:imports')",
-        "history = []\nprint('RAN:history')",
-        "labels = torch.tensor([1, 2, 4])\nprint('RAN:labels')",
-    )
-    failed = _run_restart(server, kid, pid, cells, FAIL_CHANGING)
+    failed = _run_restart(server, kid, pid, HISTORY_AND_LABELS, FAIL_CHANGING)
     assert re.findall(r"STATE .*", failed.stream) == ["STATE [0] [0, 1, 3]"]
     with server.connect(kid) as sock:
         sock.execute("%load_ext nb_cudaguard")
