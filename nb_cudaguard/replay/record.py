@@ -20,11 +20,13 @@ import base64
 import ctypes
 import json
 import random
+import struct
 import sys
 import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
+from operator import itemgetter
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
@@ -94,85 +96,144 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
     """(what changes when ``value`` or what it holds changes in place, whether all of it was
     seen within ``limit`` objects)."""
     tokens: list[Any] = []
+    append = tokens.append
     seen: set[int] = set()
     stack = [value]
     whole = True
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
     if len(_TOKENS) < 3:
-        if torch is not None:
-            _TOKENS.update({torch.Tensor: _tensor_token, torch.nn.Parameter: _tensor_token})
-            fixed = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
-            _FIXED_TYPES.update(fixed)
-        if numpy is not None:
-            _TOKENS[numpy.ndarray] = _array_token
+        _note_types(torch, numpy)
     while stack:
         obj = stack.pop()
         kind = type(obj)
         if kind in _IMMUTABLE or id(obj) in seen:
-            tokens.append(id(obj))
+            append(id(obj))
             continue
         if len(seen) >= limit:
             return tuple(tokens), False
         seen.add(id(obj))
         if kind in _CONTAINERS or isinstance(obj, _CONTAINER_BASES):
             if len(obj) > limit:
-                tokens.append((id(obj), len(obj)))
+                append((id(obj), len(obj)))
                 return tuple(tokens), False
             if kind not in _CONTAINERS:  # OrderedDict, Counter, a namedtuple: their attributes
                 stack.extend(_plain_attributes(obj) or ())  # (a defaultdict's factory: by id)
             if isinstance(obj, dict):
-                tokens.append((id(obj), tuple(map(id, obj)), tuple(map(id, obj.values()))))
-                stack.extend(_mutable(obj.values()))
+                values = tuple(obj.values())
+                append((id(obj), tuple(map(id, obj)), tuple(map(id, values))))
+                stack.extend(_mutable(values))
             elif isinstance(obj, set | frozenset):
-                tokens.append((id(obj), len(obj), sum(map(id, obj))))
+                append((id(obj), len(obj), sum(map(id, obj))))
             else:
-                tokens.append((id(obj), tuple(map(id, obj))))
-                stack.extend(_mutable(obj))
+                items = tuple(obj)
+                append((id(obj), tuple(map(id, items))))
+                stack.extend(_mutable(items))
+        elif kind in _TOKENS:  # a plain tensor, parameter or array
+            token, all_read = _TOKENS[kind](obj)
+            append(token)
+            whole = whole and all_read
         elif torch is not None and isinstance(obj, torch.Tensor):
-            tokens.append(_tensor_token(obj))
+            append(_tensor_token(obj))
         elif torch is not None and isinstance(obj, torch.nn.Module):
-            for module in obj.modules():
-                seen.add(id(module))
-                tokens.append(module.training)
-                for tensor in module._parameters.values():
-                    if tensor is not None:
-                        tokens.append(_tensor_token(tensor))
-                for tensor in module._buffers.values():
-                    if tensor is not None:
-                        tokens.append(_tensor_token(tensor))
-                # Its own attributes (``self.history = []``); torch's bookkeeping starts with _.
-                for name, attribute in vars(module).items():
-                    if name[:1] != "_":
-                        tokens.append(id(attribute))
-                        if type(attribute) not in _IMMUTABLE:
-                            stack.append(attribute)
+            if not _module_tokens(obj, append, seen, stack):
+                whole = False
         elif torch is not None and isinstance(obj, torch.optim.Optimizer):
-            tokens.append((id(obj), len(obj.state)))
+            append((id(obj), len(obj.state)))
             for group in obj.param_groups:
                 tokens.extend(v for k, v in group.items() if type(v) in _IMMUTABLE)
             for state in obj.state.values():
                 stack.extend(state.values())
         elif numpy is not None and isinstance(obj, numpy.ndarray):
-            tokens.append(_array_token(obj))
-            whole = whole and _array_whole(obj)
+            token, all_read = _array_seen(obj)
+            append(token)
+            whole = whole and all_read
         elif (kind is FunctionType or isinstance(obj, type)) and obj.__module__ == "__main__":
             held = _held_by(obj)
-            tokens.append((id(obj), tuple(map(id, held))))
+            append((id(obj), tuple(map(id, held))))
             stack.extend(_mutable(held))
         elif torch is not None and isinstance(obj, torch.Generator):
             # A generator of one's own (``torch.Generator().manual_seed(0)``): where it stands.
-            tokens.append((id(obj), obj.get_state().numpy().tobytes()))
+            append((id(obj), obj.get_state().numpy().tobytes()))
         elif callable(obj) or isinstance(obj, ModuleType):
-            tokens.append(id(obj))  # a function, class or module: by identity (modules: apart)
+            append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
-            tokens.append((id(obj), kind))
+            append((id(obj), kind))
             attributes = _plain_attributes(obj)
             if attributes is None:
                 whole = False  # a change inside it cannot be seen
             else:
                 stack.extend(attributes)
     return tuple(tokens), whole
+
+
+def _module_tokens(
+    root: Any, append: Callable[[Any], None], seen: set[int], stack: list[Any]
+) -> bool:
+    """An ``nn.Module``'s and its submodules' parameters, buffers and own attributes
+    (``self.history = []``; ``training``), read from each one's ``__dict__``: torch's
+    bookkeeping starts with ``_``. False where a module keeps them elsewhere (not seen whole)."""
+    modules = [root]
+    while modules:
+        module = modules.pop()
+        state = vars(module)
+        try:
+            parameters, buffers, children = (
+                state["_parameters"],
+                state["_buffers"],
+                state["_modules"],
+            )
+        except KeyError:  # a module that never ran nn.Module.__init__
+            return False
+        for tensor in parameters.values():
+            if tensor is not None:
+                append(_tensor_token(tensor))
+        for tensor in buffers.values():
+            if tensor is not None:
+                append(_tensor_token(tensor))
+        own = _public_values(state)
+        append(tuple(map(id, own)))
+        if not _IMMUTABLE.issuperset(map(type, own)):
+            stack.extend(_mutable(own))
+        for child in children.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                modules.append(child)
+    return True
+
+
+_PUBLIC: dict[frozenset[str], Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
+
+
+def _public_values(state: dict[str, Any]) -> tuple[Any, ...]:
+    """The values in a module's ``__dict__`` that are not torch's bookkeeping (``training``,
+    ``in_features``, ``self.history``), by a reader found once per set of names (most modules
+    of a model share a few)."""
+    keys = frozenset(state)
+    read = _PUBLIC.get(keys)
+    if read is None:
+        if len(_PUBLIC) > 256:
+            _PUBLIC.clear()
+        public = sorted(k for k in keys if k[:1] != "_")
+        if len(public) > 1:
+            read = itemgetter(*public)
+        elif public:
+            name = public[0]
+            read = lambda state: (state[name],)  # noqa: E731 (itemgetter of one is no tuple)
+        else:
+            read = lambda state: ()  # noqa: E731
+        _PUBLIC[keys] = read
+    return read(state)
+
+
+def _note_types(torch: Any, numpy: Any) -> None:
+    """torch's and numpy's types, once imported: how their values are read."""
+    if torch is not None:
+        _TOKENS.update({torch.Tensor: _tensor_seen, torch.nn.Parameter: _tensor_seen})
+        fixed = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
+        _FIXED_TYPES.update(fixed)
+    if numpy is not None:
+        _TOKENS[numpy.ndarray] = _array_seen
 
 
 def _held_by(definition: Any) -> list[Any]:
@@ -213,18 +274,25 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
     return (id(tensor), tensor._version, pointer)
 
 
-def _array_token(array: Any) -> tuple[Any, ...]:
-    if array.dtype.hasobject or array.size == 0 or not array.flags.c_contiguous:
+def _array_seen(array: Any) -> tuple[tuple[Any, ...], bool]:
+    """An array's token and whether it read every value: a small array's values all (in any
+    layout), a large one's spread evenly (a change between the samples may be missed; a
+    tensor's version counter always sees one); an object array's items are not read."""
+    size, dtype = array.size, array.dtype
+    whole = False
+    if dtype.hasobject:
         sample: Any = None
-    else:  # every value of a small array; spread over a large one
-        sample = array.reshape(-1)[:: max(1, array.size // _SAMPLE)].tobytes()
-    return (id(array), array.shape, array.dtype.num, sample)
+    elif size <= _SAMPLE:
+        sample, whole = array.tobytes(), True
+    elif array.flags.c_contiguous:
+        sample = array.ravel()[:: size // _SAMPLE].tobytes()
+    else:
+        sample = array.flat[:: size // _SAMPLE].tobytes()
+    return (id(array), array.shape, dtype.num, sample), whole
 
 
-def _array_whole(array: Any) -> bool:
-    """Whether an array's token read every value (a large one's change may fall between the
-    samples); a tensor's version counter always sees a change in place."""
-    return bool(array.size <= _SAMPLE and not array.dtype.hasobject)
+def _tensor_seen(tensor: Any) -> tuple[tuple[Any, ...], bool]:
+    return _tensor_token(tensor), True
 
 
 def _plain_attributes(obj: Any) -> list[Any] | None:
@@ -326,56 +394,95 @@ def _settings_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
         ),
         ("torch.set_num_threads", torch.get_num_threads),
         ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
-        (
-            "torch.set_printoptions",
-            lambda: tuple(sorted(vars(torch._tensor_str.PRINT_OPTS).items())),
-        ),
+        ("torch.set_printoptions", lambda: dict(vars(torch._tensor_str.PRINT_OPTS))),
     ]
     _READERS[:] = [(torch, readers)]
     return readers
 
 
-def rng_states(numpy_state: NumpyState | None = None) -> dict[str, Any]:
+def rng_states(reader: RngReader | None = None) -> dict[str, Any]:
     """The global generators' states: ``random``'s, numpy's and torch's where imported, CUDA's
-    only where CUDA is initialised already (it never initialises CUDA). ``numpy_state``: where
-    numpy's is read from (a reader that reads it again only where it moved)."""
-    states: dict[str, Any] = {"random": random.getstate()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        states["numpy"] = (numpy_state or NumpyState()).read(numpy)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        states["torch"] = torch.random.get_rng_state()
-        try:
-            if torch.cuda.is_initialized():
-                states["cuda"] = torch.cuda.get_rng_state_all()
-        except Exception:  # a poisoned context: its generators cannot be read
-            pass
-    return states
+    only where CUDA is initialised already (it never initialises CUDA). Read as they are
+    compared, cheaply (``random``'s and torch's as bytes); ``encode_rng`` decodes them.
+    ``reader``: one kept across cells, which finds where the states lie in memory once."""
+    return (reader or RngReader()).read()
+
+
+# ``random``'s Mersenne Twister as it lies in memory (``Modules/_randommodule.c``: after the
+# object header, ``int index; uint32_t state[624]``), read through a view (0.1 us) where
+# ``random.getstate()`` builds a 625-number tuple (8 us) and comparing two costs 5 more. The
+# view is used only once checked against ``getstate()`` (another layout: ``getstate()``).
+_RANDOM_HEAD = object.__basicsize__
+_RANDOM_BYTES = 4 + 624 * 4
 
 
 @dataclass
-class NumpyState:
-    """numpy's global state (``get_state()``, 30 us), read again only where its generator's raw
-    words moved (``string_at``, 1 us): most cells never draw from numpy."""
+class RngReader:
+    """Reads the global generators' states at each cell's start."""
 
-    generator: Any = None
-    address: int = 0
-    raw: bytes = b""
-    state: Any = None
+    _random: Any = None  # random's instance, and a view of its state where the layout is known
+    _random_view: Any = None
+    _numpy: Any = None  # numpy's bit generator, a view of its state, and that state decoded
+    _numpy_view: Any = None
+    _numpy_raw: bytes = b""
+    _numpy_state: Any = None
 
-    def read(self, numpy: Any) -> Any:
+    def read(self) -> dict[str, Any]:
+        states: dict[str, Any] = {"random": self._read_random()}
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            states["numpy"] = self._read_numpy(numpy)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            states["torch"] = torch.default_generator.get_state().numpy().tobytes()
+            try:
+                if torch.cuda.is_initialized():
+                    states["cuda"] = torch.cuda.get_rng_state_all()
+            except Exception:  # a poisoned context: its generators cannot be read
+                pass
+        return states
+
+    def _read_random(self) -> Any:
+        instance: Any = random._inst
+        if instance is not self._random:
+            self._random, self._random_view = instance, _random_view(instance)
+        if self._random_view is None:
+            return random.getstate()
+        return (self._random_view.raw, instance.gauss_next)  # gauss() keeps one, undrawn
+
+    def _read_numpy(self, numpy: Any) -> Any:
+        """numpy's ``get_state()`` (30 us), read again only where its generator's words moved:
+        most cells never draw from numpy."""
         try:
             generator = numpy.random.mtrand._rand._bit_generator
-            if generator is not self.generator:
-                self.generator, self.state = generator, None
-                self.address = generator.ctypes.state_address
-            raw = ctypes.string_at(self.address, _MT_BYTES)
+            if generator is not self._numpy:
+                address = generator.ctypes.state_address
+                self._numpy_view = (ctypes.c_char * _MT_BYTES).from_address(address)
+                self._numpy, self._numpy_state = generator, None
+            raw = self._numpy_view.raw
         except Exception:  # another numpy layout: read it whole
             return numpy.random.get_state()
-        if raw != self.raw or self.state is None:
-            self.raw, self.state = raw, numpy.random.get_state()
-        return self.state
+        if raw != self._numpy_raw or self._numpy_state is None:
+            self._numpy_raw, self._numpy_state = raw, numpy.random.get_state()
+        return self._numpy_state
+
+
+def _random_view(instance: Any) -> Any:
+    """A view of ``random``'s state in ``instance``'s memory, or None where it is not laid out
+    as read here (checked against ``getstate()``)."""
+    try:
+        view = (ctypes.c_char * _RANDOM_BYTES).from_address(id(instance) + _RANDOM_HEAD)
+        if _random_decoded(view.raw, None)[1] == instance.getstate()[1]:
+            return view
+    except Exception:
+        pass
+    return None
+
+
+def _random_decoded(raw: bytes, gauss: Any) -> tuple[int, tuple[int, ...], Any]:
+    """``random.getstate()``'s tuple from the raw state: (version, 624 words + index, gauss)."""
+    (index,) = struct.unpack_from("=i", raw)
+    return (3, (*struct.unpack_from("=624I", raw, 4), index), gauss)
 
 
 def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, ...]:
@@ -394,14 +501,11 @@ def _same_state(a: Any, b: Any) -> bool:
     if isinstance(a, tuple) and len(a) == 5 and hasattr(a[1], "tobytes"):  # numpy's
         return bool(a[1].tobytes() == b[1].tobytes() and a[2:] == b[2:])
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(a, torch.Tensor):
-        try:  # two CPU byte tensors: a memcmp through numpy is half of torch.equal's dispatch
-            return bool(a.numpy().tobytes() == b.numpy().tobytes())
-        except Exception:  # no numpy
-            return bool(torch.equal(a, b))
+    if torch is not None and isinstance(a, torch.Tensor):  # CUDA's
+        return bool(torch.equal(a, b))
     if isinstance(a, list):  # CUDA's, a tensor per device
         return len(a) == len(b) and all(map(_same_state, a, b))
-    return bool(a == b)  # random's: a tuple of ints, compared in C
+    return bool(a == b)  # bytes, random's (raw, gauss) or its tuple of ints: compared in C
 
 
 def encode_rng(states: Mapping[str, Any]) -> str:
@@ -409,13 +513,15 @@ def encode_rng(states: Mapping[str, Any]) -> str:
     plain: dict[str, Any] = {}
     for name, state in states.items():
         if name == "random":
+            if isinstance(state[0], bytes):
+                state = _random_decoded(*state)
             version, internal, gauss = state
             plain[name] = [version, list(internal), gauss]
         elif name == "numpy":
             kind, keys, pos, has_gauss, cached = state
             plain[name] = [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
         elif name == "torch":
-            plain[name] = state.tolist()
+            plain[name] = list(state)
         elif name == "cuda":
             plain[name] = [s.tolist() for s in state]
     raw = zlib.compress(json.dumps(plain).encode("utf-8"))
@@ -476,10 +582,10 @@ class Recorder:
     _seen: dict[str, _Seen] = field(default_factory=dict)
     _modules: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _own: dict[str, bool] = field(default_factory=dict)  # module name -> the notebook's own
-    _module_of: dict[tuple[str, int], str] = field(default_factory=dict)
+    _origin: dict[str, str] = field(default_factory=dict)  # name -> its value's module
     _settings: tuple[tuple[str, Any], ...] = ()
     _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the last cell
-    _numpy: NumpyState = field(default_factory=NumpyState)
+    _reader: RngReader = field(default_factory=RngReader)
     _rng_cell: int | None = None  # that cell, once it finished
     _rng_kept: list[int] = field(default_factory=list)  # cells whose record holds a state
     _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
@@ -513,9 +619,10 @@ class Recorder:
 
     def prime(self, namespace: Mapping[str, Any]) -> None:
         """Take the namespace as it is now as the state before the next cell."""
-        user = self._user(namespace)
-        self._seen = {n: _see(v) for n, v in user.items()}
-        self._modules = self._see_modules(user)
+        names = self._user(namespace)
+        self._seen = {n: _see(namespace[n]) for n in names}
+        self._origin = {n: _module_of(namespace[n]) for n in names}
+        self._modules = self._see_modules()
         self._settings = torch_settings()
         self._primed = True
 
@@ -528,42 +635,55 @@ class Recorder:
         if not self._primed:
             self.prime(namespace)
         else:
-            user = self._user(namespace)
-            for name in self._seen.keys() - user.keys():
-                del self._seen[name]
-            for name, value in user.items():
-                seen = self._seen.get(name)
-                if seen is None or seen[0] != id(value):
-                    self._seen[name] = _see(value)
-        self._rng = self._settle_rng(rng_states(self._numpy))
+            names, seen = self._user(namespace), self._seen
+            if len(seen) != len(names):
+                for name in seen.keys() - names:
+                    del seen[name]
+                    self._origin.pop(name, None)
+            for name in names:
+                value = namespace[name]
+                before = seen.get(name)
+                if before is None or before[0] != id(value):
+                    seen[name] = _see(value)
+                    self._origin[name] = _module_of(value)
+        self._rng = self._settle_rng(rng_states(self._reader))
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
         self._depth = max(0, self._depth - 1)
         if self._depth or not self._primed:
             return
-        user = self._user(namespace)
-        now = {n: _see(v) for n, v in user.items()}
-        bound, changed, unseen = set(), set(), set()
-        previous = self._seen
-        for name, seen in now.items():
+        previous, origin = self._seen, self._origin
+        now: dict[str, _Seen] = {}
+        bound, changed, unseen = [], [], []
+        fresh = 0
+        for name in self._user(namespace):
+            value = namespace[name]
+            now[name] = seen = _see(value)
             before = previous.get(name)
             if before is None or before[0] != seen[0]:
-                bound.add(name)
+                bound.append(name)
+                origin[name] = _module_of(value)
+                fresh += before is None
             elif before[1] != seen[1]:
-                changed.add(name)
+                changed.append(name)
             if not seen[2]:
-                unseen.add(name)
-        deleted = previous.keys() - now.keys()
-        modules = self._see_modules(user)
-        moved = {m for m, s in modules.items() if m in self._modules and self._modules[m] != s}
-        if moved:  # a module's global re-bound (``cfg.LR = 0.5``): its names in the namespace
-            changed |= {n for n, v in user.items() if self._module_name(n, v) in moved} - bound
+                unseen.append(name)
+        # Only where the count says some went: a set difference costs a pass over the names.
+        deleted = previous.keys() - now.keys() if len(previous) + fresh != len(now) else set()
+        for name in deleted:
+            origin.pop(name, None)
+        modules = self._see_modules()
+        if modules != self._modules:  # a module's global re-bound (``cfg.LR = 0.5``)
+            moved = {m for m, v in modules.items() if m in self._modules and self._modules[m] != v}
+            changed += [n for n, m in origin.items() if m in moved and n not in bound]
         settings = torch_settings()
-        before_settings = dict(self._settings)
-        changed_settings = tuple(
-            sorted(n for n, v in settings if n in before_settings and before_settings[n] != v)
-        )
+        changed_settings: tuple[str, ...] = ()
+        if settings != self._settings:
+            before_settings = dict(self._settings)
+            changed_settings = tuple(
+                sorted(n for n, v in settings if n in before_settings and before_settings[n] != v)
+            )
         self._seen, self._modules, self._settings = now, modules, settings
         self._rng_cell = cell
         if cell is None:
@@ -583,7 +703,7 @@ class Recorder:
 
     def settle(self) -> dict[int, CellRecord]:
         """The records, the last cell's draws included (known at the next cell's start)."""
-        self._settle_rng(rng_states(self._numpy))
+        self._settle_rng(rng_states(self._reader))
         return self.records
 
     def _settle_rng(self, now: dict[str, Any]) -> dict[str, Any]:
@@ -609,8 +729,8 @@ class Recorder:
             if old in self.records:
                 self.records[old] = replace(self.records[old], rng="")
 
-    def _user(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
-        """The user's names and values. IPython adds ``_i<N>``, ``_<N>``... at every cell, so a
+    def _user(self, namespace: Mapping[str, Any]) -> Collection[str]:
+        """The user's names, in order. IPython adds ``_i<N>``, ``_<N>``... at every cell, so a
         namespace grows without end: only the keys added since the last look are read (a dict
         keeps insertion order: they are its last ones), and all of them again only where the
         count does not add up (a ``del``)."""
@@ -623,30 +743,22 @@ class Recorder:
             keys.clear()
             self._names.clear()
             added = list(namespace)
-        keys.update(added)
-        hidden = self.hidden
-        self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
-        return {n: namespace[n] for n in self._names}
+        if added:
+            keys.update(added)
+            hidden = self.hidden
+            self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
+        return self._names.keys()
 
-    def _module_name(self, name: str, value: Any) -> str:
-        key = (name, id(value))
-        found = self._module_of.get(key)
-        if found is None:
-            if len(self._module_of) > 4 * _KEEP:
-                self._module_of.clear()
-            found = self._module_of[key] = _module_of(value)
-        return found
-
-    def _see_modules(self, user: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    def _see_modules(self) -> dict[str, tuple[Any, ...]]:
         """The notebook's own modules' globals, for the modules the namespace uses."""
         # Not the namespace itself (IPython's __main__ module) nor builtins: not imported code.
-        names = {self._module_name(n, v) for n, v in user.items()} - _NOT_MODULES
+        names = set(self._origin.values()) - _NOT_MODULES
         unknown = [n for n in names if n not in self._own]
         if unknown:
             own = set(self.own_modules(unknown))
             self._own.update((n, n in own) for n in unknown)
         found = {}
-        for name in sorted(n for n in names if self._own.get(n)):
+        for name in sorted(n for n in names if self._own[n]):
             module = sys.modules.get(name)
             if module is not None:
                 found[name] = tuple(
@@ -657,7 +769,7 @@ class Recorder:
 
 # torch.Tensor, nn.Parameter and numpy.ndarray, once imported (noted by ``fingerprint``): the
 # function giving their token.
-_TOKENS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+_TOKENS: dict[type, Callable[[Any], tuple[tuple[Any, ...], bool]]] = {}
 
 
 # Seen by identity alone, without walking them: a module, a library's function or a class
@@ -674,14 +786,65 @@ def _see(value: Any) -> _Seen:
     try:
         # A plain tensor or array, the bulk of a large namespace: its token at once, as the
         # walk would give it, without the walk's setup.
-        token = _TOKENS.get(kind)
-        if token is not None:
-            whole = token is not _array_token or _array_whole(value)
-            return (id(value), (token(value),), whole)
+        read = _TOKENS.get(kind)
+        if read is not None:
+            token, whole = read(value)
+            return (id(value), (token,), whole)
+        if kind in _PLAIN:
+            plain = _plain_tokens(value, kind)
+            if plain is not None:
+                return (id(value), *plain)
         tokens, whole = fingerprint(value)
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False
     return (id(value), tokens, whole)
+
+
+_PLAIN = frozenset({list, tuple, dict})
+
+
+def _plain_tokens(value: Any, kind: type) -> tuple[tuple[Any, ...], bool] | None:
+    """What the walk would give a list, tuple or dict of numbers, names, tensors and arrays, or
+    of lists, tuples and dicts of numbers and names (a training history ``{"loss": [...]}``, a
+    config, a batch), without its setup; None for anything else."""
+    items = tuple(value.values()) if kind is dict else tuple(value)
+    if len(items) > MAX_NODES:
+        return None
+    types = set(map(type, items))
+    simple = types <= _IMMUTABLE
+    if not simple and not types <= _PLAIN_OR_IMMUTABLE and not types <= _TOKENS.keys() | _IMMUTABLE:
+        return None
+    tokens: list[Any]
+    if kind is dict:
+        tokens = [(id(value), tuple(map(id, value)), tuple(map(id, items)))]
+    else:
+        tokens = [(id(value), tuple(map(id, items)))]
+    whole = True
+    if simple:
+        return tuple(tokens), whole
+    seen: set[int] = set()
+    for item in items:
+        inner = type(item)
+        if inner in _IMMUTABLE or id(item) in seen:
+            continue
+        seen.add(id(item))
+        read = _TOKENS.get(inner)
+        if read is not None:
+            token, all_read = read(item)
+            tokens.append(token)
+            whole = whole and all_read
+            continue
+        values = tuple(item.values()) if inner is dict else tuple(item)
+        if len(values) > MAX_NODES or not _IMMUTABLE.issuperset(map(type, values)):
+            return None
+        if inner is dict:
+            tokens.append((id(item), tuple(map(id, item)), tuple(map(id, values))))
+        else:
+            tokens.append((id(item), tuple(map(id, values))))
+    return tuple(tokens), whole
+
+
+_PLAIN_OR_IMMUTABLE = _PLAIN | _IMMUTABLE
 
 
 def _module_of(value: Any) -> str:

@@ -284,3 +284,57 @@ def test_names_put_back_are_seen_changed_rebound_or_deleted_since():
     assert recorder.changed_since_put_back(namespace) == ("cfg", "history", "labels", "n")
     recorder.put_back(["labels"], namespace)  # the new baseline (a replay rebuilt it)
     assert "labels" not in recorder.changed_since_put_back(namespace)
+
+
+def test_a_small_array_in_any_layout_is_read_whole_and_a_change_in_it_seen():
+    import numpy as np
+
+    from nb_cudaguard.replay.record import _see
+
+    base = np.zeros((8, 8))
+    column = base[:, ::2]  # not contiguous: its values were once not read, yet called whole
+    before = _see(column)
+    assert before[2] is True
+    base[3, 2] = 1.0
+    assert _see(column)[1] != before[1]
+    large = np.zeros((400, 400))[:, ::2]
+    assert _see(large)[2] is False  # sampled: a change between the samples may be missed
+
+
+def test_plain_containers_of_tensors_and_histories_see_changes_in_place():
+    from nb_cudaguard.replay.record import _see
+
+    batch = [torch.zeros(3), torch.ones(2), 4]
+    before = _see(batch)
+    assert _see(batch) == before
+    batch[0].add_(1)
+    assert _see(batch)[1] != before[1]
+    history: dict[str, Any] = {"loss": [0.5], "acc": [0.1]}
+    before = _see(history)
+    history["loss"].append(0.4)
+    assert _see(history)[1] != before[1]
+    history["loss"][0] = 0.3
+    assert _see(history)[1] != _see({"loss": [0.5, 0.4], "acc": [0.1]})[1]
+
+
+def test_the_random_states_read_at_a_cells_start_bring_its_draws_back_exactly():
+    import random
+
+    import numpy as np
+
+    from nb_cudaguard.replay.record import RngReader, drawn_from, encode_rng, restore_rng
+
+    reader = RngReader()
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    random.gauss(0, 1)  # leaves a second value cached, drawn by the next gauss() without a draw
+    states = reader.read()
+    first = (random.gauss(0, 1), random.random(), np.random.rand(), torch.rand(2).tolist())
+    assert drawn_from(states, reader.read()) == ("numpy", "random", "torch")
+    restore_rng(encode_rng(states))
+    assert (random.gauss(0, 1), random.random(), np.random.rand(), torch.rand(2).tolist()) == first
+    random.gauss(0, 1)
+    cached = reader.read()
+    random.gauss(0, 1)  # only the cached value used: the generator's words did not move
+    assert drawn_from(cached, reader.read()) == ("random",)
