@@ -96,9 +96,14 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
     """(what changes when ``value`` or what it holds changes in place, whether all of it was
     seen within ``limit`` objects)."""
     tokens: list[Any] = []
+    whole = _walk([value], tokens, set(), limit)
+    return tuple(tokens), whole
+
+
+def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_NODES) -> bool:
+    """Adds to ``tokens`` what the objects on ``stack`` and what they hold give; whether all of
+    it was seen within ``limit`` objects."""
     append = tokens.append
-    seen: set[int] = set()
-    stack = [value]
     whole = True
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
@@ -111,12 +116,12 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
             append(id(obj))
             continue
         if len(seen) >= limit:
-            return tuple(tokens), False
+            return False
         seen.add(id(obj))
         if kind in _CONTAINERS or isinstance(obj, _CONTAINER_BASES):
             if len(obj) > limit:
                 append((id(obj), len(obj)))
-                return tuple(tokens), False
+                return False
             if kind not in _CONTAINERS:  # OrderedDict, Counter, a namedtuple: their attributes
                 stack.extend(_plain_attributes(obj) or ())  # (a defaultdict's factory: by id)
             if isinstance(obj, dict):
@@ -164,7 +169,7 @@ def fingerprint(value: Any, limit: int = MAX_NODES) -> tuple[tuple[Any, ...], bo
                 whole = False  # a change inside it cannot be seen
             else:
                 stack.extend(attributes)
-    return tuple(tokens), whole
+    return whole
 
 
 def _module_tokens(
@@ -229,6 +234,7 @@ def _public_values(state: dict[str, Any]) -> tuple[Any, ...]:
 def _note_types(torch: Any, numpy: Any) -> None:
     """torch's and numpy's types, once imported: how their values are read."""
     if torch is not None:
+        _MODULE[:] = [torch.nn.Module]
         _TOKENS.update({torch.Tensor: _tensor_seen, torch.nn.Parameter: _tensor_seen})
         fixed = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
         _FIXED_TYPES.update(fixed)
@@ -590,6 +596,7 @@ class Recorder:
     _rng_kept: list[int] = field(default_factory=list)  # cells whose record holds a state
     _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
     _names: dict[str, None] = field(default_factory=dict)  # of which the user's, in order
+    _ids: tuple[int, ...] = ()  # the user's values' ids at the last cell's end, in order
     _depth: int = 0
     _primed: bool = False
     _put_back: dict[str, _Seen] = field(default_factory=dict)  # restored names, as restored
@@ -621,6 +628,7 @@ class Recorder:
         """Take the namespace as it is now as the state before the next cell."""
         names = self._user(namespace)
         self._seen = {n: _see(namespace[n]) for n in names}
+        self._ids = tuple(v[0] for v in self._seen.values())
         self._origin = {n: _module_of(namespace[n]) for n in names}
         self._modules = self._see_modules()
         self._settings = torch_settings()
@@ -636,16 +644,20 @@ class Recorder:
             self.prime(namespace)
         else:
             names, seen = self._user(namespace), self._seen
-            if len(seen) != len(names):
-                for name in seen.keys() - names:
-                    del seen[name]
-                    self._origin.pop(name, None)
-            for name in names:
-                value = namespace[name]
-                before = seen.get(name)
-                if before is None or before[0] != id(value):
-                    seen[name] = _see(value)
-                    self._origin[name] = _module_of(value)
+            # Between cells the namespace rarely changes: one pass in C over the values' ids
+            # tells whether any name must be looked at.
+            ids = tuple(map(id, map(namespace.__getitem__, names)))
+            if ids != self._ids:
+                if len(seen) != len(names):
+                    for name in seen.keys() - names:
+                        del seen[name]
+                        self._origin.pop(name, None)
+                for name in names:
+                    value = namespace[name]
+                    before = seen.get(name)
+                    if before is None or before[0] != id(value):
+                        seen[name] = _see(value)
+                        self._origin[name] = _module_of(value)
         self._rng = self._settle_rng(rng_states(self._reader))
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
@@ -685,6 +697,7 @@ class Recorder:
                 sorted(n for n, v in settings if n in before_settings and before_settings[n] != v)
             )
         self._seen, self._modules, self._settings = now, modules, settings
+        self._ids = tuple(v[0] for v in now.values())
         self._rng_cell = cell
         if cell is None:
             return
@@ -770,6 +783,7 @@ class Recorder:
 # torch.Tensor, nn.Parameter and numpy.ndarray, once imported (noted by ``fingerprint``): the
 # function giving their token.
 _TOKENS: dict[type, Callable[[Any], tuple[tuple[Any, ...], bool]]] = {}
+_MODULE: list[type] = []  # torch.nn.Module, once imported
 
 
 # Seen by identity alone, without walking them: a module, a library's function or a class
@@ -794,6 +808,13 @@ def _see(value: Any) -> _Seen:
             plain = _plain_tokens(value, kind)
             if plain is not None:
                 return (id(value), *plain)
+        elif _MODULE and isinstance(value, _MODULE[0]):  # a model: no walk unless it holds more
+            found: list[Any] = []
+            seen, rest = {id(value)}, list[Any]()
+            whole = _module_tokens(value, found.append, seen, rest)
+            if rest:
+                whole = _walk(rest, found, seen) and whole
+            return (id(value), tuple(found), whole)
         tokens, whole = fingerprint(value)
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False
