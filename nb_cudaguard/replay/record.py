@@ -240,6 +240,7 @@ def _note_types(torch: Any, numpy: Any) -> None:
         _FIXED_TYPES.update(fixed)
     if numpy is not None:
         _TOKENS[numpy.ndarray] = _array_seen
+    _LEAVES.update(_TOKENS)
 
 
 def _held_by(definition: Any) -> list[Any]:
@@ -493,24 +494,20 @@ def _random_decoded(raw: bytes, gauss: Any) -> tuple[int, tuple[int, ...], Any]:
 
 def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, ...]:
     """The generators whose state moved between ``before`` and ``after``."""
-    moved = []
-    for name, state in before.items():
-        other = after.get(name)
-        if other is None or not _same_state(state, other):
-            moved.append(name)
+    moved = [n for n, state in before.items() if not _same_state(n, state, after.get(n))]
     return tuple(sorted(moved))
 
 
-def _same_state(a: Any, b: Any) -> bool:
+def _same_state(name: str, a: Any, b: Any) -> bool:
     if a is b:  # numpy's, read again only where it moved
         return True
-    if isinstance(a, tuple) and len(a) == 5 and hasattr(a[1], "tobytes"):  # numpy's
+    if b is None:
+        return False
+    if name == "numpy":  # (kind, keys array, position, has_gauss, cached)
         return bool(a[1].tobytes() == b[1].tobytes() and a[2:] == b[2:])
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(a, torch.Tensor):  # CUDA's
-        return bool(torch.equal(a, b))
-    if isinstance(a, list):  # CUDA's, a tensor per device
-        return len(a) == len(b) and all(map(_same_state, a, b))
+    if name == "cuda":  # a tensor per device
+        torch = sys.modules["torch"]
+        return len(a) == len(b) and all(map(torch.equal, a, b))
     return bool(a == b)  # bytes, random's (raw, gauss) or its tuple of ints: compared in C
 
 
@@ -589,6 +586,7 @@ class Recorder:
     _modules: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _own: dict[str, bool] = field(default_factory=dict)  # module name -> the notebook's own
     _origin: dict[str, str] = field(default_factory=dict)  # name -> its value's module
+    _own_used: list[str] | None = None  # the own modules among them (None: to be found)
     _settings: tuple[tuple[str, Any], ...] = ()
     _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the last cell
     _reader: RngReader = field(default_factory=RngReader)
@@ -630,6 +628,7 @@ class Recorder:
         self._seen = {n: _see(namespace[n]) for n in names}
         self._ids = tuple(v[0] for v in self._seen.values())
         self._origin = {n: _module_of(namespace[n]) for n in names}
+        self._own_used = None
         self._modules = self._see_modules()
         self._settings = torch_settings()
         self._primed = True
@@ -651,13 +650,13 @@ class Recorder:
                 if len(seen) != len(names):
                     for name in seen.keys() - names:
                         del seen[name]
-                        self._origin.pop(name, None)
+                        self._forget_origin(name)
                 for name in names:
                     value = namespace[name]
                     before = seen.get(name)
                     if before is None or before[0] != id(value):
                         seen[name] = _see(value)
-                        self._origin[name] = _module_of(value)
+                        self._note_origin(name, value)
         self._rng = self._settle_rng(rng_states(self._reader))
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
@@ -665,7 +664,7 @@ class Recorder:
         self._depth = max(0, self._depth - 1)
         if self._depth or not self._primed:
             return
-        previous, origin = self._seen, self._origin
+        previous = self._seen
         now: dict[str, _Seen] = {}
         bound, changed, unseen = [], [], []
         fresh = 0
@@ -675,7 +674,7 @@ class Recorder:
             before = previous.get(name)
             if before is None or before[0] != seen[0]:
                 bound.append(name)
-                origin[name] = _module_of(value)
+                self._note_origin(name, value)
                 fresh += before is None
             elif before[1] != seen[1]:
                 changed.append(name)
@@ -684,11 +683,11 @@ class Recorder:
         # Only where the count says some went: a set difference costs a pass over the names.
         deleted = previous.keys() - now.keys() if len(previous) + fresh != len(now) else set()
         for name in deleted:
-            origin.pop(name, None)
+            self._forget_origin(name)
         modules = self._see_modules()
         if modules != self._modules:  # a module's global re-bound (``cfg.LR = 0.5``)
             moved = {m for m, v in modules.items() if m in self._modules and self._modules[m] != v}
-            changed += [n for n, m in origin.items() if m in moved and n not in bound]
+            changed += [n for n, m in self._origin.items() if m in moved and n not in bound]
         settings = torch_settings()
         changed_settings: tuple[str, ...] = ()
         if settings != self._settings:
@@ -762,16 +761,28 @@ class Recorder:
             self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
         return self._names.keys()
 
+    def _note_origin(self, name: str, value: Any) -> None:
+        module = _module_of(value)
+        if self._origin.get(name) != module:
+            self._origin[name] = module
+            self._own_used = None
+
+    def _forget_origin(self, name: str) -> None:
+        if self._origin.pop(name, None) is not None:
+            self._own_used = None
+
     def _see_modules(self) -> dict[str, tuple[Any, ...]]:
         """The notebook's own modules' globals, for the modules the namespace uses."""
         # Not the namespace itself (IPython's __main__ module) nor builtins: not imported code.
-        names = set(self._origin.values()) - _NOT_MODULES
-        unknown = [n for n in names if n not in self._own]
-        if unknown:
-            own = set(self.own_modules(unknown))
-            self._own.update((n, n in own) for n in unknown)
+        if self._own_used is None:  # the names' modules changed since the last look
+            names = set(self._origin.values()) - _NOT_MODULES
+            unknown = [n for n in names if n not in self._own]
+            if unknown:
+                own = set(self.own_modules(unknown))
+                self._own.update((n, n in own) for n in unknown)
+            self._own_used = sorted(n for n in names if self._own[n])
         found = {}
-        for name in sorted(n for n in names if self._own[n]):
+        for name in self._own_used:
             module = sys.modules.get(name)
             if module is not None:
                 found[name] = tuple(
@@ -833,7 +844,7 @@ def _plain_tokens(value: Any, kind: type) -> tuple[tuple[Any, ...], bool] | None
         return None
     types = set(map(type, items))
     simple = types <= _IMMUTABLE
-    if not simple and not types <= _PLAIN_OR_IMMUTABLE and not types <= _TOKENS.keys() | _IMMUTABLE:
+    if not simple and not types <= _PLAIN_OR_IMMUTABLE and not types <= _LEAVES:
         return None
     tokens: list[Any]
     if kind is dict:
@@ -843,12 +854,10 @@ def _plain_tokens(value: Any, kind: type) -> tuple[tuple[Any, ...], bool] | None
     whole = True
     if simple:
         return tuple(tokens), whole
-    seen: set[int] = set()
-    for item in items:
+    for item in items:  # (one held twice gives its token twice: the same each time)
         inner = type(item)
-        if inner in _IMMUTABLE or id(item) in seen:
+        if inner in _IMMUTABLE:
             continue
-        seen.add(id(item))
         read = _TOKENS.get(inner)
         if read is not None:
             token, all_read = read(item)
@@ -866,6 +875,7 @@ def _plain_tokens(value: Any, kind: type) -> tuple[tuple[Any, ...], bool] | None
 
 
 _PLAIN_OR_IMMUTABLE = _PLAIN | _IMMUTABLE
+_LEAVES: set[Any] = set(_IMMUTABLE)  # and, once imported, tensors and arrays (_TOKENS)
 
 
 def _module_of(value: Any) -> str:
