@@ -15,6 +15,9 @@ a loaded machine's other processes do not count):
   timed on their own (the minimum and median of repeats);
 - a cell whose own code is a top-level Python loop (``--loop`` iterations), with and without the
   recorder: its ratio.
+
+``--against REV``: also the recorder of git revision ``REV`` (its ``replay/record.py``) and
+today's, side by side in alternating blocks, on both namespaces.
 """
 
 from __future__ import annotations
@@ -65,12 +68,11 @@ def per_cell(cells: int, blocks: int = 10) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in timings.items()}
 
 
-def large_namespace(names: int, mb: int, repeat: int = 30) -> tuple[float, float, int]:
-    """(min, median) ms of the recorder's start + finish per cell, and the bytes held."""
+def _large(names: int, mb: int) -> tuple[dict[str, Any], int]:
+    """``names`` names holding ``mb`` MiB: a third tensors, a third arrays, a third models
+    (``nn.Sequential``, every third) and dicts of lists; and the bytes held."""
     import numpy as np
     import torch
-
-    from nb_cudaguard.replay.record import Recorder
 
     per = max(1, mb * 2**20 // max(1, (2 * names) // 3))
     namespace: dict[str, Any] = {}
@@ -87,15 +89,80 @@ def large_namespace(names: int, mb: int, repeat: int = 30) -> tuple[float, float
             namespace[f"m{i}"] = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
         else:
             namespace[f"c{i}"] = {"lr": 0.1, "items": list(range(20))}
-    recorder = Recorder()
-    recorder.prime(namespace)
-    times = []
+    return namespace, held
+
+
+def large_namespace(
+    namespace: dict[str, Any], recorders: tuple[Any, ...], repeat: int = 30
+) -> list[tuple[float, float]]:
+    """Each recorder's (min, median) ms of start + finish per cell, in alternating blocks."""
+    made = [kind() for kind in recorders]
+    for recorder in made:
+        recorder.prime(namespace)
+    times: list[list[float]] = [[] for _ in made]
     for cell in range(repeat):
-        start = time.thread_time()
-        recorder.start(namespace)
-        recorder.finish(namespace, cell, failed=False)
-        times.append((time.thread_time() - start) * 1e3)
-    return min(times), statistics.median(times), held
+        for recorder, timed in zip(made, times, strict=True):
+            start = time.thread_time()
+            recorder.start(namespace)
+            recorder.finish(namespace, cell, failed=False)
+            timed.append((time.thread_time() - start) * 1e3)
+    return [(min(t), statistics.median(t)) for t in times]
+
+
+def old_recorder(revision: str) -> Any:
+    """The ``Recorder`` class of ``revision``'s ``replay/record.py``, loaded apart."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    source = subprocess.run(
+        ["git", "show", f"{revision}:nb_cudaguard/replay/record.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "record_then.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("record_then", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["record_then"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.Recorder
+
+
+def per_cell_against(then: Any, cells: int, blocks: int = 30) -> dict[str, float]:
+    """Median µs per successful cell in a real shell with the extension loaded: no recorder,
+    ``then``'s and today's, in alternating blocks."""
+    from IPython.utils.capture import capture_output
+
+    from nb_cudaguard.notebook.extension import current_state
+    from nb_cudaguard.replay.record import Recorder
+
+    shell = _shell()
+    shell.run_cell("import torch, numpy as np\nsmall = [torch.ones(3) for _ in range(5)]")
+    code = "x = sum(range(10))"
+    with capture_output():
+        shell.run_line_magic("load_ext", "nb_cudaguard")
+        state = current_state(shell)
+        assert state is not None
+        hidden = set(shell.user_ns_hidden)
+        recorders = {"none": None, "then": then(hidden), "now": Recorder(hidden)}
+        for recorder in recorders.values():
+            if recorder is not None:
+                recorder.prime(shell.user_ns)
+        timings: dict[str, list[float]] = {k: [] for k in recorders}
+        for block in range(blocks * 3):
+            kind = list(recorders)[block % 3]
+            state.recorder = recorders[kind]
+            shell.run_cell(code, store_history=True)
+            start = time.thread_time()
+            for _ in range(cells // blocks):
+                shell.run_cell(code, store_history=True)
+            timings[kind].append((time.thread_time() - start) / (cells // blocks) * 1e6)
+        shell.run_line_magic("unload_ext", "nb_cudaguard")
+    return {k: statistics.median(v) for k, v in timings.items()}
 
 
 def loop_cell(iterations: int, repeat: int = 7) -> tuple[float, float]:
@@ -128,7 +195,27 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=2048)
     parser.add_argument("--cells", type=int, default=2000)
     parser.add_argument("--loop", type=int, default=300_000)
+    parser.add_argument("--against", metavar="REV", help="also REV's recorder, side by side")
     args = parser.parse_args()
+
+    from nb_cudaguard.replay.record import Recorder
+
+    if args.against:
+        then = old_recorder(args.against)
+        namespace, _ = _large(args.names, args.mb)
+        (then_min, then_med), (now_min, now_med) = large_namespace(namespace, (then, Recorder))
+        del namespace
+        print(
+            f"{args.names} names, side by side: {args.against} {then_min:.2f} ms (min), "
+            f"{then_med:.2f} (median); now {now_min:.2f}, {now_med:.2f}: "
+            f"{now_min / then_min:.2f}x"
+        )
+        cell = per_cell_against(then, args.cells)
+        print(
+            f"small namespace, side by side: {args.against}'s recorder "
+            f"+{cell['then'] - cell['none']:.1f} us a cell, now +{cell['now'] - cell['none']:.1f}"
+            f" us (loaded without a recorder {cell['none']:.1f} us)"
+        )
 
     small = per_cell(args.cells)
     print(
@@ -137,7 +224,9 @@ def main() -> None:
         f"cost +{small['recorder'] - small['bare']:.1f} us, the recorder's "
         f"+{small['recorder'] - small['no recorder']:.1f} us"
     )
-    low, median, held = large_namespace(args.names, args.mb)
+    namespace, held = _large(args.names, args.mb)
+    ((low, median),) = large_namespace(namespace, (Recorder,))
+    del namespace
     print(
         f"{args.names} names holding {held / 2**30:.2f} GiB: recorder start + finish "
         f"{low:.2f} ms (min), {median:.2f} ms (median) per cell"
