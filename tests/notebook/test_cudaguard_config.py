@@ -208,3 +208,31 @@ def test_a_profiles_panel_configuration_takes_effect_in_a_kernel(profile_kernel:
     assert (
         "re-run the notebook from the top (CudaGuard.keep_on_restart is off)" in hint["text/plain"]
     )
+
+
+def test_without_buttons_the_restore_and_replay_offers_are_their_text(
+    ip: Any, tmp_path: Path
+) -> None:
+    import time
+
+    from nb_cudaguard.keep.store import Kept, Manifest
+    from nb_cudaguard.notebook.extension import current_state
+    from nb_cudaguard.notebook.keep_glue import RestoreOffer, restore_offer
+    from nb_cudaguard.notebook.replay_glue import offer
+    from nb_cudaguard.replay.history import Cell, SavedCells
+
+    ip.run_cell("%config CudaGuard.buttons = False")
+    state = current_state(ip)
+    assert state is not None and state.settings.buttons is False
+    manifest = Manifest(
+        kernel="/k.json", created=time.time(), kept=(Kept("count", "int", 28, "v1.bin"),)
+    )
+    profile = (str(tmp_path), str(tmp_path / "startup"))
+    shown = restore_offer(ip, "/k.json", profile, manifest, state.keep, state.settings.buttons)
+    assert not isinstance(shown, RestoreOffer)
+    assert "%cudaguard restore" in shown._repr_mimebundle_()["text/plain"]
+    saved = SavedCells((Cell("base = [1]", 1, False), Cell("base[3]", 2, True)), 1, time.time(), 1)
+    with capture_output() as captured:
+        offer(ip, saved, False, lambda **_: None, state.replay, state.settings.buttons)
+    (bundle,) = [o.data for o in captured.outputs]
+    assert WIDGET_MIME not in bundle and "%cudaguard replay --yes" in bundle["text/plain"]
