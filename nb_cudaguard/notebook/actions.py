@@ -40,6 +40,19 @@ DOES_BLOCKING = (
     "Restart with CUDA_LAUNCH_BLOCKING=1: a new kernel whose CUDA launches wait for their kernels "
     "(slower, that start only), so re-running shows the line that failed; CPU variables kept."
 )
+# The same where CudaGuard.keep_on_restart is False: nothing is kept for the new kernel.
+RERUN_UNKEPT = "then re-run the notebook from the top (CudaGuard.keep_on_restart is off)"
+DOES_PLAIN_FIX_UNKEPT = (
+    "Restart: a new kernel, without your variables (CudaGuard.keep_on_restart is off); apply "
+    "the fix above, then re-run the notebook."
+)
+DOES_PLAIN_UNKEPT = (
+    "Restart: a new kernel, without your variables (CudaGuard.keep_on_restart is off)."
+)
+DOES_BLOCKING_UNKEPT = (
+    "Restart with CUDA_LAUNCH_BLOCKING=1: a new kernel whose CUDA launches wait for their kernels "
+    "(slower, that start only), so re-running shows the line that failed."
+)
 DOES_BLOCKING_REPLAY = (
     "Restart with CUDA_LAUNCH_BLOCKING=1, then replay: a new kernel in blocking mode (CPU "
     "variables kept) that offers the replay again; its traceback points at the line that failed."
@@ -54,19 +67,21 @@ def primary_is_plain(cause_known: bool, blocking_on: bool) -> bool:
     return cause_known or blocking_on
 
 
-def command_text(blocking_on: bool, cause_known: bool = False) -> str:
-    """The static stand-in for the buttons, as a command, the primary one first."""
+def command_text(blocking_on: bool, cause_known: bool = False, keeps: bool = True) -> str:
+    """The static stand-in for the buttons, as a command, the primary one first (``keeps``:
+    whether a restart keeps the CPU variables, ``CudaGuard.keep_on_restart``)."""
+    rerun = RERUN if keeps else RERUN_UNKEPT
     if blocking_on:
-        return f"Restart: `%cudaguard restart --no-blocking`, {RERUN}."
+        return f"Restart: `%cudaguard restart --no-blocking`, {rerun}."
     if cause_known:
+        then = "keeps the CPU variables; then apply" if keeps else "then apply"
         return (
-            "Restart: `%cudaguard restart --no-blocking` (keeps the CPU variables; then apply "
-            "the fix above), or `%cudaguard restart` to find the line with "
-            f"CUDA_LAUNCH_BLOCKING=1, {RERUN}."
+            f"Restart: `%cudaguard restart --no-blocking` ({then} the fix above), or "
+            f"`%cudaguard restart` to find the line with CUDA_LAUNCH_BLOCKING=1, {rerun}."
         )
     return (
         "Restart: `%cudaguard restart` (the next kernel only gets CUDA_LAUNCH_BLOCKING=1) or "
-        f"`%cudaguard restart --no-blocking`, {RERUN}."
+        f"`%cudaguard restart --no-blocking`, {rerun}."
     )
 
 
@@ -116,9 +131,10 @@ class CommandHint:
 
     blocking_on: bool = False
     cause_known: bool = False
+    keeps: bool = True
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        text = command_text(self.blocking_on, self.cause_known)
+        text = command_text(self.blocking_on, self.cause_known, self.keeps)
         return {
             "text/plain": "nb_cudaguard: " + text,
             "text/html": "<div class='nb-cudaguard-restart-hint' style='font-family:sans-serif'>"
@@ -219,10 +235,12 @@ class RestartActions:
         blocking_on: bool = False,
         blocking_ours: bool = False,
         cause_known: bool = False,
+        keeps: bool = True,
     ) -> None:
         import ipywidgets as widgets
 
         self._restart = restart
+        self.keeps = keeps
         self.after_cell = after_cell
         self.blocking_on = blocking_on
         self.blocking_ours = blocking_ours
@@ -233,7 +251,7 @@ class RestartActions:
             return widgets.Button(
                 description=PLAIN_OFF_LABEL if blocking_on and blocking_ours else PLAIN_LABEL,
                 button_style=PRIMARY_STYLE if plain_first else "",
-                tooltip=DOES_PLAIN,
+                tooltip=DOES_PLAIN if keeps else DOES_PLAIN_UNKEPT,
                 layout=widgets.Layout(width="auto"),
             )
 
@@ -242,18 +260,23 @@ class RestartActions:
 
         # Built in the order shown (a frontend lists the models as they are created).
         self.blocking_button: Any = None  # not offered where blocking mode is already on
-        sentences = [DOES_PLAIN_FIX if cause_known else DOES_PLAIN]
+        if keeps:
+            sentences = [DOES_PLAIN_FIX if cause_known else DOES_PLAIN]
+            does_blocking = DOES_BLOCKING
+        else:
+            sentences = [DOES_PLAIN_FIX_UNKEPT if cause_known else DOES_PLAIN_UNKEPT]
+            does_blocking = DOES_BLOCKING_UNKEPT
         if blocking_on:
             self.plain_button = plain()
             self.buttons: list[Any] = [self.plain_button]
         elif plain_first:
             self.plain_button, self.blocking_button = plain(), blocking()
             self.buttons = [self.plain_button, self.blocking_button]
-            sentences.append(DOES_BLOCKING)
+            sentences.append(does_blocking)
         else:
             self.blocking_button, self.plain_button = blocking(), plain()
             self.buttons = [self.blocking_button, self.plain_button]
-            sentences.insert(0, DOES_BLOCKING)
+            sentences.insert(0, does_blocking)
         self.note = does_note(sentences)
         self.status = widgets.HTML(value="")  # what happens after a click, under the buttons
         for button in self.buttons:
@@ -269,7 +292,8 @@ class RestartActions:
         for each in self.buttons:
             each.disabled = True
         # The CPU variables are saved first (keep_glue): seconds for gigabytes.
-        self._say("Keeping the CPU variables for the new kernel, then restarting...", TEXT_QUIET)
+        first = "Keeping the CPU variables for the new kernel, then restarting..."
+        self._say(first if self.keeps else "Restarting...", TEXT_QUIET)
         try:
             plan = self._restart(blocking=blocking, after_cell=self.after_cell)
         except Exception as error:
@@ -296,7 +320,7 @@ class RestartActions:
     def _repr_mimebundle_(
         self, include: object = None, exclude: object = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        hint = CommandHint(self.blocking_on, self.cause_known)
+        hint = CommandHint(self.blocking_on, self.cause_known, self.keeps)
         return live_bundle(hint._repr_mimebundle_(), self.widget)
 
 
@@ -307,14 +331,19 @@ def restart_actions(
     blocking_on: bool = False,
     blocking_ours: bool = False,
     cause_known: bool = False,
+    buttons: bool = True,
+    keeps: bool = True,
 ) -> RestartActions | CommandHint | None:
-    """The buttons in a kernel with ipywidgets; otherwise the command; nothing in a terminal,
-    where there is no kernel to restart. ``cause_known``: the panel named the cause and its fix
-    from the user's own objects."""
+    """The buttons in a kernel with ipywidgets (unless not ``buttons``: ``CudaGuard.buttons``);
+    otherwise the command; nothing in a terminal, where there is no kernel to restart.
+    ``cause_known``: the panel named the cause and its fix from the user's own objects;
+    ``keeps``: whether a restart keeps the CPU variables (``CudaGuard.keep_on_restart``)."""
     from ..restart.environment import Environment, detect
 
     if detect() is Environment.TERMINAL:
         return None
+    if not buttons:
+        return CommandHint(blocking_on, cause_known, keeps)
     try:
         return RestartActions(
             restart,
@@ -322,6 +351,7 @@ def restart_actions(
             blocking_on=blocking_on,
             blocking_ours=blocking_ours,
             cause_known=cause_known,
+            keeps=keeps,
         )
     except Exception:  # no ipywidgets, or no comm support: the command still works
-        return CommandHint(blocking_on, cause_known)
+        return CommandHint(blocking_on, cause_known, keeps)

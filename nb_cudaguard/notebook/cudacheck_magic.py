@@ -79,7 +79,7 @@ class FlushAtCellEnd(CallAtCellEnd):
 
 @magics_class
 class CudaCheckMagics(Magics):
-    def __init__(self, shell: InteractiveShell) -> None:
+    def __init__(self, shell: InteractiveShell, settings: CudaGuard) -> None:
         super().__init__(shell)
         self.ip = shell  # typed: Magics.shell is Optional
         self._session: dict[str, Any] | None = None  # guard() arguments while `on`
@@ -88,8 +88,10 @@ class CudaCheckMagics(Magics):
         self._cell_guards: list[Guard | None] = []
         self._hooked = False
         self._flusher: FlushAtCellEnd | None = None
-        self._settings = self._configure(shell)
-        if self._settings.guard != "off":
+        # The extension's configurable: its guard traits are this session's default guard.
+        self._settings = settings
+        settings.observe(self._configured, names=["guard", "only", "skip", "sync"])
+        if settings.guard != "off":
             self._configured()
 
     @magic_arguments()
@@ -280,17 +282,6 @@ class CudaCheckMagics(Magics):
             print(f"nb_cudaguard: {str(error).splitlines()[0]}", file=sys.stderr)
 
     # --- traitlets: CudaGuard.guard, .only, .skip, .sync ----------------------------------------
-    def _configure(self, shell: InteractiveShell) -> CudaGuard:
-        """The ``CudaGuard`` configurable, read from the shell's configuration (a profile's
-        ``ipython_config.py``) and listed for ``%config``."""
-        from .config import CudaGuard
-
-        settings = CudaGuard(parent=shell)
-        configurables: list[Any] = shell.configurables  # typed as shells in IPython's stubs
-        configurables.append(settings)
-        settings.observe(self._configured, names=["guard", "only", "skip", "sync"])
-        return settings
-
     def _configured(self, change: Any = None) -> None:
         settings = self._settings if change is None else change["owner"]
         if settings.guard == "off":
@@ -311,9 +302,8 @@ class CudaCheckMagics(Magics):
     def close(self) -> None:
         """Turn the line-mode guard off and remove its hooks (extension unload)."""
         self._turn_off()
-        with contextlib.suppress(ValueError):
-            configurables: list[Any] = self.ip.configurables
-            configurables.remove(self._settings)
+        with contextlib.suppress(ValueError):  # a second close
+            self._settings.unobserve(self._configured, names=["guard", "only", "skip", "sync"])
         while self._cell_guards:
             self._leave(self._cell_guards.pop())
         if self._hooked:

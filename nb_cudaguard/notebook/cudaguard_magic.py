@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from ..diagnosis.model import Diagnosis
     from ..restart.methods import RestartPlan
+    from .config import CudaGuard
     from .keep_glue import KeepState
     from .replay_glue import ReplayState
 
@@ -28,7 +29,7 @@ class ExtensionState(Protocol):
 
     def set_sync(self, on: bool) -> None: ...
 
-    def restart(self, blocking: bool = True, *, keep: bool = True) -> RestartPlan: ...
+    def restart(self, blocking: bool = True, *, keep: bool | None = None) -> RestartPlan: ...
 
     @property
     def last_diagnosis(self) -> Diagnosis | None: ...
@@ -42,6 +43,9 @@ class ExtensionState(Protocol):
     @property
     def replay(self) -> ReplayState: ...
 
+    @property
+    def settings(self) -> CudaGuard: ...
+
 
 def _status(state: ExtensionState, args: argparse.Namespace) -> None:
     from ..runtime.status import gather
@@ -54,8 +58,12 @@ def _restart(state: ExtensionState, args: argparse.Namespace) -> None:
     from ..restart.methods import RestartError
 
     blocking = not args.no_blocking
+    if args.keep and args.no_keep:
+        raise UsageError("--keep and --no-keep exclude each other: choose one.")
+    # Neither: CudaGuard.keep_on_restart decides (True unless configured off).
+    keep = True if args.keep else False if args.no_keep else None
     try:
-        plan = state.restart(blocking, keep=not args.no_keep)
+        plan = state.restart(blocking, keep=keep)
     except RestartError as error:
         raise UsageError(f"cannot restart: {error}") from None
     from .actions import after_restart_text
@@ -123,6 +131,7 @@ def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
         yes=args.yes,
         blocking_on=blocking_in_force()[0],
         restart=state.restart,
+        buttons=state.settings.buttons,
     )
 
 
@@ -177,6 +186,7 @@ COMMANDS: dict[str, Callable[[ExtensionState, argparse.Namespace], None]] = {
 FLAGS = {
     "no_blocking": "restart",
     "no_keep": "restart",
+    "keep": "restart",
     "discard": "restore",
     "force": "restore",
     "stop": "keep",
@@ -190,6 +200,7 @@ LISTING = """\
   %cudaguard restart                a new kernel, with CUDA_LAUNCH_BLOCKING=1 for that start only
   %cudaguard restart --no-blocking  a plain new kernel
   %cudaguard restart --no-keep      ... without keeping the CPU variables for the new kernel
+  %cudaguard restart --keep         ... keeping them where CudaGuard.keep_on_restart is False
   %cudaguard restore [NAME ...]     put back what the previous process kept (all, or NAMEs)
   %cudaguard restore --force        ... also over names this kernel has defined again
   %cudaguard keep NAME ...          CPU snapshots of GPU objects after each cell (--stop ends)
@@ -248,7 +259,14 @@ class CudaGuardMagics(Magics):
     @argument(
         "--no-keep",
         action="store_true",
-        help="restart: do not save the CPU variables for the new kernel (they are by default).",
+        help="restart: do not save the CPU variables for the new kernel (they are by default, "
+        "unless CudaGuard.keep_on_restart is False).",
+    )
+    @argument(
+        "--keep",
+        action="store_true",
+        help="restart: save the CPU variables for the new kernel even where "
+        "CudaGuard.keep_on_restart is False.",
     )
     @argument("--discard", action="store_true", help="restore: delete what was kept instead.")
     @argument(
@@ -277,6 +295,7 @@ class CudaGuardMagics(Magics):
             %cudaguard replay                 # after our restart: the cells to re-run, and ask
             %cudaguard replay --yes           # ... and run them
             %cudaguard restart --no-keep      # do not keep the CPU variables
+            %cudaguard restart --keep         # keep them (CudaGuard.keep_on_restart = False)
             %cudaguard restore                # in the new kernel: everything kept
             %cudaguard restore df tokenizer   # ... or these names (and what shares with them)
             %cudaguard restore --force labels # ... over the `labels` made again in this kernel
@@ -299,9 +318,10 @@ class CudaGuardMagics(Magics):
         drew random numbers run again so later draws match; without a seed the list says the
         draws differ. Each cell's whole code is shown, with what it does beyond Python.
 
-        Every restart we do keeps the CPU variables first (each on its own; GPU tensors, open
-        files, generators, locks, sockets and anything over the size cap are listed as not
-        kept, with the reason; modules are imported again). Variables that share objects or
+        Every restart we do keeps the CPU variables first (unless ``CudaGuard.keep_on_restart``
+        is False: ``%config CudaGuard``, docs/configuration.md), each on its own: GPU tensors,
+        open files, generators, locks, sockets and anything over the size cap are listed as not
+        kept, with the reason; modules are imported again. Variables that share objects or
         memory (an optimizer and its model, a scheduler and its optimizer, a tensor made by
         ``torch.from_numpy`` and its array, a view and its base) are written together, each
         byte once, and come back together and still sharing: restoring one restores the others.

@@ -41,10 +41,14 @@ def show_diagnosis(
     cell: int | None,
     restart: Restarter,
     device_lines: tuple[str, ...] = (),
+    *,
+    buttons: bool = True,
+    keeps: bool = True,
 ) -> None:
     """The panel; under it, for a broken context, the restart actions (naming ``cell``). In a
     kernel already in blocking mode the panel says the traceback is right, and only a plain
-    restart is offered."""
+    restart is offered. ``buttons``: widgets, or only the commands' text; ``keeps``: whether a
+    restart keeps the CPU variables (``CudaGuard.buttons``, ``CudaGuard.keep_on_restart``)."""
     from IPython.display import display
 
     blocking_on, ours = blocking_in_force()
@@ -58,6 +62,8 @@ def show_diagnosis(
             blocking_on=blocking_on,
             blocking_ours=ours,
             cause_known=bool(diagnosis.evidence),  # the user's own objects name cause and fix
+            buttons=buttons,
+            keeps=keeps,
         )
         if actions is not None:
             display(actions)
@@ -100,10 +106,17 @@ class Banner:
         }
 
 
-def on_load(shell: InteractiveShell, replay: ReplayState, restart: Restarter | None = None) -> None:
+def on_load(
+    shell: InteractiveShell,
+    replay: ReplayState,
+    restart: Restarter | None = None,
+    *,
+    buttons: bool = True,
+) -> None:
     """At extension load: the blocking-mode banner, then the replay offered (``replay``: the
-    extension's, which remembers it was); and watch torch's CUDA start, so that
-    ``%cudaguard status`` can tell whether the variable came in time."""
+    extension's, which remembers it was; ``buttons``: as widgets, or its text); and watch
+    torch's CUDA start, so that ``%cudaguard status`` can tell whether the variable came in
+    time."""
     from ..runtime.blocking import marker, watch_cuda_init
 
     watch_cuda_init()
@@ -116,4 +129,4 @@ def on_load(shell: InteractiveShell, replay: ReplayState, restart: Restarter | N
 
     # After our restart: the previous kernel's cells that lead to the error, replayed on a click.
     # ``restart``: the extension's own, for the offer's blocking-restart button.
-    offer_after_restart(shell, replay, blocking_in_force()[0], restart)
+    offer_after_restart(shell, replay, blocking_in_force()[0], restart, buttons=buttons)

@@ -30,6 +30,7 @@ from ..replay.record import Recorder
 from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
 from ..runtime.probe import Probe, probe_devices
+from .config import CudaGuard
 from .keep_glue import KeepState
 
 # Re-exported: they lived here before the replay needed them without importing this module.
@@ -71,6 +72,9 @@ class CudaGuardExtension:
         self.keep = KeepState()  # the restore offers shown, the snapshots of `%cudaguard keep`
         self.replay = ReplayState()  # the previous kernel's cells, the cells a replay ran
         self._greet_at_first_cell = False
+        # The traitlets configuration (a profile's ipython_config.py, `%config CudaGuard.x = y`):
+        # read where it is used, so a change made with %config counts from the next use.
+        self.settings = CudaGuard(parent=shell)
 
     # --- load / unload -------------------------------------------------------------------------
     def load(self) -> None:
@@ -78,7 +82,11 @@ class CudaGuardExtension:
             return
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
+        configurables: list[Any] = self.shell.configurables  # typed as shells in IPython's stubs
+        configurables.append(self.settings)  # what %config lists and sets
         self._register_magics()
+        self.settings.observe(self._keep_configured, names=["keep"])
+        self._keep_configured()
         self.loaded = True
         with contextlib.suppress(Exception):  # a replay then plans from the cells' text alone
             self.recorder = Recorder(set(self.shell.user_ns_hidden), own_modules)
@@ -102,14 +110,14 @@ class CudaGuardExtension:
             from .display import on_load
 
             # the blocking-mode banner, the replay, after our restart
-            on_load(self.shell, self.replay, self.restart)
+            on_load(self.shell, self.replay, self.restart, buttons=self.settings.buttons)
         except Exception as internal:  # a banner is never worth a failed %load_ext
             print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
         try:
             from .keep_glue import offer_restore
 
             connection, profile = kernel_connection(self.shell), profile_dirs(self.shell)
-            offer_restore(self.shell, connection, profile, self.keep)
+            offer_restore(self.shell, connection, profile, self.keep, self.settings.buttons)
         except Exception as internal:  # nor is the offer to restore what was kept
             print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
 
@@ -124,6 +132,11 @@ class CudaGuardExtension:
             with contextlib.suppress(ValueError):  # someone already removed it
                 self.shell.events.unregister(event, callback)
         self.set_sync(False)
+        with contextlib.suppress(ValueError):
+            self.settings.unobserve(self._keep_configured, names=["keep"])
+        with contextlib.suppress(ValueError):  # what %config lists and sets is ours no more
+            configurables: list[Any] = self.shell.configurables
+            configurables.remove(self.settings)
         with contextlib.suppress(Exception):  # the snapshot hook, if %cudaguard keep started one
             self.keep.close()
         self.keep, self.replay = KeepState(), ReplayState()  # a later load starts afresh
@@ -150,17 +163,26 @@ class CudaGuardExtension:
     def sync(self) -> bool:
         return self._sync is not None
 
+    def _keep_configured(self, change: Any = None) -> None:
+        """``CudaGuard.keep``: the names snapshotted after each successful cell."""
+        from .keep_glue import snapshot_configured
+
+        snapshot_configured(
+            self.shell, self.keep, lambda: self.poisoned_since is not None, self.settings.keep, self
+        )
+
     def restart(
         self,
         blocking: bool = True,
         *,
         after_cell: int | None = None,
         delay: float | None = None,
-        keep: bool = True,
+        keep: bool | None = None,
     ) -> RestartPlan:
         """Restart this kernel (see ``restart.methods.restart_kernel``), handing down what only
-        the shell knows: its profile, and the cell whose error was last explained. With ``keep``,
-        the CPU state is saved first for the new process to restore (``keep_glue``)."""
+        the shell knows: its profile, and the cell whose error was last explained. With ``keep``
+        (None: ``CudaGuard.keep_on_restart``), the CPU state is saved first for the new process
+        to restore (``keep_glue``)."""
         from dataclasses import replace
 
         from ..restart.methods import DELAY_S, restart_kernel
@@ -168,7 +190,7 @@ class CudaGuardExtension:
 
         profile, connection = profile_dirs(self.shell), kernel_connection(self.shell)
         kept = ""
-        if keep:
+        if self.settings.keep_on_restart if keep is None else keep:
             from .keep_glue import keep_before_restart
 
             kept = keep_before_restart(self.shell, connection, profile, self.keep.snapshots)
@@ -195,7 +217,8 @@ class CudaGuardExtension:
         from .cudacheck_magic import CudaCheckMagics
         from .cudaguard_magic import CudaGuardMagics
 
-        for instance in (CudaGuardMagics(self.shell, self), CudaCheckMagics(self.shell)):
+        magics = (CudaGuardMagics(self.shell, self), CudaCheckMagics(self.shell, self.settings))
+        for instance in magics:
             for kind in ("line", "cell"):
                 self._magic_names[kind].extend(instance.magics[kind])
             self.shell.register_magics(instance)
@@ -312,7 +335,15 @@ class CudaGuardExtension:
         from .display import show_diagnosis
 
         raw = tuple(line for line in device_output.splitlines() if "ssert" in line)
-        show_diagnosis(diagnosis, cell, self.restart, raw)
+        settings = self.settings
+        show_diagnosis(
+            diagnosis,
+            cell,
+            self.restart,
+            raw,
+            buttons=settings.buttons,
+            keeps=settings.keep_on_restart,
+        )
 
     def _explain_launch(self, cell: int | None, since: float) -> bool:
         """A job launched in this cell failed: its ranks' records, written before their errors
@@ -329,7 +360,10 @@ class CudaGuardExtension:
         self.last_diagnosis = diagnosis
         from .display import show_diagnosis
 
-        show_diagnosis(diagnosis, cell, self.restart)
+        settings = self.settings
+        show_diagnosis(
+            diagnosis, cell, self.restart, buttons=settings.buttons, keeps=settings.keep_on_restart
+        )
         return True
 
     def _show_fallout(self, diagnosis: Diagnosis) -> None:

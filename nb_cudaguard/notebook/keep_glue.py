@@ -150,9 +150,11 @@ def offer_restore(
     connection: str | None,
     profile: tuple[str, str] | None,
     keep: KeepState,
+    buttons: bool = True,
 ) -> None:
     """At load: show what the previous process kept, with the Restore button (``keep``: the
-    extension's, which disables the offer's buttons once nothing is left)."""
+    extension's, which disables the offer's buttons once nothing is left; without ``buttons``,
+    the text with the command)."""
     if connection is None or profile is None:
         return
     from IPython.display import display
@@ -172,7 +174,7 @@ def offer_restore(
         if not manifest.restored:  # only reasons: said at the restart already
             store.discard_keep(profile[0], connection)
         return
-    display(restore_offer(shell, connection, profile, manifest, keep))
+    display(restore_offer(shell, connection, profile, manifest, keep, buttons))
 
 
 def _pre_html(text: str, css: str) -> str:
@@ -307,7 +309,10 @@ def restore_offer(
     profile: tuple[str, str],
     manifest: Manifest,
     keep: KeepState,
+    buttons: bool = True,
 ) -> RestoreOffer | _Note:
+    if not buttons:
+        return _Note(offer_text(manifest).removeprefix("nb_cudaguard: "))
     try:
         offer = RestoreOffer(shell, connection, profile, manifest, keep)
     except Exception:  # no ipywidgets, or no comm support: the command still works
@@ -390,6 +395,10 @@ class SnapshotHook:
         # The extension object, which owns every hook: it runs ours after each cell.
         self.hooks = hooks
         self.registered = False
+        # CudaGuard.keep: names taken up after the first successful cell that binds each to
+        # something holding tensors (a profile names them before any cell has run).
+        self.configured: tuple[str, ...] = ()
+        self.from_configuration: set[str] = set()
 
     def post_run_cell(self, result: ExecutionResult | None = None) -> None:
         if result is None or getattr(result, "error_in_exec", None) is not None:
@@ -399,6 +408,7 @@ class SnapshotHook:
         with contextlib.suppress(BaseException):  # never break the notebook
             if self.is_poisoned():
                 return  # GPU memory can no longer be read: the last good snapshot stays
+            self._take_up_configured()
             self.snapshots.after_cell(self.shell.user_ns, result.execution_count)
 
     def keep(self, names: Iterable[str]) -> None:
@@ -406,15 +416,50 @@ class SnapshotHook:
             if name not in self.shell.user_ns:
                 raise KeyError(name)
             self.snapshots.add(name, self.shell.user_ns[name])
-        if self.snapshots.names and not self.registered:
-            self.hooks.add_cell_hook(self.post_run_cell)
-            self.registered = True
+            self.from_configuration.discard(name)  # named by the command as well
+        self._hook_while_needed()
+
+    def configure(self, names: Iterable[str]) -> None:
+        """``CudaGuard.keep``: snapshot ``names`` from now on; names it listed before and no
+        longer does stop, unless ``%cudaguard keep`` named them too."""
+        wanted = tuple(dict.fromkeys(names))
+        dropped = [n for n in self.from_configuration if n not in wanted]
+        self.from_configuration -= set(dropped)
+        for name in dropped:
+            self.snapshots.remove(name, self.shell.user_ns)
+        self.configured = wanted
+        self._hook_while_needed()
+
+    def _take_up_configured(self) -> None:
+        for name in self.configured:
+            if name in self.snapshots.names or name not in self.shell.user_ns:
+                continue
+            with contextlib.suppress(NotSnapshottable):  # no tensors yet: the next cell again
+                self.snapshots.add(name, self.shell.user_ns[name])
+                self.from_configuration.add(name)
 
     def stop(self, names: Iterable[str] | None = None) -> None:
-        for name in list(self.snapshots.names) if names is None else names:
+        stopped = list(self.snapshots.names) if names is None else list(names)
+        # The command wins over the configuration for this session.
+        self.configured = (
+            () if names is None else tuple(n for n in self.configured if n not in stopped)
+        )
+        for name in stopped:
             self.snapshots.remove(name, self.shell.user_ns)
-        if not self.snapshots.names:
+            self.from_configuration.discard(name)
+        self._hook_while_needed()
+
+    def _hook_while_needed(self) -> None:
+        if self.snapshots.names or self.configured:
+            if not self.registered:
+                self.hooks.add_cell_hook(self.post_run_cell)
+                self.registered = True
+        else:
             self.close()
+
+    def waiting(self) -> list[str]:
+        """The configured names not snapshotted yet, for the status."""
+        return [n for n in self.configured if n not in self.snapshots.names]
 
     def close(self) -> None:
         if self.registered:
@@ -423,7 +468,32 @@ class SnapshotHook:
 
 
 def status_lines(keep: KeepState) -> list[str]:
-    return [] if keep.snapshots is None else keep.snapshots.snapshots.status()
+    if keep.snapshots is None:
+        return []
+    return keep.snapshots.snapshots.status() + _waiting_line(keep.snapshots)
+
+
+def _waiting_line(hook: SnapshotHook) -> list[str]:
+    waiting = hook.waiting()
+    if not waiting:
+        return []
+    names = ", ".join(f"`{n}`" for n in waiting)
+    return [
+        f"CudaGuard.keep also names {names}: copied from the first successful cell that binds "
+        "each to something holding tensors."
+    ]
+
+
+def snapshot_configured(
+    shell: InteractiveShell, keep: KeepState, is_poisoned: Any, names: list[str], hooks: Any
+) -> None:
+    """``CudaGuard.keep``: snapshot ``names`` as ``%cudaguard keep`` would, each once defined
+    (``hooks``: the extension object, which runs the snapshot hook after each cell)."""
+    if keep.snapshots is None:
+        if not names:
+            return
+        keep.snapshots = SnapshotHook(shell, is_poisoned, hooks)
+    keep.snapshots.configure(names)
 
 
 def keep_command(
@@ -446,7 +516,7 @@ def keep_command(
             hook.keep(names)
         except KeyError as error:
             raise NotSnapshottable(f"`{error.args[0]}` is not defined") from None
-    lines = hook.snapshots.status()
+    lines = hook.snapshots.status() + _waiting_line(hook)
     if not lines:
         return "nb_cudaguard: no snapshots (`%cudaguard keep NAME ...` starts them)."
     if names and not stop:

@@ -21,7 +21,7 @@ def restart_kernel(
     *,
     after_cell: int | None = None,
     delay: float = DELAY_S,
-    keep: bool = True,
+    keep: bool | None = None,
 ) -> RestartPlan:
     """Restart this kernel; with ``blocking``, its next process alone gets CUDA_LAUNCH_BLOCKING=1.
 
@@ -29,9 +29,9 @@ def restart_kernel(
     cell's output and reply still reach the frontend. ``after_cell`` (default: the cell whose
     error nb_cudaguard last explained) is named in the new kernel's banner. Re-run the notebook
     from the top afterwards. Raises ``RestartError`` where there is no kernel to restart.
-    With ``keep`` (the default), the CPU variables are saved first for the new process:
-    the new kernel loads nb_cudaguard, which offers to restore them at its first cell;
-    ``plan.kept`` says what was kept.
+    With ``keep`` (None: ``CudaGuard.keep_on_restart``, True unless configured off), the CPU
+    variables are saved first for the new process: the new kernel loads nb_cudaguard, which
+    offers to restore them at its first cell; ``plan.kept`` says what was kept.
     """
     state = current_state()
     if state is not None:
@@ -42,7 +42,8 @@ def restart_kernel(
     if shell is None:
         raise RestartError("not running inside IPython: there is no kernel to restart")
     profile, connection = profile_dirs(shell), kernel_connection(shell)
-    kept = keep_before_restart(shell, connection, profile) if keep else ""
+    # Not loaded: no configuration was read, so the default (keep) holds.
+    kept = keep_before_restart(shell, connection, profile) if keep is not False else ""
     plan = _restart_kernel(
         blocking,
         after_cell=after_cell,

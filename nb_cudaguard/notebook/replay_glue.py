@@ -512,12 +512,16 @@ def offer(
     blocking_on: bool,
     restart: Restarter | None = None,
     replay: ReplayState | None = None,
+    buttons: bool = True,
 ) -> None:
-    """Show the plan with a button where widgets work, the command everywhere; with blocking
-    mode off, also a button that ``restart``s in blocking mode first."""
+    """Show the plan with a button where widgets work (and ``buttons``), the command everywhere;
+    with blocking mode off, also a button that ``restart``s in blocking mode first."""
     from IPython.display import display
 
     view = plan_view(shell, make_plan(shell, saved, replay), saved, blocking_on)
+    if not buttons:
+        display(view)
+        return
     try:
         restart = None if blocking_on else _restarter(restart)
         display(ReplayOffer(shell, saved, view, restart, replay))
@@ -530,14 +534,16 @@ def offer_after_restart(
     replay: ReplayState,
     blocking_on: bool,
     restart: Restarter | None = None,
+    *,
+    buttons: bool = True,
 ) -> None:
     """At load (at the first cell, where our restart's startup file loaded the extension) in the
-    process our restart started: the plan, if a cell failed."""
+    process our restart started: the plan, if a cell failed (``buttons``: as ``offer``)."""
     saved, _ = previous_cells(shell, replay)
     if saved is None or saved.failing is None or replay.offered or replay.replayed:
         return
     replay.offered = True
-    offer(shell, saved, blocking_on, restart, replay)
+    offer(shell, saved, blocking_on, restart, replay, buttons)
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -696,8 +702,9 @@ def replay_command(
     yes: bool,
     blocking_on: bool,
     restart: Restarter | None = None,
+    buttons: bool = True,
 ) -> None:
-    """``%cudaguard replay [--yes]``."""
+    """``%cudaguard replay [--yes]`` (``buttons``: the offer as widgets, or its text)."""
     from IPython.core.error import UsageError
     from IPython.display import display
 
@@ -711,7 +718,7 @@ def replay_command(
             nothing_to_replay("no cell of the previous kernel failed before the restart")
         )
     if not yes:
-        offer(shell, saved, blocking_on, restart, replay)
+        offer(shell, saved, blocking_on, restart, replay, buttons)
         return
     plan = make_plan(shell, saved, replay)
     display(plan_view(shell, plan, saved, blocking_on, asking=False))
