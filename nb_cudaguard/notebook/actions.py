@@ -57,6 +57,11 @@ DOES_BLOCKING_REPLAY = (
     "Restart with CUDA_LAUNCH_BLOCKING=1, then replay: a new kernel in blocking mode (CPU "
     "variables kept) that offers the replay again; its traceback points at the line that failed."
 )
+DOES_BLOCKING_REPLAY_UNKEPT = (
+    "Restart with CUDA_LAUNCH_BLOCKING=1, then replay: a new kernel in blocking mode (without "
+    "your variables: CudaGuard.keep_on_restart is off) that offers the replay again; its "
+    "traceback points at the line that failed."
+)
 
 
 def primary_is_plain(cause_known: bool, blocking_on: bool) -> bool:
@@ -208,17 +213,25 @@ def listing(html: str) -> Any:
 Restarter = Callable[..., Any]  # restart_kernel's signature: (blocking=..., after_cell=...) -> plan
 
 
-def blocking_restart_button(primary: bool, then_replay: bool = False) -> Any:
+def blocking_restart_button(primary: bool, then_replay: bool = False, keeps: bool = True) -> Any:
     """The button that restarts in blocking mode, wherever it is offered: under the panel, and
-    (``then_replay``) under the replay offered after a plain restart."""
+    (``then_replay``) under the replay offered after a plain restart; ``keeps``: whether that
+    restart keeps the CPU variables (``CudaGuard.keep_on_restart``)."""
     import ipywidgets as widgets
 
     return widgets.Button(
         description=BLOCKING_REPLAY_LABEL if then_replay else BLOCKING_LABEL,
         button_style=PRIMARY_STYLE if primary else "",
-        tooltip=DOES_BLOCKING_REPLAY if then_replay else DOES_BLOCKING,
+        tooltip=does_blocking(then_replay, keeps),
         layout=widgets.Layout(width="auto"),
     )
+
+
+def does_blocking(then_replay: bool, keeps: bool) -> str:
+    """The sentence on what the blocking restart does."""
+    if then_replay:
+        return DOES_BLOCKING_REPLAY if keeps else DOES_BLOCKING_REPLAY_UNKEPT
+    return DOES_BLOCKING if keeps else DOES_BLOCKING_UNKEPT
 
 
 class RestartActions:
@@ -256,27 +269,26 @@ class RestartActions:
             )
 
         def blocking() -> Any:
-            return blocking_restart_button(primary=not plain_first)
+            return blocking_restart_button(primary=not plain_first, keeps=keeps)
 
         # Built in the order shown (a frontend lists the models as they are created).
         self.blocking_button: Any = None  # not offered where blocking mode is already on
         if keeps:
             sentences = [DOES_PLAIN_FIX if cause_known else DOES_PLAIN]
-            does_blocking = DOES_BLOCKING
         else:
             sentences = [DOES_PLAIN_FIX_UNKEPT if cause_known else DOES_PLAIN_UNKEPT]
-            does_blocking = DOES_BLOCKING_UNKEPT
+        blocking_does = does_blocking(then_replay=False, keeps=keeps)
         if blocking_on:
             self.plain_button = plain()
             self.buttons: list[Any] = [self.plain_button]
         elif plain_first:
             self.plain_button, self.blocking_button = plain(), blocking()
             self.buttons = [self.plain_button, self.blocking_button]
-            sentences.append(does_blocking)
+            sentences.append(blocking_does)
         else:
             self.blocking_button, self.plain_button = blocking(), plain()
             self.buttons = [self.blocking_button, self.plain_button]
-            sentences.insert(0, does_blocking)
+            sentences.insert(0, blocking_does)
         self.note = does_note(sentences)
         self.status = widgets.HTML(value="")  # what happens after a click, under the buttons
         for button in self.buttons:

@@ -132,6 +132,7 @@ def _replay(state: ExtensionState, args: argparse.Namespace) -> None:
         blocking_on=blocking_in_force()[0],
         restart=state.restart,
         buttons=state.settings.buttons,
+        keeps=state.settings.keep_on_restart,
     )
 
 

@@ -112,9 +112,11 @@ def on_load(
     restart: Restarter | None = None,
     *,
     buttons: bool = True,
+    keeps: bool = True,
 ) -> None:
     """At extension load: the blocking-mode banner, then the replay offered (``replay``: the
-    extension's, which remembers it was; ``buttons``: as widgets, or its text); and watch
+    extension's, which remembers it was; ``buttons``: as widgets, or its text; ``keeps``: whether
+    its restart keeps the CPU variables); and watch
     torch's CUDA start, so that ``%cudaguard status`` can tell whether the variable came in
     time."""
     from ..runtime.blocking import marker, watch_cuda_init
@@ -129,4 +131,6 @@ def on_load(
 
     # After our restart: the previous kernel's cells that lead to the error, replayed on a click.
     # ``restart``: the extension's own, for the offer's blocking-restart button.
-    offer_after_restart(shell, replay, blocking_in_force()[0], restart, buttons=buttons)
+    offer_after_restart(
+        shell, replay, blocking_in_force()[0], restart, buttons=buttons, keeps=keeps
+    )

@@ -110,7 +110,14 @@ class CudaGuardExtension:
             from .display import on_load
 
             # the blocking-mode banner, the replay, after our restart
-            on_load(self.shell, self.replay, self.restart, buttons=self.settings.buttons)
+            settings = self.settings
+            on_load(
+                self.shell,
+                self.replay,
+                self.restart,
+                buttons=settings.buttons,
+                keeps=settings.keep_on_restart,
+            )
         except Exception as internal:  # a banner is never worth a failed %load_ext
             print(f"nb_cudaguard: {type(internal).__name__}: {internal}", file=sys.stderr)
         try:

@@ -36,7 +36,7 @@ from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
 from ..replay.record import CellRecord, Recorder, restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
-from .actions import DOES_BLOCKING_REPLAY, blocking_restart_button, does_note
+from .actions import blocking_restart_button, does_blocking, does_note
 from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
 
@@ -414,6 +414,7 @@ class ReplayOffer:
         view: PlanView,
         restart: Restarter | None = None,
         replay: ReplayState | None = None,
+        keeps: bool = True,
     ) -> None:
         import ipywidgets as widgets
 
@@ -427,10 +428,12 @@ class ReplayOffer:
         sentences = [DOES_REPLAY]
         self.blocking_button: Any = None
         if restart is not None and not view.blocking_on:
-            self.blocking_button = blocking_restart_button(primary=False, then_replay=True)
+            self.blocking_button = blocking_restart_button(
+                primary=False, then_replay=True, keeps=keeps
+            )
             self.blocking_button.on_click(self._restart_clicked)
             self.buttons.insert(0, self.blocking_button)
-            sentences.insert(0, DOES_BLOCKING_REPLAY)
+            sentences.insert(0, does_blocking(then_replay=True, keeps=keeps))
         self.note = does_note(sentences)
         from .actions import button_row, listing
 
@@ -513,9 +516,11 @@ def offer(
     restart: Restarter | None = None,
     replay: ReplayState | None = None,
     buttons: bool = True,
+    keeps: bool = True,
 ) -> None:
     """Show the plan with a button where widgets work (and ``buttons``), the command everywhere;
-    with blocking mode off, also a button that ``restart``s in blocking mode first."""
+    with blocking mode off, also a button that ``restart``s in blocking mode first (``keeps``:
+    whether that restart keeps the CPU variables, ``CudaGuard.keep_on_restart``)."""
     from IPython.display import display
 
     view = plan_view(shell, make_plan(shell, saved, replay), saved, blocking_on)
@@ -524,7 +529,7 @@ def offer(
         return
     try:
         restart = None if blocking_on else _restarter(restart)
-        display(ReplayOffer(shell, saved, view, restart, replay))
+        display(ReplayOffer(shell, saved, view, restart, replay, keeps))
     except Exception:  # no ipywidgets, or no comm: the command in the text still works
         display(view)
 
@@ -536,14 +541,16 @@ def offer_after_restart(
     restart: Restarter | None = None,
     *,
     buttons: bool = True,
+    keeps: bool = True,
 ) -> None:
     """At load (at the first cell, where our restart's startup file loaded the extension) in the
-    process our restart started: the plan, if a cell failed (``buttons``: as ``offer``)."""
+    process our restart started: the plan, if a cell failed (``buttons``, ``keeps``: as
+    ``offer``)."""
     saved, _ = previous_cells(shell, replay)
     if saved is None or saved.failing is None or replay.offered or replay.replayed:
         return
     replay.offered = True
-    offer(shell, saved, blocking_on, restart, replay, buttons)
+    offer(shell, saved, blocking_on, restart, replay, buttons, keeps)
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -703,8 +710,9 @@ def replay_command(
     blocking_on: bool,
     restart: Restarter | None = None,
     buttons: bool = True,
+    keeps: bool = True,
 ) -> None:
-    """``%cudaguard replay [--yes]`` (``buttons``: the offer as widgets, or its text)."""
+    """``%cudaguard replay [--yes]`` (``buttons``, ``keeps``: as ``offer``)."""
     from IPython.core.error import UsageError
     from IPython.display import display
 
@@ -718,7 +726,7 @@ def replay_command(
             nothing_to_replay("no cell of the previous kernel failed before the restart")
         )
     if not yes:
-        offer(shell, saved, blocking_on, restart, replay, buttons)
+        offer(shell, saved, blocking_on, restart, replay, buttons, keeps)
         return
     plan = make_plan(shell, saved, replay)
     display(plan_view(shell, plan, saved, blocking_on, asking=False))

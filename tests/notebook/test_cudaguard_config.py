@@ -236,3 +236,20 @@ def test_without_buttons_the_restore_and_replay_offers_are_their_text(
         offer(ip, saved, False, lambda **_: None, state.replay, state.settings.buttons)
     (bundle,) = [o.data for o in captured.outputs]
     assert WIDGET_MIME not in bundle and "%cudaguard replay --yes" in bundle["text/plain"]
+
+
+def test_without_keep_on_restart_no_offer_says_the_variables_are_kept(ip: Any) -> None:
+    import time
+
+    from nb_cudaguard.notebook.actions import RestartActions
+    from nb_cudaguard.notebook.replay_glue import ReplayOffer, make_plan, plan_view
+    from nb_cudaguard.replay.history import Cell, SavedCells
+
+    saved = SavedCells((Cell("base = [1]", 1, False), Cell("base[3]", 2, True)), 1, time.time(), 1)
+    view = plan_view(ip, make_plan(ip, saved, None), saved, False)
+    replayed = ReplayOffer(ip, saved, view, lambda **_: None, None, keeps=False)
+    panel = RestartActions(lambda **_: None, blocking_on=False, cause_known=False, keeps=False)
+    for shown in (replayed, panel):
+        texts = [b.tooltip for b in shown.buttons] + [shown.note.value]
+        assert not any("variables kept" in t for t in texts), texts
+        assert any("keep_on_restart is off" in t for t in texts), texts
