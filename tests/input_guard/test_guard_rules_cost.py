@@ -29,6 +29,8 @@ class _Recorded(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         written = sum(o.numel() for o in outputs if isinstance(o, torch.Tensor))
+        if func.is_view:  # an alias (detach, reshape) copies nothing
+            written = 0
         self.ops.append((str(func), written))
         return out
 
