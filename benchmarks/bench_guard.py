@@ -20,9 +20,10 @@ Workloads (models built from torch.nn only, random weights, no downloads):
 - ``infer-b1``: launch-bound inference: the tiny classifier's forward at batch 1 under
   ``torch.inference_mode()``.
 - ``percall``: the overhead of one call in microseconds: checked calls (cross_entropy,
-  embedding, ``x[idx]``), a wrapped call with nothing to check (``x[0]``), an unchecked call
-  (``torch.add``), a checked op called from a thread outside the guard, and a guard's
-  entry + exit.
+  embedding, ``x[idx]``; embedding also at 32x64 and 512x512 ids, where the rules' cost must
+  not grow beyond one pass over the ids), a wrapped call with nothing to check (``x[0]``),
+  an unchecked call (``torch.add``), a checked op called from a thread outside the guard,
+  and a guard's entry + exit.
 
 The headline ``strict`` and ``deferred`` figures are the rules path: every checked call's
 requirements are extracted and judged before the op runs, which is what a GPU tensor's call
