@@ -20,9 +20,10 @@ Workloads (models built from torch.nn only, random weights, no downloads):
 - ``infer-b1``: launch-bound inference: the tiny classifier's forward at batch 1 under
   ``torch.inference_mode()``.
 - ``percall``: the overhead of one call in microseconds: checked calls (cross_entropy,
-  embedding, ``x[idx]``), a wrapped call with nothing to check (``x[0]``), an unchecked call
-  (``torch.add``), a checked op called from a thread outside the guard, and a guard's
-  entry + exit.
+  embedding, ``x[idx]``; embedding also at 32x64 and 512x512 ids, where the rules' cost must
+  not grow beyond one pass over the ids), a wrapped call with nothing to check (``x[0]``),
+  an unchecked call (``torch.add``), a checked op called from a thread outside the guard,
+  and a guard's entry + exit.
 
 The headline ``strict`` and ``deferred`` figures are the rules path: every checked call's
 requirements are extracted and judged before the op runs, which is what a GPU tensor's call
@@ -412,17 +413,25 @@ def percall(scale: float, clock: Clock) -> list[tuple[str, dict[str, float]]]:
     x = torch.randn(64, 8)
     idx = torch.randint(0, 64, (16,))
     a, b = torch.randn(4), torch.randn(4)
+    # issue 30's rows: the rules path must not grow with the ids beyond one fused pass
+    table, narrow = torch.randn(8000, 128), torch.randn(8000, 8)
+    mid_ids, big_ids = torch.randint(0, 8000, (32, 64)), torch.randint(0, 8000, (512, 512))
+    logits3, labels3 = torch.randn(32, 3), torch.randint(0, 3, (32,))
     calls: dict[str, Callable[[], object]] = {
         "F.cross_entropy (32x10, one -100)": lambda: F.cross_entropy(logits, labels),
+        "F.cross_entropy (32x3)": lambda: F.cross_entropy(logits3, labels3),
         "F.embedding (16x32 ids)": lambda: F.embedding(ids, weight),
+        "F.embedding (32x64 ids, 8000x128)": lambda: F.embedding(mid_ids, table),
+        "F.embedding (512x512 ids, 8000x8)": lambda: F.embedding(big_ids, narrow),
         "x[idx] (16 ids)": lambda: x[idx],
         "x[0] (wrapped, nothing to check)": lambda: x[0],
         "torch.add (not wrapped)": lambda: torch.add(a, b),
     }
     n = 2000
+    fewer = {"F.embedding (512x512 ids, 8000x8)": 40}  # ~1 ms a call: as long a block
     reps = max(5, math.ceil(15 * scale))
 
-    def timed(call: Callable[[], object]) -> float:
+    def timed(call: Callable[[], object], n: int = n) -> float:
         start = clock()
         for _ in range(n):
             call()
@@ -434,7 +443,7 @@ def percall(scale: float, clock: Clock) -> list[tuple[str, dict[str, float]]]:
         for _ in range(reps):
             for mode in modes_for("cpu"):
                 with guarded(mode):
-                    times[mode.name].append(timed(call))
+                    times[mode.name].append(timed(call, fewer.get(name, n)))
         rows.append((name, {m: statistics.median(v) for m, v in times.items()}))
 
     # a thread outside any guard, while this one holds a (strict) guard
