@@ -190,22 +190,7 @@ def test_a_numpy_generator_and_a_random_instance_held_in_names(server, server_ke
 # --- 6. views of tensors that require grad -------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "restore",
-    [
-        pytest.param(None, id="no-restore"),
-        pytest.param(
-            "",
-            id="all",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="keep/pickling.py brings a view of a tensor that requires grad back as "
-                "a tensor sharing its base's storage, not a view (v._base is not w), and the "
-                "plan does not name v or row",
-            ),
-        ),
-    ],
-)
+@ALL
 def test_views_of_a_leaf_that_requires_grad_and_of_a_parameter(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
