@@ -361,6 +361,7 @@ class KeepPickler:
         torch = sys.modules.get("torch")
         numpy = sys.modules.get("numpy")
         tensor_type = getattr(torch, "Tensor", None)
+        parameter_type = getattr(getattr(torch, "nn", None), "Parameter", None)
         storage_types = tuple(
             t
             for t in (
@@ -467,7 +468,7 @@ class KeepPickler:
             base = tensor._base
             if (
                 base is not None
-                and (type(base) is tensor_type or isinstance(base, torch.nn.Parameter))
+                and type(base) in (tensor_type, parameter_type)
                 and base.dtype == tensor.dtype
                 and (base.requires_grad or not requires_grad)  # as a view of it would be
             ):
