@@ -267,11 +267,6 @@ def test_warnings_filters_and_logging_config(server, server_kernel):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with torch's default device set to 'meta' by a cell, the replayed failing cell "
-    "prints nothing and the replay reports no stop: not yet diagnosed",
-)
 def test_torch_default_device_set_in_a_cell(server, server_kernel):
     kid, pid = server_kernel
     cells = ("import torch\ntorch.set_default_device('meta')", "z = torch.zeros(2)")
