@@ -106,6 +106,19 @@ def test_a_partial_over_a_list_called_by_cells(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
+@ALL
+def test_an_itertools_counter_and_a_generator_inside_a_closure(server, server_kernel, restore):
+    kid, pid = server_kernel
+    cells = (
+        "import itertools\nids = itertools.count()\n"
+        "def make():\n    squares = (i * i for i in range(10))\n    return lambda: next(squares)",
+        "nxt = make()\nfirst = next(ids), nxt()",
+        "next(ids)\nnxt()",
+    )
+    fp = "{'ids': next(ids), 'nxt': nxt(), 'first': list(first)}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
 # --- 4. dataclasses, enums, class attributes changed through an instance -----------------------
 
 
@@ -208,11 +221,12 @@ def test_views_of_a_leaf_that_requires_grad_and_of_a_parameter(server, server_ke
 # --- 7. a %%capture cell, a failing cell that changed state before it failed -------------------
 
 
-def test_a_captured_cell(server, server_kernel):
+@ALL
+def test_a_captured_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = ("%%capture out\nx = 5\nprint('hi', x)", "y = x + 1")
     fp = "{'out': out.stdout, 'x': x, 'y': y}"
-    assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
 @ALL
@@ -243,13 +257,14 @@ def test_a_directory_appended_to_sys_path(server, server_kernel):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
 
 
-def test_the_working_directory_changed_by_a_cell(server, server_kernel):
+@ALL
+def test_the_working_directory_changed_by_a_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     (server.root / "data").mkdir(exist_ok=True)
     (server.root / "data" / "n.txt").write_text("4\n")
     cells = ("import os\nos.chdir('data')", "n = int(open('n.txt').read())")
     fp = "{'chdir': os.path.basename(os.getcwd()), 'n': n}"
-    assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
 def test_warnings_filters_and_logging_config(server, server_kernel):
