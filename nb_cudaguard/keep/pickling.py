@@ -361,6 +361,7 @@ class KeepPickler:
         torch = sys.modules.get("torch")
         numpy = sys.modules.get("numpy")
         tensor_type = getattr(torch, "Tensor", None)
+        parameter_type = getattr(getattr(torch, "nn", None), "Parameter", None)
         storage_types = tuple(
             t
             for t in (
@@ -467,13 +468,13 @@ class KeepPickler:
             base = tensor._base
             if (
                 base is not None
-                and type(base) is tensor_type
+                and type(base) in (tensor_type, parameter_type)
                 and base.dtype == tensor.dtype
-                and not tensor.requires_grad
-                and not base.requires_grad
+                and (base.requires_grad or not requires_grad)  # as a view of it would be
             ):
-                # A view (``view = base[1:]``) comes back as a view of the same base object, not
-                # a tensor that only shares its storage: ``view._base is base`` still holds.
+                # A view (``view = base[1:]``, ``row = lin.weight[0]``) comes back as a view of
+                # the same base object, not a tensor that only shares its storage: ``view._base
+                # is base`` still holds, and a view of a leaf that requires grad still reaches it.
                 found.alive.append(tensor)
                 return _rebuild_view, (
                     base,

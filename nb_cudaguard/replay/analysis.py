@@ -210,6 +210,9 @@ class CellFacts:
     # trainer``: helpers): the notebook's own modules' functions may change what they are handed.
     imported_from: Mapping[str, str] = field(default_factory=dict)
     draws: str = ""  # how it draws from a random generator (``calls randn()``), or ""
+    # Changed through ``.data`` or ``.numpy()`` (``t.numpy()[i] = v``), which a tensor's version
+    # counter does not count: the run-time record cannot see the change, so it cannot overrule.
+    untracked: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ class _Collect:
     handed: dict[str, set[str]] = field(default_factory=dict)
     imported_from: dict[str, str] = field(default_factory=dict)
     draws: list[str] = field(default_factory=list)
+    untracked: set[str] = field(default_factory=set)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -269,6 +273,7 @@ class _Collect:
             self._handed() if self.handed else {},
             {n: m for n, m in self.imported_from.items() if n in self.imports},
             "; ".join(dict.fromkeys(self.draws)),
+            frozenset(self.untracked & mutates),
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -420,6 +425,36 @@ def _storing(call: ast.Call) -> tuple[ast.expr, list[ast.expr], list[ast.expr]] 
     values = [a.value if isinstance(a, ast.Starred) else a for a in call.args]
     values += [k.value for k in call.keywords]
     return container, values[:keys], values[keys:]
+
+
+def _untracked_root(node: ast.expr) -> str | None:
+    """``t`` for ``t.numpy()[i]``, ``w.data``, ``w.data.mul_``: a path through a view whose
+    writes the tensor's version counter does not count; None for any other."""
+    through = False
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            through = through or (isinstance(func, ast.Attribute) and func.attr == "numpy")
+            node = func
+            continue
+        through = through or (isinstance(node, ast.Attribute) and node.attr == "data")
+        node = node.value
+    return node.id if through and isinstance(node, ast.Name) else None
+
+
+def _drawn_from(call: ast.Call) -> str | None:
+    """``rng`` for ``rng.random()``, ``r.shuffle(xs)``, ``cfg.rng.integers(9)``: a draw that
+    advances the generator object a name holds (or a module's, ``np.random.rand()``: only the
+    planner knows which); None for any other call, a class's (``nn.Linear``) included."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr not in RANDOM_CALLS:
+        return None
+    if func.attr[:1].isupper() or func.attr in ("from_pretrained", "iter", "next"):
+        return None
+    node = func.value
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) and node.id[:1].islower() else None
 
 
 def _method_call_root(node: ast.AST) -> str | None:
@@ -663,6 +698,8 @@ class _CellVisitor(ast.NodeVisitor):
             root = _root_name(target)
             if root is not None:
                 self._mutate(root, fill=fill and isinstance(target.value, ast.Name))
+                if _untracked_root(target) == root:
+                    self.c.untracked.add(root)
                 self._hold(root, stored or set())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
                 self.c.setup.append("sets an environment variable")
@@ -860,6 +897,8 @@ class _CellVisitor(ast.NodeVisitor):
         root = _method_call_root(node)
         if root is not None:
             self._mutate(root)
+            if isinstance(call, ast.Call) and _untracked_root(call.func) == root:
+                self.c.untracked.add(root)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -877,6 +916,13 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.setup.append(f"calls {name}()")
         if name in RANDOM_CALLS:
             self.c.draws.append(f"calls {name}()")
+        drawn = _drawn_from(node)
+        if drawn is not None and drawn not in self.bound:
+            # A generator held in a name (``rng = np.random.default_rng(0)``) advances with
+            # each draw, in any expression; unless the name is a module (``np.random.rand()``).
+            self.c.handed.setdefault(drawn, set()).add(drawn)
+        elif drawn is not None and drawn not in self.imported:
+            self._mutate(drawn)
         if self._magic(node):
             return
         ipython = _ipython_call(node)

@@ -662,8 +662,10 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
         draws = "drew from " + ", ".join(record.drew) + " when it ran"
     # What the text took for a change in place (``labels.add_(offset)`` hands ``offset`` to a
     # method) of a name the record saw whole and unchanged was none: the record wins. Names it
-    # does not see (``_x``, IPython's) and those it could not see whole keep the text's guess.
+    # does not see (``_x``, IPython's) and those it could not see whole keep the text's guess,
+    # as do changes through ``.data`` or ``.numpy()``, which no version counter counts.
     guessed = facts.mutates - changed - record.bound - record.unseen - record.deleted
+    guessed -= facts.untracked
     unchanged = {n for n in guessed if n[:1] != "_"}
     assigned = facts.defines - facts.mutates  # bound by an assignment: not a guess
     return replace(

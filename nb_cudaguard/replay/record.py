@@ -551,11 +551,14 @@ def restore_rng(encoded: str) -> tuple[str, ...]:
         done.append("numpy")
     torch = sys.modules.get("torch")
     if torch is not None and "torch" in plain:
-        torch.random.set_rng_state(torch.tensor(plain["torch"], dtype=torch.uint8))
+        # On the CPU, whatever the default device a cell set (``set_default_device("cuda")``):
+        # set_rng_state takes a CPU ByteTensor only.
+        cpu = {"dtype": torch.uint8, "device": "cpu"}
+        torch.random.set_rng_state(torch.tensor(plain["torch"], **cpu))
         done.append("torch")
         try:
             if "cuda" in plain and torch.cuda.is_initialized():
-                states = [torch.tensor(s, dtype=torch.uint8) for s in plain["cuda"]]
+                states = [torch.tensor(s, **cpu) for s in plain["cuda"]]
                 torch.cuda.set_rng_state_all(states)
                 done.append("cuda")
         except Exception:

@@ -330,6 +330,19 @@ def test_tensor_views_and_requires_grad_survive(profile):
     assert new["leaf"].requires_grad and new["leaf"].is_leaf
 
 
+def test_views_of_tensors_that_require_grad_stay_views_of_their_base(profile):
+    w = torch.randn(3, requires_grad=True)
+    lin = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        frozen = w[:2]
+    namespace = {"w": w, "v": w[1:], "lin": lin, "row": lin.weight[0], "frozen": frozen}
+    _, _, new = save_and_restore(namespace, profile)
+    assert new["v"]._base is new["w"] and new["v"].requires_grad
+    assert new["row"]._base is new["lin"].weight and new["row"].requires_grad
+    assert new["frozen"]._base is new["w"] and new["frozen"].requires_grad == frozen.requires_grad
+    assert torch.equal(new["row"], lin.weight[0])
+
+
 def test_the_file_is_checked_before_anything_is_unpickled(tmp_path):
     path = tmp_path / "x.bin"
     path.write_bytes(b"not a keep file at all, but long enough to have a trailer")

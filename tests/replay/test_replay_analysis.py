@@ -436,3 +436,33 @@ NOT_HANDED = [
 @pytest.mark.parametrize("cell", NOT_HANDED)
 def test_what_is_not_left_to_the_planner(shell, cell):
     assert not _facts(shell, cell).handed
+
+
+@pytest.mark.parametrize(
+    "cell, generator",
+    [
+        ("x = float(rng.random())", "rng"),
+        ("print(r.random())", "r"),
+        ("i = cfg.rng.integers(9)", "cfg"),
+    ],
+)
+def test_a_draw_from_a_generator_held_in_a_name_may_advance_it(shell, cell, generator):
+    # left to the planner: the name may be a module (``np.random.rand()``)
+    assert generator in _facts(shell, cell).handed.get(generator, ())
+
+
+@pytest.mark.parametrize(
+    "cell, untracked",
+    [
+        ("t.numpy()[5] = 3.0", "t"),
+        ("w.data[7] = 2.0", "w"),
+        ("w.data.mul_(2)", "w"),
+    ],
+)
+def test_a_change_through_data_or_numpy_is_one_no_version_counter_sees(shell, cell, untracked):
+    facts = _facts(shell, cell)
+    assert untracked in facts.mutates and untracked in facts.untracked
+
+
+def test_a_plain_change_in_place_is_one_a_version_counter_sees(shell):
+    assert not _facts(shell, "t[0] = 1\nt.mul_(2)").untracked

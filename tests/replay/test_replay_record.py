@@ -20,7 +20,14 @@ from nb_cudaguard.notebook import replay_glue
 from nb_cudaguard.notebook.extension import current_state
 from nb_cudaguard.notebook.replay_glue import make_plan, run_plan
 from nb_cudaguard.replay.history import SavedCells, load_cells, save_cells
-from nb_cudaguard.replay.record import CellRecord, Recorder, fingerprint
+from nb_cudaguard.replay.record import (
+    CellRecord,
+    Recorder,
+    encode_rng,
+    fingerprint,
+    restore_rng,
+    rng_states,
+)
 from nb_cudaguard.replay.text import plan_summary
 
 
@@ -338,3 +345,14 @@ def test_the_random_states_read_at_a_cells_start_bring_its_draws_back_exactly():
     cached = reader.read()
     random.gauss(0, 1)  # only the cached value used: the generator's words did not move
     assert drawn_from(cached, reader.read()) == ("random",)
+
+
+def test_torch_random_state_comes_back_whatever_default_device_a_cell_set():
+    encoded = encode_rng(rng_states())
+    expected = torch.rand(3)
+    torch.set_default_device("meta")  # as set_default_device("cuda") would on a GPU
+    try:
+        assert "torch" in restore_rng(encoded)
+    finally:
+        torch.set_default_device(None)
+    assert torch.equal(torch.rand(3), expected)
