@@ -657,7 +657,15 @@ def run_steps(
                     if name not in present:
                         shell.user_ns.pop(name, None)
             if cell.record is not None and cell.record.rng:
-                restore_rng(cell.record.rng)  # it draws as it did when it ran
+                try:
+                    restore_rng(cell.record.rng)  # it draws as it did when it ran
+                except Exception as internal:  # a kept state this torch cannot take: say so
+                    print(
+                        f"nb_cudaguard: cell {cell_label(cell)}'s random state could not be "
+                        f"set again ({type(internal).__name__}: {internal}); its draws may "
+                        "differ from the previous kernel's.",
+                        flush=True,
+                    )
             started = time.perf_counter()
             try:
                 with labelled(shell, cell.count), kept_definitions(shell, here, step.defs):

@@ -356,3 +356,23 @@ def test_torch_random_state_comes_back_whatever_default_device_a_cell_set():
     finally:
         torch.set_default_device(None)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_random_state_that_cannot_be_set_again_is_named_and_the_replay_goes_on(recorded):
+    from dataclasses import replace
+
+    saved = _run(recorded, ["import torch", "draw = torch.rand(3)\n[][0]"])
+    failing = saved.cells[saved.failing]
+    assert failing.record is not None and failing.record.rng
+    broken = replace(failing.record, rng="not a kept state")
+    cells = list(saved.cells)
+    cells[saved.failing] = replace(failing, record=broken)
+    saved = replace(saved, cells=tuple(cells))
+    _new_process(recorded, ["draw"])
+    plan = make_plan(recorded, saved)
+    with capture_output() as captured:
+        said = run_plan(recorded, saved, plan, blocking_on=True)
+    assert "random state could not be set again" in captured.stdout
+    assert "draws may differ" in captured.stdout
+    assert "draw" in recorded.user_ns  # the failing cell ran (and failed as before)
+    assert said.startswith("Replay stopped")
