@@ -198,8 +198,7 @@ def _module_tokens(
                 append(_tensor_token(tensor))
         own = _public_values(state)
         append(tuple(map(id, own)))
-        if not _IMMUTABLE.issuperset(map(type, own)):
-            stack.extend(_mutable(own))
+        stack.extend(_mutable(own))  # (it checks for nothing to walk itself)
         for child in children.values():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
