@@ -34,7 +34,8 @@ from ..replay.definitions import HOLDER, KeptDefinitions
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
 from ..replay.planner import Plan, joined, plan_replay, with_records
-from ..replay.record import CellRecord, Recorder, restore_rng
+from ..replay.record import CellRecord, Recorder
+from ..replay.rng import restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
 from .actions import blocking_restart_button, does_blocking, does_note
 from .cell_output import into_cell, showing_cell

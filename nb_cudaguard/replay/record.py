@@ -16,13 +16,7 @@ Python cannot read) are listed as such.
 
 from __future__ import annotations
 
-import base64
-import ctypes
-import json
-import random
-import struct
 import sys
-import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
@@ -30,9 +24,10 @@ from operator import itemgetter
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
+from .rng import RngReader, drawn_from, encode_rng, rng_states
+
 MAX_NODES = 2000  # objects visited per name
 _SAMPLE = 64  # values read from a large array, evenly spread
-_MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: the key and its position
 _KEEP = 500  # records kept in a long session (as runtime.cells)
 _KEEP_RNG = 200  # of which with a random state (a few KiB each)
 _IMMUTABLE = frozenset({str, bytes, int, float, complex, bool, type(None), range, type(...)})
@@ -404,165 +399,6 @@ def _settings_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
     ]
     _READERS[:] = [(torch, readers)]
     return readers
-
-
-def rng_states(reader: RngReader | None = None) -> dict[str, Any]:
-    """The global generators' states: ``random``'s, numpy's and torch's where imported, CUDA's
-    only where CUDA is initialised already (it never initialises CUDA). Read as they are
-    compared, cheaply (``random``'s and torch's as bytes); ``encode_rng`` decodes them.
-    ``reader``: one kept across cells, which finds where the states lie in memory once."""
-    return (reader or RngReader()).read()
-
-
-# ``random``'s Mersenne Twister as it lies in memory (``Modules/_randommodule.c``: after the
-# object header, ``int index; uint32_t state[624]``), read through a view (0.1 us) where
-# ``random.getstate()`` builds a 625-number tuple (8 us) and comparing two costs 5 more. The
-# view is used only once checked against ``getstate()`` (another layout: ``getstate()``).
-_RANDOM_HEAD = object.__basicsize__
-_RANDOM_BYTES = 4 + 624 * 4
-
-
-@dataclass
-class RngReader:
-    """Reads the global generators' states at each cell's start."""
-
-    _random: Any = None  # random's instance, and a view of its state where the layout is known
-    _random_view: Any = None
-    _numpy: Any = None  # numpy's bit generator, a view of its state, and that state decoded
-    _numpy_view: Any = None
-    _numpy_raw: bytes = b""
-    _numpy_state: Any = None
-
-    def read(self) -> dict[str, Any]:
-        states: dict[str, Any] = {"random": self._read_random()}
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            states["numpy"] = self._read_numpy(numpy)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            states["torch"] = torch.default_generator.get_state().numpy().tobytes()
-            try:
-                if torch.cuda.is_initialized():
-                    states["cuda"] = torch.cuda.get_rng_state_all()
-            except Exception:  # a poisoned context: its generators cannot be read
-                pass
-        return states
-
-    def _read_random(self) -> Any:
-        instance: Any = random._inst
-        if instance is not self._random:
-            self._random, self._random_view = instance, _random_view(instance)
-        if self._random_view is None:
-            return random.getstate()
-        return (self._random_view.raw, instance.gauss_next)  # gauss() keeps one, undrawn
-
-    def _read_numpy(self, numpy: Any) -> Any:
-        """numpy's ``get_state()`` (30 us), read again only where its generator's words moved:
-        most cells never draw from numpy."""
-        try:
-            generator = numpy.random.mtrand._rand._bit_generator
-            if generator is not self._numpy:
-                address = generator.ctypes.state_address
-                self._numpy_view = (ctypes.c_char * _MT_BYTES).from_address(address)
-                self._numpy, self._numpy_state = generator, None
-            raw = self._numpy_view.raw
-        except Exception:  # another numpy layout: read it whole
-            return numpy.random.get_state()
-        if raw != self._numpy_raw or self._numpy_state is None:
-            self._numpy_raw, self._numpy_state = raw, numpy.random.get_state()
-        return self._numpy_state
-
-
-def _random_view(instance: Any) -> Any:
-    """A view of ``random``'s state in ``instance``'s memory, or None where it is not laid out
-    as read here (checked against ``getstate()``)."""
-    try:
-        view = (ctypes.c_char * _RANDOM_BYTES).from_address(id(instance) + _RANDOM_HEAD)
-        if _random_decoded(view.raw, None)[1] == instance.getstate()[1]:
-            return view
-    except Exception:
-        pass
-    return None
-
-
-def _random_decoded(raw: bytes, gauss: Any) -> tuple[int, tuple[int, ...], Any]:
-    """``random.getstate()``'s tuple from the raw state: (version, 624 words + index, gauss)."""
-    (index,) = struct.unpack_from("=i", raw)
-    return (3, (*struct.unpack_from("=624I", raw, 4), index), gauss)
-
-
-def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, ...]:
-    """The generators whose state moved between ``before`` and ``after``."""
-    moved = [n for n, state in before.items() if not _same_state(n, state, after.get(n))]
-    return tuple(sorted(moved))
-
-
-def _same_state(name: str, a: Any, b: Any) -> bool:
-    if a is b:  # numpy's, read again only where it moved
-        return True
-    if b is None:
-        return False
-    if name == "numpy":  # (kind, keys array, position, has_gauss, cached)
-        return bool(a[1].tobytes() == b[1].tobytes() and a[2:] == b[2:])
-    if name == "cuda":  # a tensor per device
-        torch = sys.modules["torch"]
-        return len(a) == len(b) and all(map(torch.equal, a, b))
-    return bool(a == b)  # bytes, random's (raw, gauss) or its tuple of ints: compared in C
-
-
-def encode_rng(states: Mapping[str, Any]) -> str:
-    """The states as text (JSON, compressed): kept with the cells for the next process."""
-    plain: dict[str, Any] = {}
-    for name, state in states.items():
-        if name == "random":
-            if isinstance(state[0], bytes):
-                state = _random_decoded(*state)
-            version, internal, gauss = state
-            plain[name] = [version, list(internal), gauss]
-        elif name == "numpy":
-            kind, keys, pos, has_gauss, cached = state
-            plain[name] = [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
-        elif name == "torch":
-            plain[name] = list(state)
-        elif name == "cuda":
-            plain[name] = [s.tolist() for s in state]
-    raw = zlib.compress(json.dumps(plain).encode("utf-8"))
-    return base64.b64encode(raw).decode("ascii")
-
-
-def restore_rng(encoded: str) -> tuple[str, ...]:
-    """Set the global generators to ``encoded`` (``encode_rng``); returns those set. torch's and
-    numpy's only where imported; CUDA's only where CUDA is initialised (the cell that needs it
-    initialises it; its draws then differ, and the plan says which cells draw)."""
-    if not encoded:
-        return ()
-    plain = json.loads(zlib.decompress(base64.b64decode(encoded)).decode("utf-8"))
-    done = []
-    if "random" in plain:
-        version, internal, gauss = plain["random"]
-        random.setstate((version, tuple(internal), gauss))
-        done.append("random")
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and "numpy" in plain:
-        kind, keys, pos, has_gauss, cached = plain["numpy"]
-        keys = numpy.array(keys, dtype=numpy.uint32)
-        numpy.random.set_state((kind, keys, pos, has_gauss, cached))
-        done.append("numpy")
-    torch = sys.modules.get("torch")
-    if torch is not None and "torch" in plain:
-        # On the CPU, whatever the default device a cell set (``set_default_device("cuda")``):
-        # set_rng_state takes a CPU ByteTensor only.
-        cpu = {"dtype": torch.uint8, "device": "cpu"}
-        torch.random.set_rng_state(torch.tensor(plain["torch"], **cpu))
-        done.append("torch")
-        try:
-            if "cuda" in plain and torch.cuda.is_initialized():
-                states = [torch.tensor(s, **cpu) for s in plain["cuda"]]
-                torch.cuda.set_rng_state_all(states)
-                done.append("cuda")
-        except Exception:
-            pass
-    return tuple(done)
 
 
 # --- the recorder ---------------------------------------------------------------------------------

@@ -20,14 +20,8 @@ from nb_cudaguard.notebook import replay_glue
 from nb_cudaguard.notebook.extension import current_state
 from nb_cudaguard.notebook.replay_glue import make_plan, run_plan
 from nb_cudaguard.replay.history import SavedCells, load_cells, save_cells
-from nb_cudaguard.replay.record import (
-    CellRecord,
-    Recorder,
-    encode_rng,
-    fingerprint,
-    restore_rng,
-    rng_states,
-)
+from nb_cudaguard.replay.record import CellRecord, Recorder, fingerprint
+from nb_cudaguard.replay.rng import encode_rng, restore_rng, rng_states
 from nb_cudaguard.replay.text import plan_summary
 
 
@@ -329,7 +323,7 @@ def test_the_random_states_read_at_a_cells_start_bring_its_draws_back_exactly():
 
     import numpy as np
 
-    from nb_cudaguard.replay.record import RngReader, drawn_from, encode_rng, restore_rng
+    from nb_cudaguard.replay.rng import RngReader, drawn_from, encode_rng, restore_rng
 
     reader = RngReader()
     random.seed(1)
