@@ -337,24 +337,48 @@ _FIXED_TYPES: set[type] = set()
 # --- process state --------------------------------------------------------------------------------
 
 
-def torch_settings() -> tuple[tuple[str, Any], ...]:
-    """torch's process-wide settings a cell may change (only where torch is imported)."""
+def torch_settings() -> tuple[Any, ...]:
+    """The values of torch's process-wide settings a cell may change, in ``_settings_readers``'
+    order (only where torch is imported); ``_UNREADABLE`` for one this torch cannot read."""
     torch = sys.modules.get("torch")
     if torch is None:
         return ()
+    readers = _settings_readers(torch)[1]
+    try:
+        return tuple([read() for read in readers])  # one pass, where every reader answers
+    except Exception:
+        pass
     found = []
-    for name, read in _settings_readers(torch):
+    for read in readers:
         try:
-            found.append((name, read()))
+            found.append(read())
         except Exception:
-            continue
+            found.append(_UNREADABLE)
     return tuple(found)
 
 
-_READERS: list[tuple[Any, list[tuple[str, Callable[[], Any]]]]] = []  # (torch, its readers)
+_UNREADABLE = object()
 
 
-def _settings_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
+def settings_changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> tuple[str, ...]:
+    """The settings whose value moved from ``before`` to ``after`` (``torch_settings``), by the
+    call that sets them; none where torch was imported in between (nothing was set before)."""
+    if len(before) != len(after) or not _READERS:
+        return ()
+    names = _READERS[0][1][0]
+    moved = (
+        name
+        for name, was, now in zip(names, before, after, strict=True)
+        if was != now and was is not _UNREADABLE and now is not _UNREADABLE
+    )
+    return tuple(sorted(moved))
+
+
+# (torch, (the settings' names, their readers)), found once
+_READERS: list[tuple[Any, tuple[tuple[str, ...], list[Callable[[], Any]]]]] = []
+
+
+def _settings_readers(torch: Any) -> tuple[tuple[str, ...], list[Callable[[], Any]]]:
     """How to read each setting, found once per torch: the C getter where this torch has it
     (one call, where ``torch.backends``' module properties cost a Python frame each), else the
     public reader."""
@@ -397,14 +421,17 @@ def _settings_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
         ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
         ("torch.set_printoptions", lambda: dict(vars(torch._tensor_str.PRINT_OPTS))),
     ]
-    _READERS[:] = [(torch, readers)]
-    return readers
+    names = tuple(name for name, _ in readers)
+    _READERS[:] = [(torch, (names, [read for _, read in readers]))]
+    return _READERS[0][1]
 
 
 # --- the recorder ---------------------------------------------------------------------------------
 
 
 _Seen = tuple[int, tuple[Any, ...], bool]  # (id of the value, its fingerprint, seen whole)
+_FIRST = itemgetter(0)
+_NONE: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -425,7 +452,7 @@ class Recorder:
     _own: dict[str, bool] = field(default_factory=dict)  # module name -> the notebook's own
     _origin: dict[str, str] = field(default_factory=dict)  # name -> its value's module
     _own_used: list[str] | None = None  # the own modules among them (None: to be found)
-    _settings: tuple[tuple[str, Any], ...] = ()
+    _settings: tuple[Any, ...] = ()  # torch_settings()
     _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the last cell
     _reader: RngReader = field(default_factory=RngReader)
     _rng_cell: int | None = None  # that cell, once it finished
@@ -464,7 +491,7 @@ class Recorder:
         """Take the namespace as it is now as the state before the next cell."""
         names = self._user(namespace)
         self._seen = {n: _see(namespace[n]) for n in names}
-        self._ids = tuple(v[0] for v in self._seen.values())
+        self._ids = tuple(map(_FIRST, self._seen.values()))
         self._origin = {n: _module_of(namespace[n]) for n in names}
         self._own_used = None
         self._modules = self._see_modules()
@@ -499,9 +526,10 @@ class Recorder:
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
-        self._depth = max(0, self._depth - 1)
-        if self._depth or not self._primed:
+        if self._depth > 1 or not self._primed:
+            self._depth = max(0, self._depth - 1)
             return
+        self._depth = 0
         previous = self._seen
         now: dict[str, _Seen] = {}
         bound, changed, unseen = [], [], []
@@ -529,22 +557,19 @@ class Recorder:
         settings = torch_settings()
         changed_settings: tuple[str, ...] = ()
         if settings != self._settings:
-            before_settings = dict(self._settings)
-            changed_settings = tuple(
-                sorted(n for n, v in settings if n in before_settings and before_settings[n] != v)
-            )
+            changed_settings = settings_changed(self._settings, settings)
         self._seen, self._modules, self._settings = now, modules, settings
-        self._ids = tuple(v[0] for v in now.values())
+        self._ids = tuple(map(_FIRST, now.values()))
         self._rng_cell = cell
         if cell is None:
             return
         self.records[cell] = CellRecord(
-            frozenset(bound),
-            frozenset(changed),
-            frozenset(deleted),
+            frozenset(bound) if bound else _NONE,
+            frozenset(changed) if changed else _NONE,
+            frozenset(deleted) if deleted else _NONE,
             changed_settings,
             (),
-            frozenset(unseen),
+            frozenset(unseen) if unseen else _NONE,
             encode_rng(self._rng) if failed and self._rng else "",
         )
         if failed and self._rng:

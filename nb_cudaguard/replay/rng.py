@@ -48,6 +48,10 @@ class RngReader:
     _numpy_view: Any = None
     _numpy_raw: bytes = b""
     _numpy_state: Any = None
+    _torch: Any = None  # torch's default generator, a view of its engine, and its state
+    _torch_view: Any = None
+    _torch_raw: bytes = b""
+    _torch_state: bytes = b""
 
     def read(self) -> dict[str, Any]:
         states: dict[str, Any] = {"random": self._read_random()}
@@ -56,7 +60,7 @@ class RngReader:
             states["numpy"] = self._read_numpy(numpy)
         torch = sys.modules.get("torch")
         if torch is not None:
-            states["torch"] = torch.default_generator.get_state().numpy().tobytes()
+            states["torch"] = self._read_torch(torch.default_generator)
             try:
                 if torch.cuda.is_initialized():
                     states["cuda"] = torch.cuda.get_rng_state_all()
@@ -87,6 +91,101 @@ class RngReader:
         if raw != self._numpy_raw or self._numpy_state is None:
             self._numpy_raw, self._numpy_state = raw, numpy.random.get_state()
         return self._numpy_state
+
+    def _read_torch(self, generator: Any) -> bytes:
+        """torch's ``get_state()`` (10 us: it allocates a tensor), read again only where the
+        generator's engine moved."""
+        if generator is not self._torch:
+            self._torch, self._torch_view = generator, _torch_view(generator)
+        if self._torch_view is None:
+            return bytes(generator.get_state().numpy().tobytes())
+        raw = self._torch_view.raw
+        if raw != self._torch_raw or not self._torch_state:
+            self._torch_raw = raw
+            self._torch_state = generator.get_state().numpy().tobytes()
+        return self._torch_state
+
+
+# torch's CPU generator (``aten/src/ATen/CPUGeneratorImpl.h``): an ``at::mt19937`` engine
+# (``ATen/core/MT19937RNGEngine.h``: ``uint64_t seed_; int left_; bool seeded_; uint32_t next_;
+# std::array<uint32_t, 624> state_``, 2520 bytes) followed by the normal samples it caches
+# (``optional<float>``, ``optional<double>``: 24 bytes). Every draw moves ``left_`` and
+# ``next_``, or takes or leaves a cached sample. The Python object holds a pointer to it right
+# after its header (``torch/csrc/Generator.h``).
+_ENGINE_BYTES = 2520
+_TORCH_BYTES = _ENGINE_BYTES + 24
+_STATE_AT = 20  # ``state_`` in the engine
+_SCAN = 1024  # how far into the generator the engine is looked for
+_TORCH_LAYOUT: list[tuple[Any, int | None]] = []  # (torch, the engine's offset), found once
+
+
+def _torch_view(generator: Any) -> Any:
+    """A view of ``generator``'s engine and cached samples, or None where a generator is not
+    laid out as read here (checked against ``get_state()`` on this one and on a private one
+    that draws a cached sample)."""
+    torch = sys.modules["torch"]
+    if not _TORCH_LAYOUT or _TORCH_LAYOUT[0][0] is not torch:
+        _TORCH_LAYOUT[:] = [(torch, _engine_offset(torch))]
+    offset = _TORCH_LAYOUT[0][1]
+    try:
+        if offset is None or generator.device.type != "cpu":
+            return None
+        view = (ctypes.c_char * _TORCH_BYTES).from_address(_impl(generator) + offset)
+        return view if _engine_matches(view.raw, generator) else None
+    except Exception:
+        return None
+
+
+def _impl(generator: Any) -> int:
+    address = ctypes.c_void_p.from_address(id(generator) + object.__basicsize__).value
+    if not address:
+        raise ValueError("no generator behind this object")
+    return int(address)
+
+
+def _engine_offset(torch: Any) -> int | None:
+    """Where the engine lies in a CPU generator, found in a private one: its state's first
+    words looked for, the whole engine compared, then a normal sample drawn and its cache
+    found where the layout says."""
+    try:
+        if type(torch.default_generator).__basicsize__ < object.__basicsize__ + 8:
+            return None  # not a header and a pointer
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(0x5EED)
+        impl = _impl(generator)
+        words = _state_words(generator.get_state().numpy().tobytes())
+        for at in range(_STATE_AT, _SCAN, 4):  # 16-byte reads, all inside the generator
+            if ctypes.string_at(impl + at, 16) == words[:16]:
+                break
+        else:
+            return None
+        offset = at - _STATE_AT
+        view = (ctypes.c_char * _TORCH_BYTES).from_address(impl + offset)
+        if not _engine_matches(view.raw, generator):
+            return None
+        torch.randn(1, dtype=torch.float64, device="cpu", generator=generator)  # caches one
+        state = generator.get_state().numpy().tobytes()
+        normal_y, valid = struct.unpack_from("=8xd8xi", state, 24 + 624 * 8)
+        cached, has = struct.unpack_from("=d?", view.raw, _ENGINE_BYTES + 8)
+        if not (valid and has and cached == normal_y and _engine_matches(view.raw, generator)):
+            return None
+        return offset
+    except Exception:
+        return None
+
+
+def _state_words(state: bytes) -> bytes:
+    """The 624 words of a CPU generator's ``get_state()`` (kept there as 64-bit numbers) as the
+    engine holds them."""
+    return struct.pack("=624I", *struct.unpack_from("=624Q", state, 24))
+
+
+def _engine_matches(raw: bytes, generator: Any) -> bool:
+    state = generator.get_state().numpy().tobytes()
+    seed, left, seeded, following = struct.unpack_from("=QiiQ", state)
+    head = struct.unpack_from("=Qi?3xI", raw)
+    words = raw[_STATE_AT : _STATE_AT + 624 * 4]
+    return head == (seed, left, bool(seeded), following) and words == _state_words(state)
 
 
 def _random_view(instance: Any) -> Any:

@@ -341,6 +341,49 @@ def test_the_random_states_read_at_a_cells_start_bring_its_draws_back_exactly():
     assert drawn_from(cached, reader.read()) == ("random",)
 
 
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: torch.rand(3),
+        lambda: torch.randn(1, dtype=torch.float64),  # leaves a normal sample cached
+        lambda: torch.randn(1, dtype=torch.float64),  # then takes it: no engine word moves
+        lambda: torch.randint(0, 10, (4,)),
+        lambda: torch.randperm(5),
+        lambda: torch.multinomial(torch.ones(4), 2),
+        lambda: torch.bernoulli(torch.full((3,), 0.5)),
+        lambda: torch.nn.functional.dropout(torch.ones(8), 0.5),
+        lambda: torch.empty(2).normal_(),
+        lambda: torch.manual_seed(11),
+        lambda: torch.set_rng_state(torch.manual_seed(12).get_state()),
+    ],
+)
+def test_every_kind_of_torch_draw_is_seen_and_the_state_read_is_torchs_own(draw):
+    from nb_cudaguard.replay.rng import RngReader, drawn_from
+
+    torch.manual_seed(10)
+    torch.randn(1, dtype=torch.float64)  # a cached sample for the draws that take it
+    reader = RngReader()
+    before = reader.read()
+    assert reader._torch_view is not None  # this torch's engine is read through its memory
+    assert drawn_from(before, reader.read()) == ()
+    draw()
+    after = reader.read()
+    assert after["torch"] == torch.default_generator.get_state().numpy().tobytes()
+    if after["torch"] != before["torch"]:
+        assert drawn_from(before, after) == ("torch",)
+
+
+def test_a_cached_normal_sample_taken_alone_is_a_draw():
+    from nb_cudaguard.replay.rng import RngReader, drawn_from
+
+    torch.manual_seed(10)
+    torch.randn(1, dtype=torch.float64)  # draws two, returns one, caches the other
+    reader = RngReader()
+    before = reader.read()
+    torch.randn(1, dtype=torch.float64)  # returns the cached one: only the cache moves
+    assert drawn_from(before, reader.read()) == ("torch",)
+
+
 def test_torch_random_state_comes_back_whatever_default_device_a_cell_set():
     encoded = encode_rng(rng_states())
     expected = torch.rand(3)
