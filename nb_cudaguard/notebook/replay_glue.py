@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import html
 import os
+import re
 import sys
 import time
 import types
@@ -33,7 +34,7 @@ from ..replay.analysis import CellFacts, analyse_cell, runnable_source
 from ..replay.definitions import HOLDER, KeptDefinitions
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
-from ..replay.planner import Plan, joined, plan_replay, with_records
+from ..replay.planner import Plan, joined, plan_replay, with_records, with_unrepeatable
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
@@ -223,7 +224,7 @@ def make_plan(
     plan = plan_replay(
         facts,
         saved.failing,
-        set(shell.user_ns),
+        {n for n in shell.user_ns if n in restored or not _OUTPUTS.fullmatch(n)},
         failed,
         restored=restored,
         after_failure=after_failure,
@@ -231,7 +232,22 @@ def make_plan(
         changed_here=changed_here,
         fresh=[n for n in restored if _from_module(shell.user_ns.get(n)) in own],
     )
-    return with_records(plan, facts, [c.record for c in cells])
+    plan = with_records(plan, facts, [c.record for c in cells])
+    sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]
+    return with_unrepeatable(plan, facts, sets_here, _orders_vary())
+
+
+def _orders_vary() -> bool:
+    """Whether a set of strings may be ordered otherwise than in the previous kernel: unless
+    ``PYTHONHASHSEED`` fixes string hashing (the kernel's environment, which a restart keeps),
+    every process draws its own secret."""
+    seed = os.environ.get("PYTHONHASHSEED", "random")
+    return not seed.isdigit()
+
+
+# IPython's output history (``_``, ``__``, ``___``, ``_3``, ``Out``, ``_oh``): this kernel's,
+# not the previous one's; a replayed cell that shows a value binds ``_`` again.
+_OUTPUTS = re.compile(r"_{1,3}|_\d+|Out|_oh")
 
 
 def _from_module(value: Any) -> str | None:

@@ -50,7 +50,9 @@ import ast
 import builtins
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from .unrepeatable import Unrepeatable, unrepeatable
 
 # Methods that only read their object: a statement calling one displays, it does not mutate.
 READ_ONLY_METHODS = frozenset(
@@ -179,6 +181,9 @@ _DISPLAYS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
 Transform = Callable[[str], str]
 
 
+_REPEATABLE = Unrepeatable()
+
+
 @dataclass(frozen=True)
 class CellFacts:
     """What a cell needs and changes in the user namespace."""
@@ -213,6 +218,8 @@ class CellFacts:
     # Changed through ``.data`` or ``.numpy()`` (``t.numpy()[i] = v``), which a tensor's version
     # counter does not count: the run-time record cannot see the change, so it cannot overrule.
     untracked: frozenset[str] = frozenset()
+    # what it reads that a run in a new process cannot read the same (a set's order, the clock)
+    unrepeatable: Unrepeatable = _REPEATABLE
 
 
 @dataclass(frozen=True)
@@ -1042,7 +1049,7 @@ def analyse(source: str, transform: Transform | None = None) -> CellFacts:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return CellFacts(opaque="its source does not parse")
-    return _facts(tree, transform)
+    return _facts(tree, transform, source)
 
 
 def analyse_cell(raw: str, transform: Transform) -> CellFacts:
@@ -1052,7 +1059,20 @@ def analyse_cell(raw: str, transform: Transform) -> CellFacts:
     tree = parse_cell(raw, transform)
     if tree is None:
         return CellFacts(opaque="its source does not parse")
-    return _facts(tree, transform)
+    return _facts(tree, transform, raw)
+
+
+def _shows_a_value(tree: ast.Module, raw: str) -> bool:
+    """Whether the cell ends in an expression whose value IPython shows (and keeps as ``_``):
+    not one ended by ``;``, nor a call to ``print`` or ``display``, which return None."""
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return False
+    value = tree.body[-1].value
+    if isinstance(value, ast.Call):
+        func = value.func
+        if getattr(func, "id", None) in ("print", "display") or _ipython_call(value) is not None:
+            return False  # (a magic's value: mostly None, ``%time``'s and ``%matplotlib``'s)
+    return not raw.rstrip().endswith(";")
 
 
 # A line that starts with an escape, or assigns one: most likely IPython syntax.
@@ -1126,11 +1146,14 @@ def quick_transform(raw: str) -> str | None:
     return "\n".join(out) + "\n"
 
 
-def _facts(tree: ast.Module, transform: Transform | None) -> CellFacts:
+def _facts(tree: ast.Module, transform: Transform | None, text: str) -> CellFacts:
     visitor = _CellVisitor(transform)
     for statement in tree.body:
         visitor.visit(statement)
-    return visitor.c.facts()
+    facts = visitor.c.facts()
+    if _shows_a_value(tree, text):  # IPython's displayhook binds ``_`` to what it shows
+        facts = replace(facts, defines=facts.defines | {"_"})
+    return replace(facts, unrepeatable=unrepeatable(tree))
 
 
 # Lines a replay never runs again: our own commands (a restart, a replay), loading extensions,

@@ -71,8 +71,14 @@ class Plan:
     # user's change, not the state before the failure.
     from_yours: tuple[str, ...] = ()
     # Cells that failed when they ran, after binding or changing names the plan rebuilds: not
-    # run again (they would fail again), so those names lack what they did. (index, names)
-    failed_changes: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # run again (they would fail again), so those names lack what they did; and the names the
+    # plan's later cells build from them, which differ with them. (index, names, built from)
+    failed_changes: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = ()
+    # What the cells it runs read that a new process cannot read the same (replay/unrepeatable.py):
+    # (cell, what it reads: a set in its order, the clock...) and the names they, and the
+    # cells built on them, make.
+    unrepeatable: tuple[tuple[int, str], ...] = ()
+    unrepeatable_names: tuple[str, ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -345,7 +351,9 @@ class _Planner:
             found |= {n for n, sources in links.items() if sources & yours}
         return tuple(sorted(found - yours))
 
-    def _failed_changes(self, steps: Sequence[Step]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    def _failed_changes(
+        self, steps: Sequence[Step]
+    ) -> tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...]:
         rebuilt = self._rebuilt(steps)
         chosen = {s.index for s in steps}
         found = []
@@ -357,7 +365,24 @@ class _Planner:
                 n for n in facts.defines - facts.imports if n in rebuilt and rebuilt[n] < index
             )
             if names:
-                found.append((index, tuple(names)))
+                found.append((index, tuple(names), self._built_from(names, steps, index)))
+        return tuple(found)
+
+    def _built_from(
+        self, names: Sequence[str], steps: Sequence[Step], after: int
+    ) -> tuple[str, ...]:
+        """The names the plan's cells after ``after`` build from ``names`` (``total =
+        sum(rows)``), and from those in turn: they differ with them."""
+        followed, found = set(names), []
+        for step in steps:
+            facts = self.facts[step.index]
+            if step.failing or step.index <= after or not facts.uses & followed:
+                continue
+            made = {n for n, sources in facts.links.items() if sources & followed}
+            made |= {n for n, held in facts.stores.items() if held & followed}
+            made -= followed | set(step.keeps) | facts.imports | facts.callables
+            followed |= made
+            found += sorted(made)
         return tuple(found)
 
     def _mark_stale(self, name: str, why: str) -> bool:
@@ -688,3 +713,38 @@ def with_records(
     rebuilt = {n for s in plan.steps for n in facts[s.index].defines}
     unseen = {n for r in records if r is not None for n in r.unseen} & rebuilt
     return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)))
+
+
+def with_unrepeatable(
+    plan: Plan,
+    facts: Sequence[CellFacts],
+    sets_here: Collection[str] = (),
+    orders_vary: bool = True,
+) -> Plan:
+    """``plan``, saying which of its cells read what a new process cannot read the same: the
+    clock, the process's id, the OS's randomness; and, where ``orders_vary`` (string hashing
+    is not fixed), a set in its order (one they build, or a name that holds one: bound to a
+    set by an earlier cell, or ``sets_here``, the namespace's); and which names the plan
+    rebuilds follow them: what those cells bind or change, and what the plan's later cells
+    build from that."""
+    sets = set(sets_here)
+    for cell in facts[: plan.steps[-1].index]:
+        sets |= cell.unrepeatable.sets
+    chosen = {s.index: s for s in plan.steps if not s.failing}
+    found: list[tuple[int, str]] = []
+    names: set[str] = set()
+    for index in sorted(chosen):
+        cell = facts[index]
+        reads = cell.unrepeatable
+        why = [reads.varying] if reads.varying else []
+        if orders_vary and (reads.builds or reads.iterated & sets):
+            why.append("reads a set in its order")
+        if why:
+            found.append((index, "; ".join(why)))
+            made = set(cell.defines | cell.mutates)  # which of them follow, its text cannot say
+        else:  # built from those: by its links
+            made = {n for n, sources in cell.links.items() if sources & names}
+            made |= {n for n, held in cell.stores.items() if held & names}
+        made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
+        names |= made
+    return replace(plan, unrepeatable=tuple(found), unrepeatable_names=tuple(sorted(names)))

@@ -105,7 +105,8 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
                 f"{cell_label(cells[i])} failed when it ran, after it bound or changed "
                 f"{', '.join(names[:12])}: it is not run again, so "
                 f"{'that name lacks' if len(names) == 1 else 'those names lack'} what it did"
-                for i, names in plan.failed_changes
+                + (f", and so do {', '.join(built[:12])}, built from it later" if built else "")
+                for i, names, built in plan.failed_changes
             )
         )
     if plan.overwritten:
@@ -118,6 +119,14 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
         notes.append(
             f"{labels} draw random numbers with no seed set before: what they draw differs "
             "from the previous kernel's"
+        )
+    if plan.unrepeatable_names:
+        what = "; ".join(f"{cell_label(cells[i])} {why}" for i, why in plan.unrepeatable[:12])
+        if "a set" in what:
+            what += " (a set's order follows each process's string hashing, PYTHONHASHSEED)"
+        notes.append(
+            f"{what}: run again in this process, these may differ: "
+            + ", ".join(plan.unrepeatable_names[:12])
         )
     if plan.unrecorded:
         labels = ", ".join(cell_label(cells[i]) for i in plan.unrecorded[:12])

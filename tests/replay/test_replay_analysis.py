@@ -466,3 +466,19 @@ def test_a_change_through_data_or_numpy_is_one_no_version_counter_sees(shell, ce
 
 def test_a_plain_change_in_place_is_one_a_version_counter_sees(shell):
     assert not _facts(shell, "t[0] = 1\nt.mul_(2)").untracked
+
+
+@pytest.mark.parametrize(
+    ("cell", "shows"),
+    [
+        ("sorted(base)", True),
+        ("x = 1\nx + 1", True),
+        ("sorted(base);", False),
+        ("print(base)", False),
+        ("x = 1", False),
+        ("%time f(a)", False),
+    ],
+)
+def test_a_cell_that_shows_a_value_binds_underscore(shell, cell: str, shows: bool):
+    # IPython's displayhook keeps what a cell shows as ``_``: a replayed cell shows it again.
+    assert ("_" in _facts(shell, cell).defines) is shows

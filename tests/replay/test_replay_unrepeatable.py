@@ -1,0 +1,124 @@
+"""What a replay cannot make the same (replay/unrepeatable.py): a set read in its order, the clock,
+the process, the OS's randomness; and which names a plan rebuilds from them
+(planner.with_unrepeatable). Pure: cells' texts in, facts and plans out."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from nb_cudaguard.replay.analysis import analyse
+from nb_cudaguard.replay.planner import plan_replay, with_unrepeatable
+from nb_cudaguard.replay.unrepeatable import unrepeatable
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "chars = list(set(data))",
+        "for w in {w.lower() for w in words}:\n    out.append(w)",
+        "itos = [w for w in set(tokens)]",
+        "order = dict.fromkeys(frozenset(names))",
+        "joined = ' '.join(set(words))",
+        "first = [*{'a', 'b', 'c'}]",
+        "both = list(set(a) | set(b))",
+        "common = list(set(a).intersection(b))",
+        "ids = torch.tensor(list(set(labels)))",
+    ],
+)
+def test_a_set_built_here_and_read_in_order_is_found(code):
+    assert unrepeatable(ast.parse(code)).builds
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "chars = sorted(set(data))",
+        "n = len(set(data))",
+        "lowered = {w.lower() for w in set(words)}",
+        "seen = set(words) | set(more)",
+        "ok = 'a' in set(words)",
+        "biggest = max(set(scores))",
+        "small = list({1, 2, 3})",  # numbers: their order does not change
+        "print(set(words))",
+        "same = set(a) == set(b)",
+        "sub = set(a).issubset(b)",
+    ],
+)
+def test_a_set_read_in_no_order_is_not_found(code):
+    assert not unrepeatable(ast.parse(code)).builds
+
+
+def test_names_bound_to_sets_and_names_read_in_order():
+    found = unrepeatable(ast.parse("vocab = set()\nseen: set = {'a', 'b'}\nitos = list(vocab)"))
+    assert found.sets == {"vocab", "seen"}
+    assert "vocab" in found.iterated
+    popped = unrepeatable(ast.parse("item = pool.pop()"))
+    assert popped.iterated == {"pool"}
+
+
+@pytest.mark.parametrize(
+    ("code", "read"),
+    [
+        ("started = time.time()", "the clock"),
+        ("stamp = datetime.datetime.now().isoformat()", "the clock"),
+        ("today = date.today()", "the clock"),
+        ("from time import perf_counter\nt0 = perf_counter()", "the clock"),
+        ("run_id = uuid.uuid4().hex", "the OS's randomness"),
+        ("salt = os.urandom(8)", "the OS's randomness"),
+        ("me = os.getpid()", "the process's id"),
+        ("out = tempfile.mkdtemp()", "a temporary path"),
+    ],
+)
+def test_values_that_differ_by_nature_are_found(code, read):
+    assert read in unrepeatable(ast.parse(code)).varying
+
+
+@pytest.mark.parametrize(
+    "code", ["t = trainer.time()", "x = model.now", "d = os.path.join('a', 'b')", "t = 5"]
+)
+def test_other_calls_of_the_same_names_are_not(code):
+    assert not unrepeatable(ast.parse(code)).varying
+
+
+def _plan(cells: list[str], present: set[str] = frozenset(), **options):
+    facts = [analyse(c) for c in cells]
+    plan = plan_replay(facts, len(cells) - 1, present)
+    return with_unrepeatable(plan, facts, **options)
+
+
+def test_the_plan_names_what_follows_a_sets_order_and_what_is_built_from_it():
+    plan = _plan(
+        [
+            "data = 'hello world'",
+            "chars = list(set(data))\nn = len(data)",
+            "char_to_ix = {c: i for i, c in enumerate(chars)}\nsize = n * 2",
+            "print(char_to_ix, size)",
+        ]
+    )
+    assert [i for i, _ in plan.unrepeatable] == [1]
+    # The reading cell's names all (its text cannot say which follow the order: ``n`` too, and
+    # ``size`` built from it); a later cell's only where built from them.
+    assert plan.unrepeatable_names == ("char_to_ix", "chars", "n", "size")
+
+
+def test_a_set_held_in_a_name_counts_where_an_earlier_cell_or_the_namespace_holds_it():
+    cells = ["vocab = set(text.split())", "first = list(vocab)[:3]", "print(first)"]
+    # (``vocab`` is a set: equal to the one before, whatever its order)
+    assert _plan(cells, {"text"}).unrepeatable_names == ("first",)
+    kept = _plan(["first = list(vocab)[:3]", "print(first)"], {"vocab"}, sets_here={"vocab"})
+    assert kept.unrepeatable_names == ("first",)
+    unknown = _plan(["first = list(vocab)[:3]", "print(first)"], {"vocab"})
+    assert unknown.unrepeatable_names == ()
+
+
+def test_with_string_hashing_fixed_only_what_differs_by_nature_is_named():
+    cells = [
+        "import time\nstarted = time.time()",
+        "chars = list(set('abc'))",
+        "print(chars, started)",
+    ]
+    plan = _plan(cells, orders_vary=False)
+    assert plan.unrepeatable == ((0, "time.time() reads the clock"),)
+    assert plan.unrepeatable_names == ("started",)
