@@ -70,7 +70,8 @@ SETUP_CALLS = frozenset(
     {
         "manual_seed", "manual_seed_all", "seed", "set_seed", "seed_everything", "chdir",
         "set_default_dtype", "set_default_device", "use_deterministic_algorithms", "putenv",
-        "set_float32_matmul_precision",
+        "set_float32_matmul_precision", "seterr", "set_printoptions", "setrecursionlimit",
+        "set_option", "setswitchinterval",
     }
 )  # fmt: skip
 # Calls that draw from a random generator (torch's, NumPy's, ``random``'s), by function name: a

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
 from .record import CellRecord
+from .unrepeatable import Unrepeatable
 
 
 @dataclass(frozen=True)
@@ -723,28 +724,47 @@ def with_unrepeatable(
 ) -> Plan:
     """``plan``, saying which of its cells read what a new process cannot read the same: the
     clock, the process's id, the OS's randomness; and, where ``orders_vary`` (string hashing
-    is not fixed), a set in its order (one they build, or a name that holds one: bound to a
-    set by an earlier cell, or ``sets_here``, the namespace's); and which names the plan
-    rebuilds follow them: what those cells bind or change, and what the plan's later cells
-    build from that."""
-    sets = set(sets_here)
-    for cell in facts[: plan.steps[-1].index]:
-        sets |= cell.unrepeatable.sets
+    is not fixed), a set in its order (one they build, a name that holds one: bound to a set by
+    an earlier cell, or ``sets_here``, the namespace's; or an attribute some cell binds to a
+    set); or call a notebook function or class that does; and which names the plan rebuilds
+    follow them: what those cells bind or change, and what the plan's later cells build from
+    that."""
+    before = facts[: plan.steps[-1].index]
+    sets = set(sets_here).union(*(c.unrepeatable.sets for c in before))
+    attributes = set().union(*(c.unrepeatable.attribute_sets for c in before))
+
+    def why(reads: Unrepeatable, inner: bool) -> list[str]:
+        varying = reads.varying_when_called if inner else reads.varying
+        found = [varying] if varying else []
+        if orders_vary:
+            builds = reads.builds_when_called if inner else reads.builds
+            found += [builds] if builds else []
+            if not inner:
+                found += [f"reads {n}, a set, in order" for n in sorted(reads.iterated & sets)]
+            read = reads.attributes_iterated_when_called if inner else reads.attributes_iterated
+            found += [f"reads .{a}, a set, in order" for a in sorted(read & attributes)]
+        return found
+
+    # The notebook's functions and classes that read one when called, and what they read.
+    callables: dict[str, str] = {}
+    for cell in before:
+        inner = why(cell.unrepeatable, inner=True)
+        callables.update(dict.fromkeys(cell.callables, "; ".join(inner)) if inner else {})
     chosen = {s.index: s for s in plan.steps if not s.failing}
     found: list[tuple[int, str]] = []
     names: set[str] = set()
     for index in sorted(chosen):
         cell = facts[index]
-        reads = cell.unrepeatable
-        why = [reads.varying] if reads.varying else []
-        if orders_vary and (reads.builds or reads.iterated & sets):
-            why.append("reads a set in its order")
-        if why:
-            found.append((index, "; ".join(why)))
+        reasons = why(cell.unrepeatable, inner=False)
+        reasons += [
+            f"calls {n}(), which {callables[n]}" for n in sorted(cell.calls) if n in callables
+        ]
+        if reasons:
+            found.append((index, "; ".join(reasons)))
             made = set(cell.defines | cell.mutates)  # which of them follow, its text cannot say
         else:  # built from those: by its links
             made = {n for n, sources in cell.links.items() if sources & names}
             made |= {n for n, held in cell.stores.items() if held & names}
-        made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
+        made -= cell.imports | cell.callables | cell.unrepeatable.sets | set(chosen[index].keeps)
         names |= made
     return replace(plan, unrepeatable=tuple(found), unrepeatable_names=tuple(sorted(names)))

@@ -122,8 +122,9 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
         )
     if plan.unrepeatable_names:
         what = "; ".join(f"{cell_label(cells[i])} {why}" for i, why in plan.unrepeatable[:12])
-        if "a set" in what:
-            what += " (a set's order follows each process's string hashing, PYTHONHASHSEED)"
+        if " in order" in what or "string hashing" in what:
+            what += " (a set's order and a string's hash follow each process's string hashing, "
+            what += "PYTHONHASHSEED)"
         notes.append(
             f"{what}: run again in this process, these may differ: "
             + ", ".join(plan.unrepeatable_names[:12])

@@ -55,6 +55,16 @@ class Unrepeatable:
     iterated: frozenset[str] = frozenset()
     sets: frozenset[str] = frozenset()  # names it binds to a set
     varying: str = ""  # what it reads that differs by nature (``time.time()``: the clock)
+    # What the functions and classes it defines read of either kind, when called (``def
+    # vocab_of(text): return list(set(text))``): what their callers make may differ.
+    builds_when_called: str = ""
+    varying_when_called: str = ""
+    # The same for sets held in attributes (``self.vocab = set()``, then ``list(tok.vocab)``),
+    # by the attribute's name: those it binds to a set, those it reads in order (at the top
+    # level, and in its functions' bodies).
+    attribute_sets: frozenset[str] = frozenset()
+    attributes_iterated: frozenset[str] = frozenset()
+    attributes_iterated_when_called: frozenset[str] = frozenset()
 
 
 def unrepeatable(tree: ast.AST) -> Unrepeatable:
@@ -65,6 +75,11 @@ def unrepeatable(tree: ast.AST) -> Unrepeatable:
         frozenset(finder.iterated),
         frozenset(finder.sets),
         "; ".join(dict.fromkeys(finder.varying)),
+        "; ".join(dict.fromkeys(finder.inner_builds)),
+        "; ".join(dict.fromkeys(finder.inner_varying)),
+        frozenset(finder.attribute_sets),
+        frozenset(finder.attributes[0]),
+        frozenset(finder.attributes[1]),
     )
 
 
@@ -94,11 +109,21 @@ class _Finder(ast.NodeVisitor):
         self.iterated: set[str] = set()
         self.sets: set[str] = set()
         self.varying: list[str] = []
+        self.inner_builds: list[str] = []  # the same in its functions' and classes' bodies
+        self.inner_varying: list[str] = []
+        self.depth = 0  # in how many function or class bodies the visit is
+        self.attribute_sets: set[str] = set()
+        self.attributes: tuple[set[str], set[str]] = (set(), set())  # (top level, in bodies)
 
     def _ordered(self, node: ast.AST) -> None:
         """``node`` is read in order: where it is a set built here, or a name, note it."""
         if _is_set(node):
-            self.builds.append(f"reads {ast.unparse(node)[:40]} in order")
+            read = f"reads {ast.unparse(node)[:40]} in order"
+            (self.inner_builds if self.depth else self.builds).append(read)
+        elif isinstance(node, ast.Attribute):
+            self.attributes[bool(self.depth)].add(node.attr)
+        elif self.depth:
+            return  # a name in a function's body: its own local, or a global: not known here
         elif isinstance(node, ast.Name):
             self.iterated.add(node.id)
         elif (
@@ -109,14 +134,29 @@ class _Finder(ast.NodeVisitor):
         ):
             self.iterated.add(node.func.value.id)  # ``vocab.union(x)`` read in order
 
+    def visit_FunctionDef(
+        self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef
+    ) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
+
     def visit_Assign(self, node: ast.Assign) -> None:
         if _is_set(node.value):
-            self.sets.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            if not self.depth:
+                self.sets.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            self.attribute_sets.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if node.value is not None and _is_set(node.value) and isinstance(node.target, ast.Name):
-            self.sets.add(node.target.id)
+        target = node.target
+        if node.value is not None and _is_set(node.value):
+            if isinstance(target, ast.Name) and not self.depth:
+                self.sets.add(target.id)
+            elif isinstance(target, ast.Attribute):
+                self.attribute_sets.add(target.attr)
         self.generic_visit(node)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
@@ -142,16 +182,20 @@ class _Finder(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        name = func.id if isinstance(func, ast.Name) else None
+        if name == "hash" and node.args:  # a string's hash is salted as a set's order is
+            text = f"{ast.unparse(node)[:40]} follows string hashing"
+            (self.inner_builds if self.depth else self.builds).append(text)
         read = _varying(func)
         if read is not None:
-            self.varying.append(f"{ast.unparse(func)}() reads {read}")
-        name = func.id if isinstance(func, ast.Name) else None
+            varying = f"{ast.unparse(func)}() reads {read}"
+            (self.inner_varying if self.depth else self.varying).append(varying)
         unordered = name in _UNORDERED_READERS
         if isinstance(func, ast.Attribute):
             # A set from sets: the question moves to where it is read.
             from_sets = func.attr in _SET_METHODS and _is_set(func.value)
             unordered = func.attr in _SET_TESTS or from_sets
-            if func.attr == "pop" and not node.args and isinstance(func.value, ast.Name):
+            if func.attr == "pop" and not node.args:
                 self._ordered(func.value)  # ``s.pop()``: which item depends on the order
         if not unordered:
             for argument in node.args:

@@ -152,3 +152,52 @@ def test_an_early_stopping_state_and_a_best_state_dict(server, server_kernel, re
     )
     fp = "{'best': best, 'bad': bad, 'w': net.weight.sum().item()}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_tokenizer_class_keeping_its_vocabulary_in_a_set(server, server_kernel, restore):
+    kid, pid = server_kernel
+    cells = (
+        "class CharTokenizer:\n    def __init__(self, text):\n        self.chars = set(text)\n"
+        "        self.stoi = {c: i for i, c in enumerate(self.chars)}\n"
+        "    def encode(self, s):\n        return [self.stoi[c] for c in s]",
+        "tok = CharTokenizer('hello world from a notebook')",
+        "ids = tok.encode('hello')",
+    )
+    fp = "{'tok': tok.stoi, 'ids': ids}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+def test_numpy_and_python_process_settings(server, server_kernel):
+    kid, pid = server_kernel
+    cells = (
+        "import numpy as np, sys\nnp.seterr(divide='ignore')\nnp.set_printoptions(precision=2)",
+        "sys.setrecursionlimit(5000)",
+        "shown = np.array2string(np.array([1 / 3]))",
+    )
+    fp = (
+        "{'seterr': np.geterr()['divide'], 'set_printoptions': np.get_printoptions()['precision'],"
+        " 'setrecursionlimit': sys.getrecursionlimit(), 'shown': shown}"
+    )
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
+
+
+@ALL
+def test_a_class_edited_after_an_instance_was_made(server, server_kernel, restore):
+    kid, pid = server_kernel
+    cells = (
+        "class Head:\n    scale = 1\n    def out(self, x):\n        return x * self.scale",
+        "old = Head()",
+        "class Head:\n    scale = 3\n    def out(self, x):\n        return x * self.scale + 1",
+        "new = Head()",
+    )
+    fp = "{'old': old.out(2), 'new': new.out(2), 'same': type(old) is type(new)}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_string_hash_kept_as_a_key(server, server_kernel, restore):
+    kid, pid = server_kernel
+    cells = ("names = ['ada', 'bob']", "buckets = {n: hash(n) % 8 for n in names}")
+    fp = "{'buckets': buckets}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))

@@ -97,7 +97,7 @@ def test_the_plan_names_what_follows_a_sets_order_and_what_is_built_from_it():
             "print(char_to_ix, size)",
         ]
     )
-    assert [i for i, _ in plan.unrepeatable] == [1]
+    assert plan.unrepeatable == ((1, "reads set(data) in order"),)
     # The reading cell's names all (its text cannot say which follow the order: ``n`` too, and
     # ``size`` built from it); a later cell's only where built from them.
     assert plan.unrepeatable_names == ("char_to_ix", "chars", "n", "size")
@@ -105,6 +105,7 @@ def test_the_plan_names_what_follows_a_sets_order_and_what_is_built_from_it():
 
 def test_a_set_held_in_a_name_counts_where_an_earlier_cell_or_the_namespace_holds_it():
     cells = ["vocab = set(text.split())", "first = list(vocab)[:3]", "print(first)"]
+    assert _plan(cells, {"text"}).unrepeatable == ((1, "reads vocab, a set, in order"),)
     # (``vocab`` is a set: equal to the one before, whatever its order)
     assert _plan(cells, {"text"}).unrepeatable_names == ("first",)
     kept = _plan(["first = list(vocab)[:3]", "print(first)"], {"vocab"}, sets_here={"vocab"})
@@ -122,3 +123,36 @@ def test_with_string_hashing_fixed_only_what_differs_by_nature_is_named():
     plan = _plan(cells, orders_vary=False)
     assert plan.unrepeatable == ((0, "time.time() reads the clock"),)
     assert plan.unrepeatable_names == ("started",)
+
+
+def test_what_calls_a_notebook_function_or_class_that_reads_a_set_is_named():
+    plan = _plan(
+        [
+            "data = 'to be or not'",
+            "def vocab_of(text):\n    return list(set(text))",
+            "class Tok:\n    def __init__(self, text):\n        self.vocab = set(text)\n"
+            "    def itos(self):\n        return list(self.vocab)",
+            "chars = vocab_of(data)\nsize = len(data)",
+            "tok = Tok(data)",
+            "first = list(tok.vocab)[:2]",
+            "print(chars, tok, first, size)",
+        ]
+    )
+    reasons = dict(plan.unrepeatable)
+    assert "calls vocab_of(), which reads set(text) in order" in reasons[3]
+    assert "calls Tok(), which reads .vocab, a set, in order" in reasons[4]
+    assert "reads .vocab, a set, in order" in reasons[5]  # an attribute a cell binds to a set
+    # (and ``data``, which the text takes for changed by ``Tok(data)``: a run's record says not)
+    assert {"chars", "first", "size", "tok"} <= set(plan.unrepeatable_names)
+
+
+def test_a_function_reading_the_clock_is_named_where_called():
+    plan = _plan(["import time\ndef stamp():\n    return time.time()", "t = stamp()", "print(t)"])
+    assert plan.unrepeatable == ((1, "calls stamp(), which time.time() reads the clock"),)
+    assert plan.unrepeatable_names == ("t",)
+
+
+def test_a_strings_hash_kept_is_named_where_string_hashing_varies():
+    cells = ["names = ['ada']", "buckets = {n: hash(n) % 8 for n in names}", "print(buckets)"]
+    assert _plan(cells).unrepeatable_names == ("buckets",)
+    assert _plan(cells, orders_vary=False).unrepeatable_names == ()
