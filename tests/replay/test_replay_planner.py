@@ -86,7 +86,7 @@ CASES = [
     ),
     Case(
         "a-call-on-a-module-changes-no-object",
-        ["import numpy as np", "np.set_printoptions(precision=3)", "b = np.zeros(2)", "b[5]"],
+        ["import numpy as np", "np.testing.assert_equal(1, 1)", "b = np.zeros(2)", "b[5]"],
         [0, 2, 3],
     ),
     Case(
