@@ -30,11 +30,19 @@ from ..diagnosis.render import (
     inline_html,
     note_html,
 )
-from ..replay.analysis import CellFacts, analyse_cell, runnable_source
+from ..replay.analysis import CellFacts, analyse_cell, parse_cell, runnable_source
 from ..replay.definitions import HOLDER, KeptDefinitions
+from ..replay.files import file_uses
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
-from ..replay.planner import Plan, joined, plan_replay, with_records, with_unrepeatable
+from ..replay.planner import (
+    Plan,
+    joined,
+    plan_replay,
+    with_files,
+    with_records,
+    with_unrepeatable,
+)
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
@@ -234,7 +242,9 @@ def make_plan(
     )
     plan = with_records(plan, facts, [c.record for c in cells])
     sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]
-    return with_unrepeatable(plan, facts, sets_here, _orders_vary())
+    plan = with_unrepeatable(plan, facts, sets_here, _orders_vary())
+    trees = [parse_cell(runnable_source(c.source), transform) for c in cells]
+    return with_files(plan, facts, file_uses(trees))
 
 
 def _orders_vary() -> bool:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import builtins
 from bisect import bisect_left
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
+from .files import FileUse
 from .record import CellRecord
 from .unrepeatable import Unrepeatable
 
@@ -80,6 +81,8 @@ class Plan:
     # cells built on them, make.
     unrepeatable: tuple[tuple[int, str], ...] = ()
     unrepeatable_names: tuple[str, ...] = ()
+    # Files the cells it runs leave otherwise than the previous kernel did: (path, how).
+    files_changed: tuple[tuple[str, str], ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -768,3 +771,62 @@ def with_unrepeatable(
         made -= cell.imports | cell.callables | cell.unrepeatable.sets | set(chosen[index].keeps)
         names |= made
     return replace(plan, unrepeatable=tuple(found), unrepeatable_names=tuple(sorted(names)))
+
+
+def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) -> Plan:
+    """``plan``, saying also which of its cells find a file otherwise than when they first ran
+    (``uses``: each cell's, ``files.file_uses``), and which files it leaves otherwise than the
+    previous kernel did. A cell reads what the last cell to write the path before it wrote: in
+    the replay, the last of the plan's cells before it; where none, the last cell of the
+    previous kernel's. What a cell that finds a file otherwise makes may differ, and so does
+    what the plan's later cells build from it. A path appended to by a cell run again holds
+    those lines twice."""
+    failing = plan.steps[-1].index
+    chosen = {s.index: s for s in plan.steps if not s.failing}
+
+    def writers(path: str, cells: Iterable[int]) -> list[int]:
+        return [j for j in cells if path in uses[j].writes | uses[j].appends]
+
+    def left_by(path: str, before: int) -> tuple[int | None, bool]:
+        """The cell whose write a reader at ``before`` finds in the replay, and whether the
+        replay appended to the path by then."""
+        replayed = writers(path, (j for j in sorted(chosen) if j < before))
+        if replayed:
+            return replayed[-1], any(path in uses[j].appends for j in replayed)
+        last = writers(path, range(failing))
+        return (last[-1] if last else None), False
+
+    found = dict(plan.unrepeatable)
+    names = set(plan.unrepeatable_names)
+    for index in sorted(chosen):
+        cell = facts[index]
+        why = []
+        for path in sorted(uses[index].reads):
+            first = writers(path, range(index))
+            writer, appended = left_by(path, index)
+            if appended:
+                why.append(f"reads {path}, which a cell run again appended to again")
+            elif writer != (first[-1] if first else None):
+                why.append(f"reads {path}, which a later cell wrote over since it first ran")
+        if why:
+            found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
+            made = set(cell.defines | cell.mutates) - cell.imports - cell.callables
+        else:
+            made = {n for n, sources in cell.links.items() if sources & names}
+        names |= made - set(chosen[index].keeps)
+    changed = []
+    for path in sorted({p for j in chosen for p in uses[j].writes | uses[j].appends}):
+        writer, appended = left_by(path, failing)
+        last = writers(path, range(failing))[-1]
+        if appended:
+            changed.append(
+                (path, "appended to again by a cell run again (it holds those lines twice)")
+            )
+        elif writer != last:
+            changed.append((path, "written again by a cell run again, not as later cells left it"))
+    return replace(
+        plan,
+        unrepeatable=tuple(sorted(found.items())),
+        unrepeatable_names=tuple(sorted(names)),
+        files_changed=tuple(changed),
+    )

@@ -129,6 +129,11 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             f"{what}: run again in this process, these may differ: "
             + ", ".join(plan.unrepeatable_names[:12])
         )
+    if plan.files_changed:
+        notes.append(
+            "files the replay leaves otherwise than the previous kernel did: "
+            + "; ".join(f"{path}, {how}" for path, how in plan.files_changed)
+        )
     if plan.unrecorded:
         labels = ", ".join(cell_label(cells[i]) for i in plan.unrecorded[:12])
         notes.append(

@@ -201,3 +201,30 @@ def test_a_string_hash_kept_as_a_key(server, server_kernel, restore):
     cells = ("names = ['ada', 'bob']", "buckets = {n: hash(n) % 8 for n in names}")
     fp = "{'buckets': buckets}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_checkpoint_loaded_then_overwritten_by_a_later_cell(server, server_kernel, restore):
+    # The replay loads the file as the later cell left it: the fine-tuned weights, not the
+    # pretrained ones the cell first loaded.
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)\ntorch.save(torch.nn.Linear(2, 1).state_dict(), "
+        "'w.pt')",
+        "net = torch.nn.Linear(2, 1)\nnet.load_state_dict(torch.load('w.pt'))",
+        "with torch.no_grad():\n    tuned = net.weight.sum().item() + 1.0\n"
+        "torch.save({'weight': torch.ones(1, 2), 'bias': torch.zeros(1)}, 'w.pt')",
+    )
+    fp = "{'net': net.weight.sum().item(), 'tuned': round(tuned, 4)}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_log_file_appended_to_and_read_back(server, server_kernel, restore):
+    kid, pid = server_kernel
+    cells = (
+        "run = 'exp1'\nwith open('train.log', 'a') as f:\n    f.write(run + ' started\\n')",
+        "seen = open('train.log').read().count('started')",
+    )
+    fp = "{'run': run, 'seen': seen}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))

@@ -1,0 +1,94 @@
+"""The files a cell reads and writes (replay/files.py), and what a plan says of files a replay
+finds otherwise than the cells first did (planner.with_files). Pure: texts in, plans out."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from nb_cudaguard.replay.analysis import analyse
+from nb_cudaguard.replay.files import file_uses
+from nb_cudaguard.replay.planner import plan_replay, with_files
+
+
+def _uses(*cells: str):
+    return file_uses([ast.parse(c) for c in cells])
+
+
+@pytest.mark.parametrize(
+    ("code", "reads", "writes", "appends"),
+    [
+        ("text = open('notes.txt').read()", {"notes.txt"}, set(), set()),
+        ("with open('log.csv', 'a') as f:\n    f.write('x')", set(), set(), {"log.csv"}),
+        ("json.dump(cfg, open('cfg.json', mode='w'))", set(), {"cfg.json"}, set()),
+        ("torch.save(model.state_dict(), 'ckpt/best.pt')", set(), {"ckpt/best.pt"}, set()),
+        ("np.save('feats.npy', x)", set(), {"feats.npy"}, set()),
+        ("w = torch.load('ckpt/./best.pt')", {"ckpt/best.pt"}, set(), set()),
+        ("df.to_csv('out.csv', mode='a')", set(), set(), {"out.csv"}),
+        ("Path('a') / 'b.txt'\nPath('a', 'b.txt').write_text('x')", set(), {"a/b.txt"}, set()),
+        ("x = np.load(os.path.join('data', 'x.npy'))", {"data/x.npy"}, set(), set()),
+        ("x = np.load(folder + name)", set(), set(), set()),  # built otherwise: not followed
+    ],
+)
+def test_paths_read_and_written_are_found(code, reads, writes, appends):
+    (use,) = _uses(code)
+    assert (use.reads, use.writes, use.appends) == (reads, writes, appends)
+
+
+def test_a_name_bound_to_a_path_in_an_earlier_cell_names_it():
+    _, second = _uses("CKPT = 'runs/model.pt'", "torch.save(net, CKPT)\nnet2 = torch.load(CKPT)")
+    assert second.writes == second.reads == {"runs/model.pt"}
+
+
+def _plan(cells: list[str], present: set[str] = frozenset()):
+    facts = [analyse(c) for c in cells]
+    plan = plan_replay(facts, len(cells) - 1, present)
+    return with_files(plan, facts, _uses(*cells))
+
+
+def test_a_file_read_before_a_later_cell_wrote_over_it_is_named():
+    plan = _plan(
+        [
+            "import torch\nnet = torch.nn.Linear(2, 2)",
+            "net.load_state_dict(torch.load('w.pt'))\nscale = 2",
+            "torch.save(net.state_dict(), 'w.pt')",
+            "print(net, scale)",
+        ]
+    )
+    assert dict(plan.unrepeatable) == {
+        1: "reads w.pt, which a later cell wrote over since it first ran"
+    }
+    assert {"net", "scale"} <= set(plan.unrepeatable_names)
+
+
+def test_a_file_appended_to_again_is_named_with_what_reads_it_later():
+    plan = _plan(
+        [
+            "epoch = 1\nwith open('log.txt', 'a') as f:\n    f.write('epoch 1\\n')",
+            "lines = open('log.txt').read().splitlines()\ncount = len(lines)",
+            "print(count, epoch)",
+        ]
+    )
+    assert plan.files_changed == (
+        ("log.txt", "appended to again by a cell run again (it holds those lines twice)"),
+    )
+    assert plan.unrepeatable_names == ("count", "lines")
+
+
+def test_files_a_replay_finds_as_they_were_say_nothing():
+    plan = _plan(["import numpy as np\nx = np.load('x.npy')", "np.save('y.npy', x)", "print(x)"])
+    assert (plan.unrepeatable, plan.files_changed) == ((), ())
+
+
+def test_a_file_written_again_by_a_cell_run_before_its_reader_is_as_it_was():
+    # The plan runs the cell that wrote w.pt first again: the reader finds what it first found.
+    cells = [
+        "import torch\nnet = torch.nn.Linear(2, 2)\ntorch.save(net.state_dict(), 'w.pt')",
+        "net.load_state_dict(torch.load('w.pt'))",
+        "torch.save({}, 'w.pt')\nlater = 1",
+        "print(net, later)",
+    ]
+    plan = _plan(cells)
+    assert plan.indices == (0, 1, 2, 3)
+    assert (plan.unrepeatable, plan.files_changed) == ((), ())
