@@ -32,9 +32,9 @@ from ..diagnosis.render import (
 )
 from ..replay.analysis import CellFacts, analyse_cell, parse_cell, runnable_source
 from ..replay.definitions import HOLDER, KeptDefinitions
-from ..replay.files import file_uses
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
+from ..replay.paths import file_uses
 from ..replay.planner import (
     Plan,
     joined,

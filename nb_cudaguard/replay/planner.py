@@ -28,7 +28,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
-from .files import FileUse
+from .paths import FileUse
 from .record import CellRecord
 from .unrepeatable import Unrepeatable
 
@@ -775,7 +775,7 @@ def with_unrepeatable(
 
 def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) -> Plan:
     """``plan``, saying also which of its cells find a file otherwise than when they first ran
-    (``uses``: each cell's, ``files.file_uses``), and which files it leaves otherwise than the
+    (``uses``: each cell's, ``paths.file_uses``), and which files it leaves otherwise than the
     previous kernel did. A cell reads what the last cell to write the path before it wrote: in
     the replay, the last of the plan's cells before it; where none, the last cell of the
     previous kernel's. What a cell that finds a file otherwise makes may differ, and so does

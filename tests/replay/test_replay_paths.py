@@ -1,4 +1,4 @@
-"""The files a cell reads and writes (replay/files.py), and what a plan says of files a replay
+"""The files a cell reads and writes (replay/paths.py), and what a plan says of files a replay
 finds otherwise than the cells first did (planner.with_files). Pure: texts in, plans out."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ast
 import pytest
 
 from nb_cudaguard.replay.analysis import analyse
-from nb_cudaguard.replay.files import file_uses
+from nb_cudaguard.replay.paths import file_uses
 from nb_cudaguard.replay.planner import plan_replay, with_files
 
 
