@@ -62,8 +62,7 @@ def main() -> None:
 
     from IPython.testing.globalipapp import get_ipython
 
-    from nb_cudaguard.notebook import replay_glue
-    from nb_cudaguard.notebook.replay_glue import make_plan
+    from nb_cudaguard.notebook.replay_glue import ReplayState, make_plan
     from nb_cudaguard.replay.history import Cell, SavedCells, load_cells, save_cells
 
     shell = get_ipython()
@@ -94,13 +93,13 @@ def main() -> None:
                 reads.append(time.perf_counter() - start)
                 assert saved is not None, why
                 again = SavedCells(saved.cells, saved.failing, created, 0)
-                replay_glue._PROCESS.facts.clear()  # the first plan, at %load_ext
+                replay = ReplayState()  # the first plan, at %load_ext: no cell analysed yet
                 start, cpu = time.perf_counter(), time.process_time()
-                plan = make_plan(shell, again)
+                plan = make_plan(shell, again, replay)
                 plans.append(time.perf_counter() - start)
                 cpus.append(time.process_time() - cpu)
                 start = time.perf_counter()  # the command or the click, later
-                make_plan(shell, again)
+                make_plan(shell, again, replay)
                 agains.append(time.perf_counter() - start)
                 chosen = len(plan.steps)
             print(

@@ -30,7 +30,7 @@ from ..diagnosis.render import (
     inline_html,
     note_html,
 )
-from ..replay.analysis import CellFacts, analyse_cell, parse_cell, runnable_source
+from ..replay.analysis import CellFacts, analyse_cell, runnable_source
 from ..replay.definitions import HOLDER, KeptDefinitions
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
@@ -243,8 +243,7 @@ def make_plan(
     plan = with_records(plan, facts, [c.record for c in cells])
     sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]
     plan = with_unrepeatable(plan, facts, sets_here, _orders_vary())
-    trees = [parse_cell(runnable_source(c.source), transform) for c in cells]
-    return with_files(plan, facts, file_uses(trees))
+    return with_files(plan, facts, file_uses([f.paths for f in facts]))
 
 
 def _orders_vary() -> bool:

@@ -52,7 +52,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .unrepeatable import Unrepeatable, unrepeatable
+from .paths import PathEvents, path_events
+from .unrepeatable import REPEATABLE, Unrepeatable, unrepeatable
 
 # Methods that only read their object: a statement calling one displays, it does not mutate.
 READ_ONLY_METHODS = frozenset(
@@ -182,9 +183,6 @@ _DISPLAYS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
 Transform = Callable[[str], str]
 
 
-_REPEATABLE = Unrepeatable()
-
-
 @dataclass(frozen=True)
 class CellFacts:
     """What a cell needs and changes in the user namespace."""
@@ -220,7 +218,8 @@ class CellFacts:
     # counter does not count: the run-time record cannot see the change, so it cannot overrule.
     untracked: frozenset[str] = frozenset()
     # what it reads that a run in a new process cannot read the same (a set's order, the clock)
-    unrepeatable: Unrepeatable = _REPEATABLE
+    unrepeatable: Unrepeatable = REPEATABLE
+    paths: PathEvents = ()  # the files it reads and writes, by path (replay/paths.py)
 
 
 @dataclass(frozen=True)
@@ -1154,7 +1153,7 @@ def _facts(tree: ast.Module, transform: Transform | None, text: str) -> CellFact
     facts = visitor.c.facts()
     if _shows_a_value(tree, text):  # IPython's displayhook binds ``_`` to what it shows
         facts = replace(facts, defines=facts.defines | {"_"})
-    return replace(facts, unrepeatable=unrepeatable(tree))
+    return replace(facts, unrepeatable=unrepeatable(tree), paths=path_events(tree, text))
 
 
 # Lines a replay never runs again: our own commands (a restart, a replay), loading extensions,

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import ast
 import posixpath
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 # Writers by their name's end, and where the path is among their arguments.
 _WRITERS = {
@@ -29,6 +30,11 @@ _READERS = {
     "read_csv": 0, "read_parquet": 0, "read_pickle": 0, "read_json": 0, "read_excel": 0,
     "read_feather": 0, "read_table": 0, "load_from_disk": 0, "read_text": -1, "read_bytes": -1,
 }  # fmt: skip
+# A cell that may read, write or name a path: it calls one of the above, or binds a string.
+_MAY_USE_PATHS = re.compile(
+    r"\b(?:open|" + "|".join(sorted(_WRITERS.keys() | _READERS.keys())) + r")\b"
+    r"|\w\s*=\s*(?:[rRbBfF]?['\"]|Path\(|os\.path\.join\()"
+)
 # ``np.save(path, x)`` but ``torch.save(x, path)``, ``joblib.dump(x, path)``.
 _PATH_FIRST = frozenset({"np", "numpy"})
 
@@ -42,37 +48,69 @@ class FileUse:
     appends: frozenset[str] = frozenset()  # added to (``open(p, "a")``, ``to_csv(mode="a")``)
 
 
-def file_uses(trees: Sequence[ast.AST | None]) -> list[FileUse]:
+_NONE = FileUse()
+
+# A path as the text spells it: its parts, each a string or, marked by _NAME, a name whose string
+# an earlier statement or cell gives.
+_Path = tuple[str, ...]
+_NAME = "\x00"
+# One cell's path events in order: ("bind", name, path or None) or ("reads" | "writes" |
+# "appends", "", path). Kept with the cell's facts; ``file_uses`` resolves them across cells.
+PathEvents = tuple[tuple[str, str, _Path | None], ...]
+
+
+def path_events(tree: ast.AST, source: str | None = None) -> PathEvents:
+    """One cell's path events; ``source``, its text, where given, spares the walk of a cell
+    that names no reader or writer and binds no string (most cells)."""
+    if source is not None and not _MAY_USE_PATHS.search(source):
+        return ()
+    finder = _Finder()
+    finder.visit(tree)
+    return tuple(finder.events)
+
+
+def file_uses(cells: Sequence[PathEvents]) -> list[FileUse]:
     """Each cell's ``FileUse``, in order: a name bound to a path in one cell names it in the
     later ones."""
     strings: dict[str, str] = {}
     found = []
-    for tree in trees:
-        finder = _Finder(strings)
-        if tree is not None:
-            finder.visit(tree)
-        found.append(
-            FileUse(frozenset(finder.reads), frozenset(finder.writes), frozenset(finder.appends))
-        )
+    for events in cells:
+        if not events:
+            found.append(_NONE)
+            continue
+        uses: dict[str, set[str]] = {"reads": set(), "writes": set(), "appends": set()}
+        for kind, name, parts in events:
+            path = _resolved(parts, strings)
+            if kind != "bind":
+                if path is not None:
+                    uses[kind].add(path)
+            elif path is None:
+                strings.pop(name, None)
+            else:
+                strings[name] = path
+        found.append(FileUse(*(frozenset(uses[k]) for k in ("reads", "writes", "appends"))))
     return found
 
 
-@dataclass
+def _resolved(parts: _Path | None, strings: dict[str, str]) -> str | None:
+    if not parts:
+        return None
+    given = [strings.get(p[1:]) if p[:1] == _NAME else p for p in parts]
+    if any(p is None for p in given):
+        return None
+    return posixpath.normpath(posixpath.join(*given))  # type: ignore[arg-type]
+
+
 class _Finder(ast.NodeVisitor):
-    strings: dict[str, str]
-    reads: set[str] = field(default_factory=set)
-    writes: set[str] = field(default_factory=set)
-    appends: set[str] = field(default_factory=set)
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, _Path | None]] = []
 
     def visit_Assign(self, node: ast.Assign) -> None:
         self.generic_visit(node)
         path = self._path(node.value)
         for target in node.targets:
             if isinstance(target, ast.Name):
-                if path is None:
-                    self.strings.pop(target.id, None)
-                else:
-                    self.strings[target.id] = path
+                self.events.append(("bind", target.id, path))
 
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
@@ -82,22 +120,17 @@ class _Finder(ast.NodeVisitor):
             self._open(node, func)
             return
         owner = func.value if isinstance(func, ast.Attribute) else None
-        for table, into in ((_WRITERS, self.writes), (_READERS, self.reads)):
+        for table, kind in ((_WRITERS, "writes"), (_READERS, "reads")):
             where = table.get(name)
             if where is None:
                 continue
             if where >= 0 and name in ("save", "dump") and _owner_name(owner) in _PATH_FIRST:
                 where = 0
-            path = (
-                self._path(owner)
-                if where < 0 and owner is not None
-                else self._argument(node, where)
-            )
+            on_owner = where < 0 and owner is not None
+            path = self._path(owner) if on_owner else self._argument(node, where)
             if path is not None:
-                if into is self.writes and _keyword(node, "mode") == "a":
-                    self.appends.add(path)
-                else:
-                    into.add(path)
+                appending = kind == "writes" and _keyword(node, "mode") == "a"
+                self.events.append(("appends" if appending else kind, "", path))
 
     def _open(self, node: ast.Call, func: ast.expr) -> None:
         on_path = isinstance(func, ast.Attribute)  # Path(p).open(mode)
@@ -108,48 +141,38 @@ class _Finder(ast.NodeVisitor):
             return
         mode = _keyword(node, "mode")
         if mode is None:
-            given = (
-                node.args[0 if on_path else 1] if len(node.args) > (0 if on_path else 1) else None
-            )
-            mode = (
-                given.value
-                if isinstance(given, ast.Constant) and isinstance(given.value, str)
-                else "r"
-            )
-        if "a" in mode:
-            self.appends.add(path)
-        elif "w" in mode or "x" in mode:
-            self.writes.add(path)
-        else:
-            self.reads.add(path)
+            at = 0 if on_path else 1
+            given = node.args[at] if len(node.args) > at else None
+            is_text = isinstance(given, ast.Constant) and isinstance(given.value, str)
+            mode = given.value if is_text else "r"  # type: ignore[union-attr]
+        kind = "appends" if "a" in mode else "writes" if "w" in mode or "x" in mode else "reads"
+        self.events.append((kind, "", path))
 
-    def _argument(self, node: ast.Call, position: int) -> str | None:
+    def _argument(self, node: ast.Call, position: int) -> _Path | None:
         given = node.args[position] if len(node.args) > position else None
         if given is None:
-            given = next(
-                (k.value for k in node.keywords if k.arg in ("f", "file", "path", "fname")), None
-            )
+            keywords = ("f", "file", "path", "fname")
+            given = next((k.value for k in node.keywords if k.arg in keywords), None)
         return self._path(given) if given is not None else None
 
-    def _path(self, node: ast.AST | None) -> str | None:
-        """The path ``node`` stands for, normalised, or None where the text cannot say."""
+    def _path(self, node: ast.AST | None) -> _Path | None:
+        """The parts of the path ``node`` stands for, or None where the text cannot say."""
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return posixpath.normpath(node.value) if node.value else None
+            return (node.value,) if node.value else None
         if isinstance(node, ast.Name):
-            return self.strings.get(node.id)
+            return (_NAME + node.id,)
         if isinstance(node, ast.Call):
             func = node.func
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-            parts: Iterable[ast.AST] = node.args
             if name in ("Path", "PurePath", "PosixPath", "join") and node.args:
-                found = [self._path(p) for p in parts]
+                found = [self._path(p) for p in node.args]
                 if all(p is not None for p in found):
-                    return posixpath.normpath(posixpath.join(*found))  # type: ignore[arg-type]
+                    return tuple(part for p in found for part in p)  # type: ignore[union-attr]
             return None
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             left, right = self._path(node.left), self._path(node.right)
             if left is not None and right is not None:
-                return posixpath.normpath(posixpath.join(left, right))
+                return left + right
         return None
 
 

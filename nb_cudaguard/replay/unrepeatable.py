@@ -67,9 +67,16 @@ class Unrepeatable:
     attributes_iterated_when_called: frozenset[str] = frozenset()
 
 
+REPEATABLE = Unrepeatable()
+
+
 def unrepeatable(tree: ast.AST) -> Unrepeatable:
     finder = _Finder()
     finder.visit(tree)
+    found = (finder.builds, finder.iterated, finder.sets, finder.varying, finder.inner_builds)
+    more = (finder.inner_varying, finder.attribute_sets, *finder.attributes)
+    if not any(found) and not any(more):
+        return REPEATABLE  # a shared value, which a plan skips at once
     return Unrepeatable(
         "; ".join(dict.fromkeys(finder.builds)),
         frozenset(finder.iterated),

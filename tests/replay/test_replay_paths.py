@@ -8,12 +8,12 @@ import ast
 import pytest
 
 from nb_cudaguard.replay.analysis import analyse
-from nb_cudaguard.replay.paths import file_uses
+from nb_cudaguard.replay.paths import file_uses, path_events
 from nb_cudaguard.replay.planner import plan_replay, with_files
 
 
 def _uses(*cells: str):
-    return file_uses([ast.parse(c) for c in cells])
+    return file_uses([path_events(ast.parse(c)) for c in cells])
 
 
 @pytest.mark.parametrize(
