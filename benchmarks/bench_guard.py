@@ -413,7 +413,7 @@ def counts(device: str, workload: Workload) -> str:
         def count(
             frame: FrameType, event: str, arg: object, wrapped: Counter[str] = wrapped
         ) -> None:
-            if event == "call" and frame.f_code.co_name in ("checked", "indexing", "synchronising"):
+            if event == "call" and frame.f_code.co_name in ("checked", "synchronising"):
                 wrapped[frame.f_code.co_name] += 1
 
         sys.setprofile(count)

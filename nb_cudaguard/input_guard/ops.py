@@ -71,8 +71,8 @@ def _class_targets(args: Args, kwargs: Kwargs) -> list[Requirement]:
     """cross_entropy's and nll_loss's class indices. A floating target (cross_entropy's class
     probabilities) is no index: any values are valid."""
     n = len(args)  # _arg inlined: this runs for every checked loss
-    logits = args[0] if n > 0 else kwargs.get("input")
-    target = args[1] if n > 1 else kwargs.get("target")
+    logits: Any = args[0] if n > 0 else kwargs.get("input")
+    target: Any = args[1] if n > 1 else kwargs.get("target")
     if not (_is_plain(logits) and _is_index(target)):
         return []
     dims = logits.dim()
@@ -164,8 +164,8 @@ _INDICES_SLOT: Slot = (1, "indices", None)
 
 def _embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
     n = len(args)  # _arg inlined: this runs for every embedding call
-    ids = args[0] if n > 0 else kwargs.get("input")
-    weight = args[1] if n > 1 else kwargs.get("weight")
+    ids: Any = args[0] if n > 0 else kwargs.get("input")
+    weight: Any = args[1] if n > 1 else kwargs.get("weight")
     return _ids(ids, weight, _INPUT_SLOT)
 
 
