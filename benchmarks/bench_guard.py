@@ -31,7 +31,10 @@ requirements are extracted and judged before the op runs, which is what a GPU te
 pays on the host (on a GPU, strict adds one host read per checked call; deferred leaves its
 summary on the device). On CPU tensors the guard's default is a shortcut instead (``cpu-op-first``:
 the CPU op runs first, since it rejects the same values itself, and the rules run only when it
-raises): reported apart, since a GPU user never gets it.
+raises): reported apart, since a GPU user never gets it. One gap: on CPU tensors the deferred
+mode judges at the call too (``deferral.HOST_VERDICTS_AT_ONCE``), so its figures are the host
+verdict's, not what a GPU's deferred call pays on the host besides (its safe values, the pending
+record and where the call was made).
 
 Bare and every mode alternate within one run (so drift and the shared machine's load hit all
 alike); each ratio is median(mode) / median(bare), and the fastest block's ratio is printed too
