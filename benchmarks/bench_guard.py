@@ -5,6 +5,7 @@
     python benchmarks/bench_guard.py --cpu-time      # CPU: by the thread's CPU time, one thread
     python benchmarks/bench_guard.py --cuda          # GPU: also CUDA_LAUNCH_BLOCKING=1 in a
                                                      # separate process (training workloads)
+    python benchmarks/bench_guard.py --cpu-time --against main  # also main's guard, side by side
 
 Workloads (models built from torch.nn only, random weights, no downloads):
 - ``tiny``: the toy classifier step of the first measurements (vocab 1000, d 64, 4 heads,
@@ -30,7 +31,10 @@ requirements are extracted and judged before the op runs, which is what a GPU te
 pays on the host (on a GPU, strict adds one host read per checked call; deferred leaves its
 summary on the device). On CPU tensors the guard's default is a shortcut instead (``cpu-op-first``:
 the CPU op runs first, since it rejects the same values itself, and the rules run only when it
-raises): reported apart, since a GPU user never gets it.
+raises): reported apart, since a GPU user never gets it. One gap: on CPU tensors the deferred
+mode judges at the call too (``deferral.HOST_VERDICTS_AT_ONCE``), so its figures are the host
+verdict's, not what a GPU's deferred call pays on the host besides (its safe values, the pending
+record and where the call was made).
 
 Bare and every mode alternate within one run (so drift and the shared machine's load hit all
 alike); each ratio is median(mode) / median(bare), and the fastest block's ratio is printed too
@@ -43,12 +47,18 @@ of the wall clock: other processes on a shared machine do not inflate it, where 
 wall-clock ratios by +-20%. It runs torch on the timed thread alone (``--threads 1``), since the
 thread's clock does not see torch's worker threads; CPU only (a GPU's work is not the host
 thread's time). A benchmark, not a timed test.
+
+``--against REV``: also the guard of git revision ``REV`` (its ``nb_cudaguard`` package, loaded
+apart as ``nb_cudaguard_then``), its rules modes in the same alternating blocks as today's, so a
+change is measured side by side under the same load; the shortcut's modes are left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import io
 import json
 import math
 import os
@@ -56,13 +66,16 @@ import platform
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -71,8 +84,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import nb_cudaguard
-from nb_cudaguard.input_guard import judge
 from nb_cudaguard.input_guard.judge import STATS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,7 @@ class Mode:
     name: str
     guard: str | None  # guard(mode=...); None: bare
     cpu_op_first: bool = False  # on CPU tensors, the shortcut (judge.TRUST_HOST_OPS)
+    package: Any = None  # whose guard: None, today's; else an earlier revision's (--against)
 
 
 BARE = Mode("bare", None)
@@ -92,8 +107,32 @@ SHORTCUT = (
 )
 
 
+# --against REV: REV's rules modes, alternating with today's (set by main)
+THEN: tuple[Mode, ...] = ()
+
+
 def modes_for(device: str) -> tuple[Mode, ...]:
+    if THEN:
+        return (BARE, *RULES, *THEN)
     return (BARE, *RULES) if device == "cuda" else (BARE, *RULES, *SHORTCUT)
+
+
+def load_revision(revision: str) -> ModuleType:
+    """``revision``'s ``nb_cudaguard``, imported apart as ``nb_cudaguard_then`` (its imports of
+    itself are relative), so its guard and today's alternate in one process."""
+    archive = subprocess.run(
+        ["git", "archive", revision, "nb_cudaguard"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    where = Path(tempfile.mkdtemp(prefix="bench_guard_"))
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(where, filter="data")
+    (where / "nb_cudaguard").rename(where / "nb_cudaguard_then")
+    sys.path.insert(0, str(where))
+    return importlib.import_module("nb_cudaguard_then")
+
+
+def then_modes(package: ModuleType, revision: str) -> tuple[Mode, ...]:
+    return tuple(Mode(f"{m.guard}@{revision}", m.guard, package=package) for m in RULES)
 
 
 @contextlib.contextmanager
@@ -102,12 +141,14 @@ def guarded(mode: Mode) -> Iterator[None]:
     if mode.guard is None:
         yield
         return
-    trusted, judge.TRUST_HOST_OPS = judge.TRUST_HOST_OPS, mode.cpu_op_first
+    package = mode.package or nb_cudaguard
+    judged = importlib.import_module(f"{package.__name__}.input_guard.judge")
+    trusted, judged.TRUST_HOST_OPS = judged.TRUST_HOST_OPS, mode.cpu_op_first
     try:
-        with nb_cudaguard.guard(mode=mode.guard):
+        with package.guard(mode=mode.guard):
             yield
     finally:
-        judge.TRUST_HOST_OPS = trusted
+        judged.TRUST_HOST_OPS = trusted
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -375,7 +416,7 @@ def counts(device: str, workload: Workload) -> str:
         def count(
             frame: FrameType, event: str, arg: object, wrapped: Counter[str] = wrapped
         ) -> None:
-            if event == "call" and frame.f_code.co_name in ("checked", "indexing", "synchronising"):
+            if event == "call" and frame.f_code.co_name in ("checked", "synchronising"):
                 wrapped[frame.f_code.co_name] += 1
 
         sys.setprofile(count)
@@ -498,8 +539,16 @@ def main() -> None:
         help="time every workload and call by the thread's CPU time, which other processes on "
         "a shared machine do not inflate (default: wall time); runs torch on one thread; CPU only",
     )
+    parser.add_argument(
+        "--against", metavar="REV", help="also REV's guard (its rules modes), side by side"
+    )
     parser.add_argument("--bare-only-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.against:
+        if args.cuda:
+            parser.error("--against compares on CPU only")
+        global THEN
+        THEN = then_modes(load_revision(args.against), args.against)
     device = "cuda" if args.cuda else "cpu"
     if args.cpu_time:
         if args.cuda:
@@ -544,7 +593,8 @@ def main() -> None:
         bare = medians["bare"]
         # the fastest block of each mode: the least disturbed by other load on a shared machine
         fastest = {mode: min(b.step for b in v) for mode, v in times.items()}
-        for label, group in (("rules", RULES), ("cpu-op-first", SHORTCUT)):
+        groups = (("rules", RULES), ("cpu-op-first", SHORTCUT), ("rules, then", THEN))
+        for label, group in groups:
             shown = [m.name for m in group if m in modes]
             if not shown:
                 continue
@@ -563,7 +613,7 @@ def main() -> None:
         line += "; the guard's entry + exit, once a block: " + ", ".join(
             f"{m} {median(v, _entry_exit) * 1e6:+.0f} us"
             for m, v in times.items()
-            if m in (r.name for r in RULES)
+            if m in (r.name for r in (*RULES, *THEN))
         )
         print(line, flush=True)
         print(f"[{name}] {counts(device, w)}", flush=True)
@@ -576,7 +626,7 @@ def main() -> None:
         for name, m in percall(args.scale, clock):
             bare = m["bare"]
             extra = "  ".join(
-                f"{k} {v - bare:+7.2f}" + (" |" if k == RULES[-1].name else "")
+                f"{k} {v - bare:+7.2f}" + (" |" if k in (RULES[-1].name, SHORTCUT[-1].name) else "")
                 for k, v in m.items()
                 if k != "bare"
             )

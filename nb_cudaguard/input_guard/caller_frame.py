@@ -25,7 +25,11 @@ _CALL_CODE = next(
     ).co_consts
     if isinstance(const, CodeType)
 ).replace(co_name=_CALL_NAME)
-_CALLERS: dict[tuple[CodeType, int], Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
+Call = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+# (id(code), instruction) -> (the call, the code): by id, since hashing a code object hashes its
+# constants every time (~0.9 us for a notebook cell's, per checked call); the code kept in the
+# value keeps that id from being reused while the entry lives
+_CALLERS: dict[tuple[int, int], tuple[Call, CodeType]] = {}
 _MAX_CALLERS = 4096
 
 
@@ -34,18 +38,17 @@ def _direct(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return func(*args, **kwargs)
 
 
-def _as_caller(
-    frame: FrameType | None,
-) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+def _as_caller(frame: FrameType | None) -> Call:
     if frame is None:
         return _direct
-    key = (frame.f_code, frame.f_lasti)
-    call = _CALLERS.get(key)
-    if call is None:
-        if len(_CALLERS) >= _MAX_CALLERS:
-            _CALLERS.clear()
-        code = _CALL_CODE.replace(
-            co_filename=frame.f_code.co_filename, co_firstlineno=frame.f_lineno or 1
-        )
-        call = _CALLERS[key] = FunctionType(code, frame.f_globals)
+    own = frame.f_code
+    key = (id(own), frame.f_lasti)
+    found = _CALLERS.get(key)
+    if found is not None:
+        return found[0]
+    if len(_CALLERS) >= _MAX_CALLERS:
+        _CALLERS.clear()
+    code = _CALL_CODE.replace(co_filename=own.co_filename, co_firstlineno=frame.f_lineno or 1)
+    call = FunctionType(code, frame.f_globals)
+    _CALLERS[key] = (call, own)
     return call

@@ -70,13 +70,15 @@ def _size(t: torch.Tensor, dim: Any) -> tuple[int, int] | None:
 def _class_targets(args: Args, kwargs: Kwargs) -> list[Requirement]:
     """cross_entropy's and nll_loss's class indices. A floating target (cross_entropy's class
     probabilities) is no index: any values are valid."""
-    logits, target = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "target")
+    n = len(args)  # _arg inlined: this runs for every checked loss
+    logits: Any = args[0] if n > 0 else kwargs.get("input")
+    target: Any = args[1] if n > 1 else kwargs.get("target")
     if not (_is_plain(logits) and _is_index(target)):
         return []
     dims = logits.dim()
     if dims == 0:
         return []
-    ignore = _arg(args, kwargs, 4, "ignore_index", -100)
+    ignore = args[4] if n > 4 else kwargs.get("ignore_index", -100)
     class_dim = 0 if dims == 1 else 1
     classes = logits.shape[class_dim]
     return [
@@ -156,15 +158,21 @@ def _ids(ids: Any, weight: Any, slot: Slot) -> list[Requirement]:
     return [IntRange("input", ids, 0, rows, source, "token id out of range", slot=slot)]
 
 
+_INPUT_SLOT: Slot = (0, "input", None)
+_INDICES_SLOT: Slot = (1, "indices", None)
+
+
 def _embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
-    ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
-    return _ids(ids, weight, (0, "input", None))
+    n = len(args)  # _arg inlined: this runs for every embedding call
+    ids: Any = args[0] if n > 0 else kwargs.get("input")
+    weight: Any = args[1] if n > 1 else kwargs.get("weight")
+    return _ids(ids, weight, _INPUT_SLOT)
 
 
 def _torch_embedding(args: Args, kwargs: Kwargs) -> list[Requirement]:
     # torch.embedding(weight, indices, ...) takes its arguments the other way round
     weight, ids = _arg(args, kwargs, 0, "weight"), _arg(args, kwargs, 1, "indices")
-    return _ids(ids, weight, (1, "indices", None))
+    return _ids(ids, weight, _INDICES_SLOT)
 
 
 def _embedding_bag(args: Args, kwargs: Kwargs, inner: bool = False) -> list[Requirement]:

@@ -6,62 +6,66 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
+from sys import _getframe
 from types import FrameType, FunctionType, ModuleType
 from typing import Any
 
 from . import judge
-from .caller_frame import _as_caller
+from .caller_frame import _CALLERS, Call, _as_caller
 from .deferral import _defer, flush
 from .judge import _accepts, _host_error, _inspect, _runs_on_host
 from .ops import OpCheck
 from .report import _raise
-from .state import _STATE, _is_compiling, _skips, _ThreadState
+from .state import _STATE, GuardConfig, _skips, _ThreadState
 
 
 def _checked_entry(owner: Any, attr: str, check: OpCheck, func: Any) -> Any:
-    """The wrapper installed over one entry point while a guard is active somewhere."""
+    """The wrapper installed over one entry point while a guard is active somewhere.
+
+    One Python frame between the caller and the op's own: a module's function is a
+    ``_ModuleOp`` whose type calls this function as its ``__call__`` (a staticmethod, so CPython
+    calls it straight from C, with no bound method and no second frame; issue 30: the two layers
+    cost ~3.3 us a checked call, the nested ``torch.embedding`` inside ``F.embedding`` included).
+    """
 
     name = getattr(func, "__name__", "")
     # x.scatter_(...), x[i] = v: the CPU op may write part of its output before it raises
     trusted = check.cpu_rejects and not (
         name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
     )
-
-    # the frames between the caller and this wrapper: _ModuleOp.__call__'s for a module's function
-    depth = 2 if isinstance(owner, ModuleType) else 1
+    plain = check.nothing_to_check
+    # the innermost guard's config and whether it selects this check, as last seen: a guard's
+    # config is frozen, so the answer holds while the very same config is the innermost
+    last: list[tuple[GuardConfig | None, bool]] = [(None, False)]
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves our frames out of the user's traceback
         state = _STATE
+        configs = state.configs
         try:
-            caller: FrameType | None = sys._getframe(depth)
+            caller: FrameType | None = _getframe(1)
         except ValueError:  # called from C with no Python frame above
             caller = None
-        if state.busy or not state.configs:
-            return _as_caller(caller)(func, args, kwargs)
+        if state.busy or not configs or (plain is not None and plain(args)):
+            # torch's own inner call (the torch.embedding inside F.embedding), a thread in no
+            # guard, x[0]: straight to the op, from a frame that reads as the caller's
+            if caller is None:
+                return func(*args, **kwargs)
+            found = _CALLERS.get((id(caller.f_code), caller.f_lasti))  # _as_caller, inlined
+            call = _as_caller(caller) if found is None else found[0]
+            return call(func, args, kwargs)
+        config = configs[-1]
+        seen, chosen = last[0]
+        if seen is not config:
+            chosen = config.selects(check)
+            last[0] = (config, chosen)
         if _skips():
             return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
+        if not chosen:  # torch's inner calls still pass through, as in any checked call
+            return _unchecked_call(state, func, args, kwargs, _as_caller(caller))
+        return _guarded_call(state, config, check, func, args, kwargs, trusted, _as_caller(caller))
 
-    if check.nothing_to_check is None:
-        return _dressed_as(owner, attr, checked, func)
-    plain = check.nothing_to_check
-
-    def indexing(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        state = _STATE
-        try:
-            caller: FrameType | None = sys._getframe(depth)
-        except ValueError:
-            caller = None
-        if state.busy or not state.configs or plain(args):
-            return _as_caller(caller)(func, args, kwargs)
-        if _skips():
-            return func(*args, **kwargs)
-        return _guarded_call(state, check, func, args, kwargs, trusted, caller)
-
-    return _dressed_as(owner, attr, indexing, func)
+    return _dressed_as(owner, attr, checked, func)
 
 
 def _sync_entry(owner: Any, attr: str, func: Any) -> Any:
@@ -95,18 +99,22 @@ def _dressed_as(owner: Any, attr: str, wrapper: Any, func: Any) -> Any:
         # torch.jit.script compiles what this returns (F.cross_entropy's own source)
         wrapper.__prepare_scriptable__ = lambda: func
     if isinstance(owner, ModuleType):
-        return _ModuleOp(owner.__name__, attr, wrapper, func)
+        # a type of its own whose __call__ is the wrapper: called from C, no frame in between
+        body = {"__slots__": (), "__call__": staticmethod(wrapper)}
+        kind = type(_ModuleOp.__name__, (_ModuleOp,), body)
+        return kind(owner.__name__, attr, wrapper, func)
     return wrapper
 
 
 class _ModuleOp:
     """A checked function of a module (``torch.gather``, ``F.cross_entropy``): calls the
-    wrapper, and pickles, copies and deep-copies as torch's own function, inside a guard and
-    after it. A plain function cannot: pickle saves a function by its module and name and
-    refuses one that is not what that name holds (after the guard, torch's op again; a model
-    built inside a guard with ``self.loss_fn = F.cross_entropy`` could never be saved).
-    Pickled, it is ``getattr(importlib.import_module(module), name)``: the reader needs torch
-    only, and gets whatever that name holds there (torch's op, outside a guard)."""
+    wrapper (each op's own subclass has it as its ``__call__``), and pickles, copies and
+    deep-copies as torch's own function, inside a guard and after it. A plain function cannot:
+    pickle saves a function by its module and name and refuses one that is not what that name
+    holds (after the guard, torch's op again; a model built inside a guard with
+    ``self.loss_fn = F.cross_entropy`` could never be saved). Pickled, it is
+    ``getattr(importlib.import_module(module), name)``: the reader needs torch only, and gets
+    whatever that name holds there (torch's op, outside a guard)."""
 
     __slots__ = ("__dict__", "__weakref__", "__wrapped__", "_attr", "_call", "_module")
 
@@ -122,11 +130,8 @@ class _ModuleOp:
         if isinstance(func, FunctionType):
             self.__dict__["__prepare_scriptable__"] = call.__prepare_scriptable__
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        if _is_compiling():  # torch.compile inlines this: it traces torch's op, never our checks
-            return self.__wrapped__(*args, **kwargs)
-        return self._call(*args, **kwargs)
+    # __call__: the wrapper, set on each op's own subclass (``_dressed_as``); torch.compile
+    # never calls it (it traces ``_torchdynamo_inline``), and a graph it runs calls torch's op
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
@@ -163,22 +168,35 @@ class _Import:
         return importlib.import_module, (self.name,)
 
 
+def _unchecked_call(
+    state: _ThreadState,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    call: Call,
+) -> Any:
+    __tracebackhide__ = True
+    state.busy = True
+    try:
+        return call(func, args, kwargs)
+    finally:
+        state.busy = False
+
+
 def _guarded_call(
     state: _ThreadState,
+    config: GuardConfig,
     check: OpCheck,
     func: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     trusted: bool,
-    caller: FrameType | None,
+    call: Call,
 ) -> Any:
+    """A checked call judged (strict) or deferred, then run by ``call``, from the caller's frame."""
     __tracebackhide__ = True
     state.busy = True
-    call = _as_caller(caller)
     try:
-        config = state.configs[-1]
-        if not config.selects(check):
-            return call(func, args, kwargs)
         if trusted and judge.TRUST_HOST_OPS and _runs_on_host(check, args, kwargs):
             try:
                 return call(func, args, kwargs)

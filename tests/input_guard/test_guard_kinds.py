@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nb_cudaguard.input_guard.judge import first_violation
 from nb_cudaguard.input_guard.requirements import FloatRange, IntRange
@@ -94,3 +98,60 @@ def test_an_ignore_index_above_the_classes_is_no_violation_in_a_large_mask(mode:
     with guard(mode=mode):
         loss = F.cross_entropy(torch.randn(2, 21, 8, 8), masks, ignore_index=255)
     assert loss.isfinite()
+
+
+# Past 64 values a host tensor's extremes come from one aminmax into a per-thread buffer.
+MANY = 300
+
+
+@pytest.mark.parametrize("dtype", INT_TYPES, ids=str)
+def test_many_values_inside_the_range_pass_for_every_integer_width(dtype: torch.dtype) -> None:
+    ids = torch.arange(MANY).remainder(100).to(dtype)
+    assert first_violation([IntRange("ids", ids, 0, 100, "")]) is None
+
+
+@pytest.mark.parametrize("dtype", INT_TYPES, ids=str)
+def test_one_value_past_the_range_among_many_fails_for_every_integer_width(
+    dtype: torch.dtype,
+) -> None:
+    ids = torch.arange(MANY).remainder(100).to(dtype)
+    ids[123] = 100
+    found = first_violation([IntRange("ids", ids, 0, 100, "")])
+    assert found is not None and found.samples == (("[123]", "100"),)
+
+
+def test_many_targets_with_ignored_ones_pass_and_a_negative_among_them_fails() -> None:
+    target = torch.arange(MANY).remainder(4)
+    target[::7] = -100
+    assert first_violation([IntRange("target", target, 0, 4, "", ignore=-100)]) is None
+    target[200] = -1
+    found = first_violation([IntRange("target", target, 0, 4, "", ignore=-100)])
+    assert found is not None and found.samples == (("[200]", "-1"),)
+
+
+def test_a_thread_whose_first_check_ran_in_inference_mode_reads_extremes_in_one_go_after() -> None:
+    """The buffer the extremes are read into is made on a thread's first check: made inside
+    inference mode, it must still take aminmax's output outside it (an inference tensor could
+    not, and every later check would reduce twice)."""
+    results: list[object] = []
+    ops: list[str] = []
+
+    class Recorded(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def checks() -> None:
+        good, bad = torch.arange(MANY).remainder(100), torch.arange(MANY)
+        with torch.inference_mode():
+            results.append(first_violation([IntRange("ids", good, 0, 100, "")]))
+        with Recorded():
+            results.append(first_violation([IntRange("ids", good, 0, 100, "")]))
+        results.append(first_violation([IntRange("ids", bad, 0, 100, "")]))
+
+    thread = threading.Thread(target=checks)
+    thread.start()
+    thread.join()
+    assert results[:2] == [None, None]
+    assert results[2] is not None and results[2].count == MANY - 100  # type: ignore[attr-defined]
+    assert [op for op in ops if op.startswith("aten.aminmax")] == ["aten.aminmax.out"]

@@ -87,7 +87,8 @@ def test_a_valid_calls_checks_do_not_grow_with_its_indices(name: str, mode: str)
     small, large = _guard_ops(make(SMALL), mode, own), _guard_ops(make(LARGE), mode, own)
     assert [op for op, _ in small] == [op for op, _ in large]
     # one reduction over the indices, its two extremes read: nothing the size of the input
-    assert [op for op, _ in large].count("aten.aminmax.default") == 1
+    # (aminmax.out: into a two-element buffer, read at once)
+    assert [op.startswith("aten.aminmax.") for op, _ in large].count(True) == 1
     assert all(written <= 2 for _, written in large), large
 
 
