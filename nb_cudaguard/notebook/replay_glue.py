@@ -30,7 +30,7 @@ from ..diagnosis.render import (
     inline_html,
     note_html,
 )
-from ..replay.analysis import CellFacts, analyse_cell, runnable_source
+from ..replay.analysis import CellFacts, analyse_cell, parse_cell, runnable_source
 from ..replay.definitions import HOLDER, KeptDefinitions
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
@@ -46,6 +46,7 @@ from ..replay.planner import (
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
+from ..replay.unrepeatable import Unrepeatable, unrepeatable
 from .actions import blocking_restart_button, does_blocking, does_note
 from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
@@ -242,7 +243,12 @@ def make_plan(
     )
     plan = with_records(plan, facts, [c.record for c in cells])
     sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]
-    plan = with_unrepeatable(plan, facts, sets_here, _orders_vary())
+
+    def walk(index: int) -> Unrepeatable:
+        tree = parse_cell(runnable_source(cells[index].source), transform)
+        return unrepeatable(tree) if tree is not None else facts[index].unrepeatable
+
+    plan = with_unrepeatable(plan, facts, sets_here, _orders_vary(), walk)
     return with_files(plan, facts, file_uses([f.paths for f in facts]))
 
 

@@ -1153,7 +1153,7 @@ def _facts(tree: ast.Module, transform: Transform | None, text: str) -> CellFact
     facts = visitor.c.facts()
     if _shows_a_value(tree, text):  # IPython's displayhook binds ``_`` to what it shows
         facts = replace(facts, defines=facts.defines | {"_"})
-    return replace(facts, unrepeatable=unrepeatable(tree), paths=path_events(tree, text))
+    return replace(facts, unrepeatable=unrepeatable(tree, text), paths=path_events(tree, text))
 
 
 # Lines a replay never runs again: our own commands (a restart, a replay), loading extensions,

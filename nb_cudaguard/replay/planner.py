@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import builtins
 from bisect import bisect_left
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
@@ -724,6 +724,7 @@ def with_unrepeatable(
     facts: Sequence[CellFacts],
     sets_here: Collection[str] = (),
     orders_vary: bool = True,
+    walk: Callable[[int], Unrepeatable] | None = None,
 ) -> Plan:
     """``plan``, saying which of its cells read what a new process cannot read the same: the
     clock, the process's id, the OS's randomness; and, where ``orders_vary`` (string hashing
@@ -731,10 +732,20 @@ def with_unrepeatable(
     an earlier cell, or ``sets_here``, the namespace's; or an attribute some cell binds to a
     set); or call a notebook function or class that does; and which names the plan rebuilds
     follow them: what those cells bind or change, and what the plan's later cells build from
-    that."""
+    that. ``walk``: a cell's reads found whole, for the cells whose walk was spared
+    (``Unrepeatable.complete``), where some name or attribute holds a set."""
     before = facts[: plan.steps[-1].index]
     sets = set(sets_here).union(*(c.unrepeatable.sets for c in before))
     attributes = set().union(*(c.unrepeatable.attribute_sets for c in before))
+    walked: dict[int, Unrepeatable] = {}
+
+    def reads_of(index: int) -> Unrepeatable:
+        reads = facts[index].unrepeatable
+        if reads.complete or walk is None or not orders_vary or not (sets or attributes):
+            return reads
+        if index not in walked:
+            walked[index] = walk(index)
+        return walked[index]
 
     def why(reads: Unrepeatable, inner: bool) -> list[str]:
         varying = reads.varying_when_called if inner else reads.varying
@@ -750,15 +761,18 @@ def with_unrepeatable(
 
     # The notebook's functions and classes that read one when called, and what they read.
     callables: dict[str, str] = {}
-    for cell in before:
-        inner = why(cell.unrepeatable, inner=True)
+    for index, cell in enumerate(before):
+        if not cell.callables:
+            continue
+        inner = why(reads_of(index), inner=True)
         callables.update(dict.fromkeys(cell.callables, "; ".join(inner)) if inner else {})
     chosen = {s.index: s for s in plan.steps if not s.failing}
     found: list[tuple[int, str]] = []
     names: set[str] = set()
     for index in sorted(chosen):
         cell = facts[index]
-        reasons = why(cell.unrepeatable, inner=False)
+        reads = reads_of(index)
+        reasons = why(reads, inner=False)
         reasons += [
             f"calls {n}(), which {callables[n]}" for n in sorted(cell.calls) if n in callables
         ]
@@ -768,7 +782,7 @@ def with_unrepeatable(
         else:  # built from those: by its links
             made = {n for n, sources in cell.links.items() if sources & names}
             made |= {n for n, held in cell.stores.items() if held & names}
-        made -= cell.imports | cell.callables | cell.unrepeatable.sets | set(chosen[index].keeps)
+        made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
         names |= made
     return replace(plan, unrepeatable=tuple(found), unrepeatable_names=tuple(sorted(names)))
 

@@ -14,6 +14,7 @@ record never sees).
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 # Builtins whose result does not depend on the order they read their argument in.
@@ -65,12 +66,25 @@ class Unrepeatable:
     attribute_sets: frozenset[str] = frozenset()
     attributes_iterated: frozenset[str] = frozenset()
     attributes_iterated_when_called: frozenset[str] = frozenset()
+    # False where the walk was spared (no set, hash or varying call in the text): the names and
+    # attributes it reads in order are then not known; ``unrepeatable(tree)`` finds them where
+    # a plan needs them (some cell holds a set).
+    complete: bool = True
 
 
 REPEATABLE = Unrepeatable()
+UNWALKED = Unrepeatable(complete=False)
+# A cell that may build a set, hash a string or read the clock, the OS or the process.
+_MAY_MATTER = re.compile(
+    r"set\b|\{|\bhash\b|\.pop\b|\b(?:" + "|".join(sorted(VARYING_CALLS)) + r")\b"
+)
 
 
-def unrepeatable(tree: ast.AST) -> Unrepeatable:
+def unrepeatable(tree: ast.AST, source: str | None = None) -> Unrepeatable:
+    """What the cell reads that a new process cannot read the same. ``source``, its text,
+    where given, spares the walk of a cell that names none of it (most cells): ``UNWALKED``."""
+    if source is not None and not _MAY_MATTER.search(source):
+        return UNWALKED
     finder = _Finder()
     finder.visit(tree)
     found = (finder.builds, finder.iterated, finder.sets, finder.varying, finder.inner_builds)

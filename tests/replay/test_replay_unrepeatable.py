@@ -85,7 +85,11 @@ def test_other_calls_of_the_same_names_are_not(code):
 def _plan(cells: list[str], present: set[str] = frozenset(), **options):
     facts = [analyse(c) for c in cells]
     plan = plan_replay(facts, len(cells) - 1, present)
-    return with_unrepeatable(plan, facts, **options)
+
+    def walk(index: int):  # a cell whose walk its text spared, walked where a set is held
+        return unrepeatable(ast.parse(cells[index]))
+
+    return with_unrepeatable(plan, facts, walk=walk, **options)
 
 
 def test_the_plan_names_what_follows_a_sets_order_and_what_is_built_from_it():
@@ -156,3 +160,21 @@ def test_a_strings_hash_kept_is_named_where_string_hashing_varies():
     cells = ["names = ['ada']", "buckets = {n: hash(n) % 8 for n in names}", "print(buckets)"]
     assert _plan(cells).unrepeatable_names == ("buckets",)
     assert _plan(cells, orders_vary=False).unrepeatable_names == ()
+
+
+def test_a_cell_naming_no_set_hash_or_clock_is_walked_only_where_a_set_is_held():
+    assert analyse("first = list(vocab)[:3]").unrepeatable.complete is False
+    assert analyse("x = sorted(set(data))").unrepeatable.complete is True
+    walked = []
+
+    def walk(index):
+        walked.append(index)
+        return unrepeatable(ast.parse(cells[index]))
+
+    cells = ["first = list(vocab)[:3]", "print(first)"]
+    facts = [analyse(c) for c in cells]
+    plan = plan_replay(facts, 1, {"vocab"})
+    assert with_unrepeatable(plan, facts, walk=walk).unrepeatable_names == ()
+    assert walked == []  # no set held anywhere: nothing to walk
+    kept = with_unrepeatable(plan, facts, sets_here={"vocab"}, walk=walk)
+    assert (kept.unrepeatable_names, walked) == (("first",), [0])
