@@ -250,6 +250,10 @@ def _rebuild_tensor(
     return tensor
 
 
+def _set_grad(tensor: Any, grad: Any) -> None:
+    tensor.grad = grad
+
+
 def _rebuild_view(base: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> Any:
     return base.as_strided(size, stride, offset)
 
@@ -439,6 +443,30 @@ class KeepPickler:
             )
 
         def _reduce_tensor(tensor: Any) -> Any:
+            reduced = _reduce_tensor_data(tensor)
+            grad = _grad_to_keep(tensor)
+            if grad is None:
+                return reduced
+            if reduced is NotImplemented:
+                if type(tensor) is not parameter_type:
+                    return NotImplemented  # a subclass's own reduction: its .grad is lost
+                reduced = tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            # A leaf's gradient (``loss.backward()`` without a step) is state of its own: it
+            # is set once the tensor is rebuilt (pickle's state setter), and is written as any
+            # tensor is, so a gradient that is a view of another comes back as one.
+            return (*reduced[:2], grad, None, None, _set_grad)
+
+        def _grad_to_keep(tensor: Any) -> Any:
+            """A leaf's ``.grad`` where it can be written (on the CPU, or a CUDA one with a
+            snapshot); else None (a CUDA gradient never copied is left, as before)."""
+            if not (tensor.requires_grad and tensor.is_leaf) or tensor.grad is None:
+                return None  # (a non-leaf's .grad is never filled; reading it warns)
+            grad = tensor.grad
+            if _device_of(grad) is not None and tensor_identity(grad) not in substitutes:
+                return None
+            return grad
+
+        def _reduce_tensor_data(tensor: Any) -> Any:
             requires_grad = bool(tensor.requires_grad)
             device = _device_of(tensor)
             if device is not None:
