@@ -274,10 +274,12 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
     except Exception:  # sparse, meta, or a tensor subclass without storage
         pointer = None
     # A leaf's only: reading a non-leaf's .grad makes torch warn (it is never filled).
-    if tensor.requires_grad and tensor.is_leaf and tensor.grad is not None:
+    # ``requires_grad`` too: ``p.requires_grad_(False)`` (freezing a layer) moves no version.
+    requires_grad = tensor.requires_grad
+    if requires_grad and tensor.is_leaf and tensor.grad is not None:
         grad = tensor.grad
         return (id(tensor), tensor._version, pointer, id(grad), grad._version)
-    return (id(tensor), tensor._version, pointer)
+    return (id(tensor), tensor._version, pointer, requires_grad)
 
 
 def _array_seen(array: Any) -> tuple[tuple[Any, ...], bool]:
