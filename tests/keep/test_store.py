@@ -497,3 +497,15 @@ def test_gradients_held_in_grad_come_back(profile):
     assert torch.equal(new["leaf"].grad, leaf.grad) and new["leaf"].is_leaf
     assert new["none"].weight.grad is None
     assert type(new["lin"].weight) is torch.nn.Parameter and new["lin"].weight.requires_grad
+
+
+def test_a_tensors_hooks_and_attributes_come_back(profile):
+    # ``w.register_hook(clip)`` and tags (``p.no_decay = True``) move no data: kept all the same
+    w = torch.nn.Parameter(torch.ones(2))
+    w.register_hook(lambda g: g.clamp(-1, 1))
+    w.no_decay = True
+    t = torch.zeros(2)
+    t.tag = "mask"
+    _, _, new = save_and_restore({"w": w, "t": t}, profile)
+    assert torch.autograd.grad((new["w"] * 10).sum(), new["w"])[0].tolist() == [1.0, 1.0]
+    assert new["w"].no_decay is True and new["t"].tag == "mask"
