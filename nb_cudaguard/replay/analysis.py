@@ -102,6 +102,23 @@ FOREIGN_CELL_MAGICS = frozenset(
 )  # fmt: skip
 SETUP_LINE_MAGICS = frozenset({"cd", "env", "set_env"})
 OPAQUE_LINE_MAGICS = frozenset({"run", "store", "load", "macro", "recall", "rerun"})
+# Calls whose value no replay gives again: the clock, the operating system's entropy (a run's
+# id, an unseeded generator of one's own: ``np.random.default_rng()``). What a cell binds from
+# them differs after a replay; the plan says so (``unrepeatable``).
+UNREPEATABLE_CALLS = frozenset(
+    {
+        "time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns",
+        "process_time", "now", "utcnow", "today", "uuid1", "uuid4", "urandom", "getrandom",
+        "token_hex", "token_bytes", "token_urlsafe", "randbits",
+    }
+)  # fmt: skip
+# Those only when called with no argument (a seed given is repeatable; torch.Generator() is
+# seeded the same each time).
+UNREPEATABLE_BARE_CALLS = frozenset({"default_rng", "SeedSequence", "RandomState", "Random"})
+# Calls that set a library's process-wide options which no value is built from (how arrays print,
+# whether a division by zero warns): the replay does not set them again, the plan names them.
+OPTION_CALLS = frozenset({"set_printoptions", "seterr", "seterrcall", "setrecursionlimit",
+                          "set_option", "set_eng_float_format"})  # fmt: skip
 OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})
 # Builtins that change an argument; every other builtin only reads its arguments.
 MUTATING_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "vars", "iter"})
@@ -213,6 +230,9 @@ class CellFacts:
     # Changed through ``.data`` or ``.numpy()`` (``t.numpy()[i] = v``), which a tensor's version
     # counter does not count: the run-time record cannot see the change, so it cannot overrule.
     untracked: frozenset[str] = frozenset()
+    # How it reads a value no replay gives again (``calls time()``), or "" (UNREPEATABLE_CALLS).
+    unrepeatable: str = ""
+    options: str = ""  # the process options it sets (``calls set_printoptions()``), or ""
 
 
 @dataclass(frozen=True)
@@ -248,6 +268,8 @@ class _Collect:
     imported_from: dict[str, str] = field(default_factory=dict)
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
+    unrepeatable: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -274,6 +296,8 @@ class _Collect:
             {n: m for n, m in self.imported_from.items() if n in self.imports},
             "; ".join(dict.fromkeys(self.draws)),
             frozenset(self.untracked & mutates),
+            "; ".join(dict.fromkeys(self.unrepeatable)),
+            "; ".join(dict.fromkeys(self.options)),
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -916,6 +940,12 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.setup.append(f"calls {name}()")
         if name in RANDOM_CALLS:
             self.c.draws.append(f"calls {name}()")
+        if name in UNREPEATABLE_CALLS or (
+            name in UNREPEATABLE_BARE_CALLS and not node.args and not node.keywords
+        ):
+            self.c.unrepeatable.append(f"calls {name}()")
+        if name in OPTION_CALLS:
+            self.c.options.append(f"calls {name}()")
         drawn = _drawn_from(node)
         if drawn is not None and drawn not in self.bound:
             # A generator held in a name (``rng = np.random.default_rng(0)``) advances with

@@ -73,6 +73,9 @@ class Plan:
     # Cells that failed when they ran, after binding or changing names the plan rebuilds: not
     # run again (they would fail again), so those names lack what they did. (index, names)
     failed_changes: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # Cells before the failing one, not run again, that set process options no value is built
+    # from (``np.set_printoptions``): the new process has the defaults. (index, the calls)
+    options: tuple[tuple[int, str], ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -306,6 +309,7 @@ class _Planner:
             self.drain()
             if set(self.reasons) == before:
                 break
+        self._unrepeatable()
         steps = [self._step(i, r) for i, r in sorted(self.reasons.items()) if i != self.failing]
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
         return Plan(
@@ -322,6 +326,11 @@ class _Planner:
             ),
             from_yours=self._from_yours(steps),
             failed_changes=self._failed_changes(steps),
+            options=tuple(
+                (i, f.options)
+                for i, f in enumerate(self.facts[: self.failing])
+                if f.options and i not in self.reasons
+            ),
         )
 
     def _rebuilt(self, steps: Sequence[Step]) -> dict[str, int]:
@@ -405,6 +414,31 @@ class _Planner:
         keeps = tuple(sorted(self._rebound(self.facts[index])))
         defs = tuple(n for n in keeps if n in self.facts[index].callables)
         return Step(index, tuple(dict.fromkeys(reasons)), keeps=keeps, defs=defs)
+
+    def _unrepeatable(self) -> None:
+        """The names a cell of the plan binds from the clock or fresh entropy (``t0 =
+        time.time()``, ``run_id = uuid4().hex``) differ after the replay, as do those later
+        cells of the plan build from them: each such cell names them."""
+        differing: set[str] = set()
+        for index in sorted(self.reasons):
+            if index == self.failing:
+                break
+            facts = self.facts[index]
+            built = facts.defines - facts.callables - facts.imports
+            if facts.unrepeatable and built:
+                self.reasons[index].append(
+                    f"{', '.join(sorted(built))} differ from before: it {facts.unrepeatable}, "
+                    "whose value no replay gives again"
+                )
+            elif built and differing & (facts.uses | facts.deferred):
+                source = ", ".join(sorted(differing & (facts.uses | facts.deferred)))
+                self.reasons[index].append(
+                    f"{', '.join(sorted(built))} may differ from before: built from {source}, "
+                    "which differs"
+                )
+            else:
+                continue
+            differing |= built
 
     def _draws(self) -> None:
         """After a seed, what a cell draws depends on every draw before it: the cells between

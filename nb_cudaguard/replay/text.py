@@ -119,6 +119,11 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             f"{labels} draw random numbers with no seed set before: what they draw differs "
             "from the previous kernel's"
         )
+    if plan.options:
+        notes.append(
+            "options set by cells not run again, which the new process has at their defaults: "
+            + "; ".join(f"{cell_label(cells[i])} {calls}" for i, calls in plan.options[:12])
+        )
     if plan.unrecorded:
         labels = ", ".join(cell_label(cells[i]) for i in plan.unrecorded[:12])
         notes.append(
