@@ -241,9 +241,13 @@ def _rebuild_tensor(
     stride: tuple[int, ...],
     dtype: Any,
     requires_grad: bool,
+    inference: bool = False,
 ) -> Any:
     import torch
 
+    if inference:  # made under ``torch.inference_mode()``: one again (what autograd allows)
+        with torch.inference_mode():
+            return torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     if requires_grad:
         tensor.requires_grad_(True)
@@ -483,6 +487,7 @@ class KeepPickler:
 
         def _reduce_tensor_data(tensor: Any) -> Any:
             requires_grad = bool(tensor.requires_grad)
+            inference = bool(tensor.is_inference())
             device = _device_of(tensor)
             if device is not None:
                 substitute = substitutes.get(tensor_identity(tensor))
@@ -540,6 +545,7 @@ class KeepPickler:
                 tuple(tensor.stride()),
                 tensor.dtype,
                 requires_grad,
+                *((True,) if inference else ()),
             )
 
         def _reduce_notebook_function(function: types.FunctionType) -> Any:

@@ -509,3 +509,11 @@ def test_a_tensors_hooks_and_attributes_come_back(profile):
     _, _, new = save_and_restore({"w": w, "t": t}, profile)
     assert torch.autograd.grad((new["w"] * 10).sum(), new["w"])[0].tolist() == [1.0, 1.0]
     assert new["w"].no_decay is True and new["t"].tag == "mask"
+
+
+def test_a_tensor_made_under_inference_mode_comes_back_one(profile):
+    with torch.inference_mode():
+        preds = torch.ones(3) * 2
+    _, _, new = save_and_restore({"preds": preds, "plain": torch.ones(2)}, profile)
+    assert new["preds"].is_inference() and torch.equal(new["preds"], preds)
+    assert not new["plain"].is_inference()
