@@ -119,6 +119,16 @@ UNREPEATABLE_BARE_CALLS = frozenset({"default_rng", "SeedSequence", "RandomState
 # whether a division by zero warns): the replay does not set them again, the plan names them.
 OPTION_CALLS = frozenset({"set_printoptions", "seterr", "seterrcall", "setrecursionlimit",
                           "set_option", "set_eng_float_format"})  # fmt: skip
+# Calls that read or write files, by their name's end: what a cell of the plan reads from a file
+# that a later cell, not run again, wrote since, differs (``torch.load(ckpt)`` after training
+# saved over it). Their paths: the string constants among their arguments ("?": not said).
+FILE_READ_CALLS = frozenset({"load", "loadtxt", "genfromtxt", "fromfile", "read_csv", "read_table",
+                             "read_parquet", "read_json", "read_excel", "read_text", "read_bytes",
+                             "imread", "load_file", "safe_load", "load_from_disk"})  # fmt: skip
+FILE_WRITE_CALLS = frozenset({"save", "savez", "savez_compressed", "savetxt", "tofile", "dump",
+                              "to_csv", "to_parquet", "to_json", "write_text", "write_bytes",
+                              "imwrite", "save_file", "save_pretrained",
+                              "save_to_disk"})  # fmt: skip
 OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})
 # Builtins that change an argument; every other builtin only reads its arguments.
 MUTATING_BUILTINS = frozenset({"setattr", "delattr", "next", "exec", "eval", "vars", "iter"})
@@ -232,6 +242,9 @@ class CellFacts:
     untracked: frozenset[str] = frozenset()
     # How it reads a value no replay gives again (``calls time()``), or "" (UNREPEATABLE_CALLS).
     unrepeatable: str = ""
+    differs: frozenset[str] = frozenset()  # the names it binds or changes from those calls
+    files_read: frozenset[str] = frozenset()  # the paths it reads (FILE_READ_CALLS; "?")
+    files_written: frozenset[str] = frozenset()  # and writes
     options: str = ""  # the process options it sets (``calls set_printoptions()``), or ""
 
 
@@ -269,6 +282,9 @@ class _Collect:
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     unrepeatable: list[str] = field(default_factory=list)
+    differs: set[str] = field(default_factory=set)
+    files_read: set[str] = field(default_factory=set)
+    files_written: set[str] = field(default_factory=set)
     options: list[str] = field(default_factory=list)
 
     def facts(self) -> CellFacts:
@@ -297,6 +313,9 @@ class _Collect:
             "; ".join(dict.fromkeys(self.draws)),
             frozenset(self.untracked & mutates),
             "; ".join(dict.fromkeys(self.unrepeatable)),
+            frozenset(self.differs - self.deletes),
+            frozenset(self.files_read),
+            frozenset(self.files_written),
             "; ".join(dict.fromkeys(self.options)),
         )
 
@@ -629,6 +648,20 @@ class _CellVisitor(ast.NodeVisitor):
             sources |= self.c.stores.get(name, set())
         return sources - {name}
 
+    def _file_call(self, call: ast.Call, name: str) -> None:
+        paths = {a.value for a in call.args if isinstance(a, ast.Constant) and type(a.value) is str}
+        if name == "open":
+            mode = call.args[1] if len(call.args) > 1 else None
+            for keyword in call.keywords:
+                mode = keyword.value if keyword.arg == "mode" else mode
+            text = _const_str(mode) if mode is not None else "r"
+            writes = text is None or bool(re.search(r"[wax+]", text))
+            paths = {_const_str(call.args[0]) or "?"} if call.args else {"?"}
+            (self.c.files_written if writes else self.c.files_read).update(paths)
+            return
+        found = self.c.files_read if name in FILE_READ_CALLS else self.c.files_written
+        found.update(paths or {"?"})
+
     def _handed(self, call: ast.Call) -> None:
         """A method of an object may change what it is handed (``trainer.fit(model)``); a
         module's function reads it (``np.mean(x)``). Whether a name from an earlier cell is a
@@ -666,10 +699,12 @@ class _CellVisitor(ast.NodeVisitor):
         for key in keys:  # read, not stored (and setattr's object)
             self.visit(key)
         held: set[str] = set()
+        mark = len(self.c.unrepeatable)
         for value in values:
             held |= self._visit_reading(value)
         root = _root_name(container)
         if root is not None:
+            self._differs([container], values, mark)  # ``log.append(time.time())``
             # Into ``c`` itself: a fill; into a part of it (``d["k"].append(v)``): that part,
             # which may be something ``c`` holds, changes.
             self._mutate(root, fill=isinstance(container, ast.Name))
@@ -736,20 +771,49 @@ class _CellVisitor(ast.NodeVisitor):
             self.visit(target)
 
     # --- statements ----------------------------------------------------------------------------
+    def _differs(self, targets: Iterable[ast.expr], values: Iterable[ast.expr], mark: int) -> None:
+        """The targets bind a value read from the clock or fresh entropy (a call since
+        ``mark``), or computed from one that was (``noise = fresh.normal(2).tolist()``)."""
+        if len(self.c.unrepeatable) == mark and not (
+            self.c.differs
+            and any(
+                isinstance(n, ast.Name) and n.id in self.c.differs
+                for value in values
+                for n in ast.walk(value)
+            )
+        ):
+            return
+        targets = list(targets)
+        while targets:
+            target = targets.pop()
+            if isinstance(target, (ast.Tuple, ast.List)):
+                targets += target.elts
+            elif isinstance(target, ast.Starred):
+                targets.append(target.value)
+            else:
+                root = _root_name(target)
+                self.c.differs.update([root] if root else [])
+
     def visit_Assign(self, node: ast.Assign) -> None:
+        mark = len(self.c.unrepeatable)
         reads = self._visit_reading(node.value)
+        self._differs(node.targets, [node.value], mark)
         for target in node.targets:
             self._target(target, reads, fill=True)
             self._bind(target, node.value, reads)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
+            mark = len(self.c.unrepeatable)
             reads = self._visit_reading(node.value)
+            self._differs([node.target], [node.value], mark)
             self._target(node.target, reads, fill=True)
             self._bind(node.target, node.value, reads)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        mark = len(self.c.unrepeatable)
         reads = self._visit_reading(node.value)
+        self._differs([node.target], [node.value], mark)
         if isinstance(node.target, ast.Name):
             # In place for a tensor, an array, a list: the object may be shared; a list then
             # holds what it was extended with (``lst += [model]``).
@@ -763,7 +827,9 @@ class _CellVisitor(ast.NodeVisitor):
             self._target(node.target, reads)
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        mark = len(self.c.unrepeatable)
         reads = self._visit_reading(node.value)
+        self._differs([node.target], [node.value], mark)
         self._store(node.target.id)
         self._link(node.target, reads)
 
@@ -946,6 +1012,8 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.unrepeatable.append(f"calls {name}()")
         if name in OPTION_CALLS:
             self.c.options.append(f"calls {name}()")
+        if name in FILE_READ_CALLS or name in FILE_WRITE_CALLS or name == "open":
+            self._file_call(node, name)
         drawn = _drawn_from(node)
         if drawn is not None and drawn not in self.bound:
             # A generator held in a name (``rng = np.random.default_rng(0)``) advances with

@@ -425,7 +425,14 @@ class _Planner:
                 break
             facts = self.facts[index]
             built = facts.defines - facts.callables - facts.imports
-            if facts.unrepeatable and built:
+            written = self._written_later(index)
+            if written and built:
+                self.reasons[index].append(
+                    f"{', '.join(sorted(built))} may differ from before: it reads "
+                    f"{written}, which a later cell not run again wrote since"
+                )
+            elif facts.differs & built:
+                built = facts.differs & built  # (not what it times: ``model`` beside ``t0``)
                 self.reasons[index].append(
                     f"{', '.join(sorted(built))} differ from before: it {facts.unrepeatable}, "
                     "whose value no replay gives again"
@@ -439,6 +446,22 @@ class _Planner:
             else:
                 continue
             differing |= built
+
+    def _written_later(self, index: int) -> str:
+        """The files cell ``index`` reads that a cell after it (before the failing one, not in
+        the plan) writes: the replay reads what that cell wrote, not what it read then."""
+        reads = self.facts[index].files_read
+        if not reads:
+            return ""
+        found = []
+        for later in range(index + 1, self.failing):
+            written = self.facts[later].files_written
+            if later in self.reasons or not written:
+                continue
+            if "?" in reads or "?" in written or reads & written:
+                paths = sorted((reads & written) - {"?"}) or ["a file"]
+                found.append(f"{', '.join(paths)} ([{later}])")
+        return "; ".join(found)
 
     def _draws(self) -> None:
         """After a seed, what a cell draws depends on every draw before it: the cells between
