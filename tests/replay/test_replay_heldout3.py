@@ -427,3 +427,47 @@ def test_a_string_printed_under_numpy_print_options(server, server_kernel):
     )
     fp = "{'shown': shown}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
+
+
+# --- 8. files a later cell writes again, modules grown by later cells --------------------------
+
+
+@ALL
+def test_a_checkpoint_file_overwritten_after_it_was_loaded(server, server_kernel, restore):
+    kid, pid = server_kernel
+    # dst is read from a file a later cell writes again: the cell that wrote what dst read is
+    # needed before dst's, though it binds nothing dst uses
+    cells = (
+        "import torch\ntorch.manual_seed(0)",
+        "src = torch.nn.Linear(2, 1)\ntorch.save(src.state_dict(), 'nbcg_ckpt3.pt')",
+        "dst = torch.nn.Linear(2, 1)\ndst.load_state_dict(torch.load('nbcg_ckpt3.pt'))",
+        "torch.save({'weight': torch.full((1, 2), 5.0), 'bias': torch.zeros(1)}, 'nbcg_ckpt3.pt')",
+    )
+    fp = "{'dst': [round(v, 6) for v in dst.weight.flatten().tolist()]}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_module_list_grown_and_a_submodule_replaced(server, server_kernel, restore):
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)\nblocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])",
+        "blocks.append(torch.nn.Linear(2, 2))",
+        "blocks[0] = torch.nn.Identity()",
+    )
+    fp = (
+        "{'blocks': [type(b).__name__ for b in blocks], "
+        "'blocks_w': round(blocks[1].weight.sum().item(), 6)}"
+    )
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_predictions_made_under_inference_mode(server, server_kernel, restore):
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 2)",
+        "with torch.inference_mode():\n    preds = m(torch.ones(3, 2))",
+    )
+    fp = "{'preds': [round(preds.sum().item(), 5), preds.is_inference(), preds.requires_grad]}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
