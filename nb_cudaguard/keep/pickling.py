@@ -241,13 +241,26 @@ def _rebuild_tensor(
     stride: tuple[int, ...],
     dtype: Any,
     requires_grad: bool,
+    inference: bool = False,
 ) -> Any:
     import torch
 
+    if inference:  # made under ``torch.inference_mode()``: one again (what autograd allows)
+        with torch.inference_mode():
+            return torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     tensor = torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
     if requires_grad:
         tensor.requires_grad_(True)
     return tensor
+
+
+def _set_leaf_state(tensor: Any, state: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
+    grad, hooks, attributes = state
+    if grad is not None:
+        tensor.grad = grad
+    for hook in hooks:
+        tensor.register_hook(hook)
+    tensor.__dict__.update(attributes)
 
 
 def _rebuild_view(base: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> Any:
@@ -439,7 +452,42 @@ class KeepPickler:
             )
 
         def _reduce_tensor(tensor: Any) -> Any:
+            reduced = _reduce_tensor_data(tensor)
+            state = _leaf_state(tensor)
+            if state is None:
+                return reduced
+            if reduced is NotImplemented:
+                if type(tensor) is not parameter_type:
+                    return NotImplemented  # a subclass's own reduction: what it keeps
+                reduced = tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # (its attributes too)
+            # What a tensor holds beside its data is set once it is rebuilt (pickle's state
+            # setter): a leaf's gradient (``loss.backward()`` without a step), its hooks
+            # (``w.register_hook(clip)``), a plain tensor's attributes; the gradient is written
+            # as any tensor is, so one that shares memory comes back sharing it.
+            return (*reduced[:2], state, None, None, _set_leaf_state)
+
+        def _leaf_state(tensor: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+            """(the leaf's ``.grad`` where it can be written: on the CPU, or a CUDA one with a
+            snapshot; its hooks; a plain tensor's ``__dict__``), or None where all are empty."""
+            grad = None
+            if tensor.requires_grad and tensor.is_leaf:  # (a non-leaf's .grad warns)
+                grad = tensor.grad
+                if (
+                    grad is not None
+                    and _device_of(grad) is not None
+                    and tensor_identity(grad) not in substitutes
+                ):
+                    grad = None  # never copied off the GPU: left, as before
+            hooks = tensor._backward_hooks
+            hooks = tuple(hooks.values()) if hooks else ()
+            attributes = tensor.__dict__ if type(tensor) is tensor_type else None
+            if grad is None and not hooks and not attributes:
+                return None
+            return grad, hooks, dict(attributes or {})
+
+        def _reduce_tensor_data(tensor: Any) -> Any:
             requires_grad = bool(tensor.requires_grad)
+            inference = bool(tensor.is_inference())
             device = _device_of(tensor)
             if device is not None:
                 substitute = substitutes.get(tensor_identity(tensor))
@@ -497,6 +545,7 @@ class KeepPickler:
                 tuple(tensor.stride()),
                 tensor.dtype,
                 requires_grad,
+                *((True,) if inference else ()),
             )
 
         def _reduce_notebook_function(function: types.FunctionType) -> Any:

@@ -16,6 +16,7 @@ Python cannot read) are listed as such.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from typing import Any
 
 from .rng import RngReader, drawn_from, encode_rng, rng_states
 
+_CACHED_FUNCTION = getattr(functools, "_lru_cache_wrapper", None)
 MAX_NODES = 2000  # objects visited per name
 _SAMPLE = 64  # values read from a large array, evenly spread
 _KEEP = 500  # records kept in a long session (as runtime.cells)
@@ -140,8 +142,10 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 whole = False
         elif torch is not None and isinstance(obj, torch.optim.Optimizer):
             append((id(obj), len(obj.state)))
-            for group in obj.param_groups:
-                tokens.extend(v for k, v in group.items() if type(v) in _IMMUTABLE)
+            for group in obj.param_groups:  # (settings that are no number: Adam's betas)
+                settings = [v for k, v in group.items() if k != "params"]
+                tokens.extend(v if type(v) in _IMMUTABLE else id(v) for v in settings)
+                stack.extend(_mutable(settings))
             for state in obj.state.values():
                 stack.extend(state.values())
         elif numpy is not None and isinstance(obj, numpy.ndarray):
@@ -155,6 +159,8 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
         elif torch is not None and isinstance(obj, torch.Generator):
             # A generator of one's own (``torch.Generator().manual_seed(0)``): where it stands.
             append((id(obj), obj.get_state().numpy().tobytes()))
+        elif kind is _CACHED_FUNCTION:  # functools.lru_cache's: its cache fills as it is called
+            append((id(obj), obj.cache_info()))
         elif callable(obj) or isinstance(obj, ModuleType):
             append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
@@ -193,6 +199,7 @@ def _module_tokens(
                 append(_tensor_token(tensor))
         own = _public_values(state)
         append(tuple(map(id, own)))
+        append(tuple(map(len, map(state.get, _HOOKS, repeat(())))))  # (register_forward_hook)
         stack.extend(_mutable(own))  # (it checks for nothing to walk itself)
         for child in children.values():
             if child is not None and id(child) not in seen:
@@ -201,6 +208,7 @@ def _module_tokens(
     return True
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _PUBLIC: dict[frozenset[str], Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
 
 
@@ -268,11 +276,16 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
         pointer = tensor.data_ptr()
     except Exception:  # sparse, meta, or a tensor subclass without storage
         pointer = None
-    # A leaf's only: reading a non-leaf's .grad makes torch warn (it is never filled).
-    if tensor.requires_grad and tensor.is_leaf and tensor.grad is not None:
+    # What moves no version counter: ``requires_grad`` (``p.requires_grad_(False)`` freezes a
+    # layer), hooks (``w.register_hook(clip)``), attributes (``p.no_decay = True``).
+    requires_grad = tensor.requires_grad
+    hooks, own = tensor._backward_hooks, tensor.__dict__
+    extra = (hooks and tuple(hooks), own and (tuple(own), tuple(map(id, own.values()))))
+    # A leaf's grad only: reading a non-leaf's .grad makes torch warn (it is never filled).
+    if requires_grad and tensor.is_leaf and tensor.grad is not None:
         grad = tensor.grad
-        return (id(tensor), tensor._version, pointer, id(grad), grad._version)
-    return (id(tensor), tensor._version, pointer)
+        return (id(tensor), tensor._version, pointer, id(grad), grad._version, extra)
+    return (id(tensor), tensor._version, pointer, requires_grad, extra)
 
 
 def _array_seen(array: Any) -> tuple[tuple[Any, ...], bool]:

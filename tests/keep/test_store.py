@@ -481,3 +481,39 @@ def test_a_carried_name_says_its_partner_of_then_is_not_the_one_kept_now(profile
     notes = {k.name: k.note for k in manifest.kept}
     assert "kept at an earlier restart" in notes["opt"]
     assert "shares state with the `model` of then, not with the one kept now" in notes["opt"]
+
+
+def test_gradients_held_in_grad_come_back(profile):
+    # ``loss.backward()`` without an optimizer step: the gradients are state the next step uses
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 1)
+    leaf = torch.ones(2, requires_grad=True)
+    lin(torch.randn(4, 3)).sum().backward()
+    (leaf * 3).sum().backward()
+    namespace = {"lin": lin, "leaf": leaf, "none": torch.nn.Linear(2, 2)}
+    _, _, new = save_and_restore(namespace, profile)
+    assert torch.equal(new["lin"].weight.grad, lin.weight.grad)
+    assert torch.equal(new["lin"].bias.grad, lin.bias.grad)
+    assert torch.equal(new["leaf"].grad, leaf.grad) and new["leaf"].is_leaf
+    assert new["none"].weight.grad is None
+    assert type(new["lin"].weight) is torch.nn.Parameter and new["lin"].weight.requires_grad
+
+
+def test_a_tensors_hooks_and_attributes_come_back(profile):
+    # ``w.register_hook(clip)`` and tags (``p.no_decay = True``) move no data: kept all the same
+    w = torch.nn.Parameter(torch.ones(2))
+    w.register_hook(lambda g: g.clamp(-1, 1))
+    w.no_decay = True
+    t = torch.zeros(2)
+    t.tag = "mask"
+    _, _, new = save_and_restore({"w": w, "t": t}, profile)
+    assert torch.autograd.grad((new["w"] * 10).sum(), new["w"])[0].tolist() == [1.0, 1.0]
+    assert new["w"].no_decay is True and new["t"].tag == "mask"
+
+
+def test_a_tensor_made_under_inference_mode_comes_back_one(profile):
+    with torch.inference_mode():
+        preds = torch.ones(3) * 2
+    _, _, new = save_and_restore({"preds": preds, "plain": torch.ones(2)}, profile)
+    assert new["preds"].is_inference() and torch.equal(new["preds"], preds)
+    assert not new["plain"].is_inference()
