@@ -778,7 +778,11 @@ def with_unrepeatable(
         ]
         if reasons:
             found.append((index, "; ".join(reasons)))
-            made = set(cell.defines | cell.mutates)  # which of them follow, its text cannot say
+            if reads.varying and reasons == [reads.varying]:
+                made = set(reads.differs)  # the clock's value alone: not what the cell timed
+            else:  # which of them follow a set's order, its text cannot say
+                made = set(cell.defines | cell.mutates)
+            made |= {n for n, sources in cell.links.items() if sources & names}
         else:  # built from those: by its links
             made = {n for n, sources in cell.links.items() if sources & names}
             made |= {n for n, held in cell.stores.items() if held & names}

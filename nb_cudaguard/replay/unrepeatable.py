@@ -42,6 +42,8 @@ VARYING_CALLS = {
     **dict.fromkeys(("getpid", "getppid"), "the process's id"),
     **dict.fromkeys(("mkdtemp", "mkstemp", "mktemp"), "a temporary path"),
 }  # fmt: skip
+# Generators made with no seed: seeded from the OS's entropy, anew in every process.
+_UNSEEDED = frozenset({"default_rng", "SeedSequence", "RandomState", "Random", "PCG64", "Philox"})
 # Called by these alone they are someone else's (``model.time()``): only through these modules.
 _VARYING_OWNERS = frozenset({"time", "datetime", "date", "uuid", "os", "secrets", "tempfile"})
 
@@ -56,6 +58,9 @@ class Unrepeatable:
     iterated: frozenset[str] = frozenset()
     sets: frozenset[str] = frozenset()  # names it binds to a set
     varying: str = ""  # what it reads that differs by nature (``time.time()``: the clock)
+    # The names it binds or changes from those reads (``t0 = time.time()``, ``log.append(
+    # time.time())``), or from names so bound: not the model a timed cell trains.
+    differs: frozenset[str] = frozenset()
     # What the functions and classes it defines read of either kind, when called (``def
     # vocab_of(text): return list(set(text))``): what their callers make may differ.
     builds_when_called: str = ""
@@ -76,7 +81,7 @@ REPEATABLE = Unrepeatable()
 UNWALKED = Unrepeatable(complete=False)
 # A cell that may build a set, hash a string or read the clock, the OS or the process.
 _MAY_MATTER = re.compile(
-    r"set\b|\{|\bhash\b|\.pop\b|\b(?:" + "|".join(sorted(VARYING_CALLS)) + r")\b"
+    r"set\b|\{|\bhash\b|\.pop\b|\b(?:" + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED)) + r")\b"
 )
 
 
@@ -96,6 +101,7 @@ def unrepeatable(tree: ast.AST, source: str | None = None) -> Unrepeatable:
         frozenset(finder.iterated),
         frozenset(finder.sets),
         "; ".join(dict.fromkeys(finder.varying)),
+        frozenset(finder.differs),
         "; ".join(dict.fromkeys(finder.inner_builds)),
         "; ".join(dict.fromkeys(finder.inner_varying)),
         frozenset(finder.attribute_sets),
@@ -130,6 +136,7 @@ class _Finder(ast.NodeVisitor):
         self.iterated: set[str] = set()
         self.sets: set[str] = set()
         self.varying: list[str] = []
+        self.differs: set[str] = set()
         self.inner_builds: list[str] = []  # the same in its functions' and classes' bodies
         self.inner_varying: list[str] = []
         self.depth = 0  # in how many function or class bodies the visit is
@@ -155,6 +162,43 @@ class _Finder(ast.NodeVisitor):
         ):
             self.iterated.add(node.func.value.id)  # ``vocab.union(x)`` read in order
 
+    def _bound_from_varying(self, targets: list[ast.expr], value: ast.AST, before: int) -> None:
+        """At the top level: ``targets`` bind a value read by a varying call since ``before``
+        (``len(self.varying)`` when the statement began), or built from a name that did."""
+        if self.depth:
+            return
+        built = len(self.varying) > before or any(
+            isinstance(n, ast.Name) and n.id in self.differs for n in ast.walk(value)
+        )
+        while built and targets:
+            target = targets.pop()
+            if isinstance(target, ast.Tuple | ast.List):
+                targets += target.elts
+            elif isinstance(target, ast.Starred):
+                targets.append(target.value)
+            else:
+                while isinstance(target, ast.Attribute | ast.Subscript):
+                    target = target.value  # ``stats["t"] = time.time()`` changes ``stats``
+                if isinstance(target, ast.Name):
+                    self.differs.add(target.id)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        before = len(self.varying)
+        self.generic_visit(node)
+        self._bound_from_varying([node.target], node.value, before)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        before = len(self.varying)
+        self.generic_visit(node)
+        self._bound_from_varying([node.target], node.value, before)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        before = len(self.varying)
+        self.generic_visit(node)
+        call = node.value
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            self._bound_from_varying([call.func.value], call, before)  # ``log.append(time())``
+
     def visit_FunctionDef(
         self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef
     ) -> None:
@@ -169,7 +213,9 @@ class _Finder(ast.NodeVisitor):
             if not self.depth:
                 self.sets.update(t.id for t in node.targets if isinstance(t, ast.Name))
             self.attribute_sets.update(t.attr for t in node.targets if isinstance(t, ast.Attribute))
+        before = len(self.varying)
         self.generic_visit(node)
+        self._bound_from_varying(list(node.targets), node.value, before)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         target = node.target
@@ -178,7 +224,10 @@ class _Finder(ast.NodeVisitor):
                 self.sets.add(target.id)
             elif isinstance(target, ast.Attribute):
                 self.attribute_sets.add(target.attr)
+        before = len(self.varying)
         self.generic_visit(node)
+        if node.value is not None:
+            self._bound_from_varying([target], node.value, before)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         self._ordered(node.iter)
@@ -208,6 +257,9 @@ class _Finder(ast.NodeVisitor):
             text = f"{ast.unparse(node)[:40]} follows string hashing"
             (self.inner_builds if self.depth else self.builds).append(text)
         read = _varying(func)
+        if read is None and not node.args and not node.keywords:
+            called = name or (func.attr if isinstance(func, ast.Attribute) else None)
+            read = "fresh entropy" if called in _UNSEEDED else None
         if read is not None:
             varying = f"{ast.unparse(func)}() reads {read}"
             (self.inner_varying if self.depth else self.varying).append(varying)

@@ -178,3 +178,27 @@ def test_a_cell_naming_no_set_hash_or_clock_is_walked_only_where_a_set_is_held()
     assert walked == []  # no set held anywhere: nothing to walk
     kept = with_unrepeatable(plan, facts, sets_here={"vocab"}, walk=walk)
     assert (kept.unrepeatable_names, walked) == (("first",), [0])
+
+
+def test_only_what_is_bound_from_the_clock_is_named_not_what_a_timed_cell_trains():
+    cells = [
+        "import time\nlog = []\nnet = make()",
+        "t0 = time.time()\nnet.fit(data)\nelapsed = time.time() - t0\nlog.append(time.time())\n"
+        "per_step = elapsed / 10",
+        "print(net, per_step, log)",
+    ]
+    plan = _plan(cells, {"make", "data"})
+    assert plan.unrepeatable_names == ("elapsed", "log", "per_step", "t0")
+
+
+@pytest.mark.parametrize(
+    ("code", "fresh"),
+    [
+        ("rng = np.random.default_rng()", True),
+        ("rng = np.random.default_rng(0)", False),
+        ("gen = random.Random()", True),
+        ("gen = random.Random(42)", False),
+    ],
+)
+def test_a_generator_made_with_no_seed_reads_fresh_entropy(code, fresh):
+    assert ("fresh entropy" in unrepeatable(ast.parse(code)).varying) is fresh
