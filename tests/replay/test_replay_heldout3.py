@@ -411,13 +411,6 @@ def test_numpy_print_options_and_error_handling(server, server_kernel):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the options cell is named, not run again (test_replay_planner.py's "
-    "'a-call-on-a-module-changes-no-object' case pins it out of the plan), so a string printed "
-    "under its options comes back printed under the defaults, unnamed; running such cells "
-    "again as setup would rebuild it exactly",
-)
 def test_a_string_printed_under_numpy_print_options(server, server_kernel):
     kid, pid = server_kernel
     cells = (
