@@ -1151,9 +1151,15 @@ def _facts(tree: ast.Module, transform: Transform | None, text: str) -> CellFact
     for statement in tree.body:
         visitor.visit(statement)
     facts = visitor.c.facts()
+    defines = facts.defines
     if _shows_a_value(tree, text):  # IPython's displayhook binds ``_`` to what it shows
-        facts = replace(facts, defines=facts.defines | {"_"})
-    return replace(facts, unrepeatable=unrepeatable(tree, text), paths=path_events(tree, text))
+        defines = defines | {"_"}
+    return replace(
+        facts,
+        defines=defines,
+        unrepeatable=unrepeatable(tree, text),
+        paths=path_events(tree, text),
+    )
 
 
 # Lines a replay never runs again: our own commands (a restart, a replay), loading extensions,

@@ -382,8 +382,7 @@ class _Planner:
             facts = self.facts[step.index]
             if step.failing or step.index <= after or not facts.uses & followed:
                 continue
-            made = {n for n, sources in facts.links.items() if sources & followed}
-            made |= {n for n, held in facts.stores.items() if held & followed}
+            made = built_on(facts, followed)
             made -= followed | set(step.keeps) | facts.imports | facts.callables
             followed |= made
             found += sorted(made)
@@ -719,6 +718,14 @@ def with_records(
     return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)))
 
 
+def built_on(cell: CellFacts, names: Collection[str]) -> set[str]:
+    """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), and the
+    containers it stores them in (``runs.append(t0)``)."""
+    made = {n for n, sources in cell.links.items() if not sources.isdisjoint(names)}
+    made |= {n for n, held in cell.stores.items() if not held.isdisjoint(names)}
+    return made
+
+
 def with_unrepeatable(
     plan: Plan,
     facts: Sequence[CellFacts],
@@ -779,13 +786,12 @@ def with_unrepeatable(
         if reasons:
             found.append((index, "; ".join(reasons)))
             if reads.varying and reasons == [reads.varying]:
-                made = set(reads.differs)  # the clock's value alone: not what the cell timed
+                own = set(reads.differs)  # the clock's value alone: not what the cell timed
             else:  # which of them follow a set's order, its text cannot say
-                made = set(cell.defines | cell.mutates)
-            made |= {n for n, sources in cell.links.items() if sources & names}
-        else:  # built from those: by its links
-            made = {n for n, sources in cell.links.items() if sources & names}
-            made |= {n for n, held in cell.stores.items() if held & names}
+                own = set(cell.defines | cell.mutates)
+        else:
+            own = set()
+        made = own | built_on(cell, names)
         made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
         names |= made
     return replace(plan, unrepeatable=tuple(found), unrepeatable_names=tuple(sorted(names)))
@@ -830,7 +836,7 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
             found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
             made = set(cell.defines | cell.mutates) - cell.imports - cell.callables
         else:
-            made = {n for n, sources in cell.links.items() if sources & names}
+            made = built_on(cell, names)
         names |= made - set(chosen[index].keeps)
     changed = []
     for path in sorted({p for j in chosen for p in uses[j].writes | uses[j].appends}):
