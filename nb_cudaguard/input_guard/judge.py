@@ -132,7 +132,9 @@ def first_violation(requirements: list[Requirement]) -> Finding | None:
         if only.tensor.is_cpu:
             STATS["transfers"] += 1
             return None if only.holds_now() else only.explain()
-    live, on_host = _live(requirements)
+        live, on_host = requirements, False  # (what _live says of it, without asking again)
+    else:
+        live, on_host = _live(requirements)
     if not live:
         STATS["skipped"] += 1
         return None
