@@ -42,7 +42,7 @@ def _no_process_left() -> Iterator[None]:
 def _env(rank_dir: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env.update(NB_CUDAGUARD_RANK_DIR=str(rank_dir), LINGER_S="60", **extra)
+    env.update({"NB_CUDAGUARD_RANK_DIR": str(rank_dir), "LINGER_S": "60", **extra})
     return env
 
 
