@@ -56,7 +56,9 @@ class CudaGuardExtension:
         self.last_sticky_cell: int | None = None  # the cell last shown a sticky diagnosis
         self._magic_names: dict[str, list[str]] = {"line": [], "cell": []}
         self._registered_magics: list[Any] = []
-        self.tee = FdTee(2)  # device assert lines: shown as before, and kept for the diagnosis
+        # Device assert lines, shown as before and kept for the diagnosis; held between cells,
+        # where the driver often prints them (runtime/capture.py).
+        self.tee = FdTee(2, hold=True)
         self._tee_failed = False
         self.cells = CellTracker()
         self.outcomes: dict[int, bool] = {}  # execution count -> succeeded (for a replay)

@@ -6,15 +6,22 @@ ipykernel >= 6 has already pointed fd 2 at a pipe that its watcher thread
 forwards to the notebook, sometimes late or under a later cell; older kernels and terminal IPython
 leave fd 2 on a terminal. Either way Python cannot read the text back.
 
-So while a cell runs, fd 2 points at our pipe, and a small **child process** copies every byte, in
-order, to where fd 2 pointed before (ipykernel's pipe or the terminal: the user sees exactly what
-they saw before) and keeps a bounded copy. Why a process and not a thread: a reader thread needs
-the GIL, and C code that writes more than a pipe's buffer to fd 2 while holding the GIL (a
-``PyDLL`` call, an extension that does not release it) would wait for a reader that waits for the
-GIL: the process hangs. The child has its own interpreter; it needs nothing from this one.
-wurlitzer was considered and not taken: its reader is a thread of this process (the same
-deadlock, only made rarer by a larger pipe), and it hands text to file objects instead of
-forwarding bytes to the saved descriptor.
+So fd 2 points at our pipe, and a small **child process** copies every byte, in order, to where
+fd 2 pointed before (ipykernel's pipe or the terminal: the user sees exactly what they saw before)
+and keeps a bounded copy. A notebook's tee stays on between cells (``hold``): the driver prints an
+assert's lines at whichever driver call first meets the error, in whatever thread makes it, and
+that is often between cells (seen on an H100: a kernel launched in one cell, ``.item()`` two cells
+on, and the lines printed by the stream query the cell tracker's worker makes after the cell in
+between, where a tee given back after each cell never saw them). A redirector that moves fd 2
+between our cells (its hook runs before ours, or the user's ``dup2``) turns the hold off: from
+then on each cell swaps fd 2 in and out, and gives it back only while it still points at us.
+
+Why a process and not a thread: a reader thread needs the GIL, and C code that writes more than a
+pipe's buffer to fd 2 while holding the GIL (a ``PyDLL`` call, an extension that does not release
+it) would wait for a reader that waits for the GIL: the process hangs. The child has its own
+interpreter; it needs nothing from this one. wurlitzer was considered and not taken: its reader is
+a thread of this process (the same deadlock, only made rarer by a larger pipe), and it hands text
+to file objects instead of forwarding bytes to the saved descriptor.
 
 Commands travel in the same pipe, after the bytes they concern (a pipe is first in, first out):
 "clear" after a successful cell (older lines never decide a later error), "report" when a cell
@@ -240,15 +247,17 @@ def _identity(fd: int) -> tuple[int, int] | None:
 
 
 class FdTee:
-    """Copy everything written to ``fd`` during a cell to where it went before, and keep the
-    tail of it since the last ``clear()``.
+    """Copy everything written to ``fd`` during a cell (with ``hold``, between cells too) to
+    where it went before, and keep the tail of it since the last ``clear()``.
 
     One pipe and one child process live as long as the tee (a process per cell would cost more
     than the rest of the extension); each cell only swaps ``fd`` in and out with ``dup2``. A
     child that dies is replaced at once by a thread that waits for it (see the module's doc).
     """
 
-    def __init__(self, fd: int = 2, keep: int = _KEEP, fold: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, fd: int = 2, keep: int = _KEEP, fold: tuple[str, ...] = (), *, hold: bool = False
+    ) -> None:
         self.fd = fd
         self.keep = keep
         # (a sys.path entry, a module, the restart command): the child imports the module on the
@@ -275,6 +284,10 @@ class FdTee:
         self._seq = 0
         self._quick_deaths = 0  # children in a row that ended within _QUICK_DEATH_S
         self._gave_up = False  # no child would run: the tee stays off (its one line was said)
+        # Between cells too (see the module's doc): the outermost stop leaves ``fd`` on our pipe
+        # (``_held``) while it points there; the next start checks it still does (one fstat).
+        self.hold = hold
+        self._held = False
 
     @property
     def active(self) -> bool:
@@ -415,6 +428,13 @@ class FdTee:
     def start(self) -> None:
         self._depth += 1
         if self._saved is not None:
+            if self._held:
+                self._held = False
+                if _identity(self.fd) != self._pipe_id:
+                    # Moved since our last cell (a redirector whose hook runs before ours, or
+                    # the user's dup2): its restore point is our pipe, which stays as it is;
+                    # this cell goes to it, and our stop gives ``fd`` back once it is ours.
+                    self.hold = False
             return
         try:
             self._start()
@@ -449,11 +469,15 @@ class FdTee:
             os.dup2(self._write_end, self.fd)
 
     def stop(self) -> None:
-        """Give ``fd`` back (the outermost cell's stop only). Every byte written before is
+        """Give ``fd`` back (the outermost cell's stop only), or, with ``hold``, leave it on our
+        pipe until the next cell while it still points there. Every byte written before is
         forwarded by the child in order; nothing here waits for it."""
         if self._depth > 0:
             self._depth -= 1
         if self._depth > 0 or self._saved is None:
+            return
+        if self.hold and self._pipe_id is not None and _identity(self.fd) == self._pipe_id:
+            self._held = True
             return
         saved, self._saved = self._saved, None
         try:
@@ -532,6 +556,7 @@ class FdTee:
     def close(self) -> None:
         """Give ``fd`` back and let the child go (it ends once no process holds the pipe)."""
         self._depth = min(self._depth, 1)
+        self.hold = False
         try:
             self.stop()
         finally:

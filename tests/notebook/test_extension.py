@@ -312,21 +312,32 @@ def test_a_restart_in_terminal_ipython_with_ipykernel_imported_is_refused_and_it
     assert "refused: this is not a Jupyter kernel" in out
 
 
+# After each cell: fd 2 is the original or our held pipe, and either way still reaches the
+# terminal; unloading gives the original back (GIVEN_BACK).
 FD2_WATCH = textwrap.dedent(
     """\
     import os, sys
     original = os.fstat(2).st_ino
     %load_ext nb_cudaguard
-    given_back, ip = [], get_ipython()
-    ip.events.register('post_run_cell', lambda r: given_back.append(os.fstat(2).st_ino == original))
+    held, ip = set(), get_ipython()
+    ip.events.register('post_run_cell', lambda r: held.add(os.fstat(2).st_ino))
+    """
+)
+GIVEN_BACK = textwrap.dedent(
+    """\
+    os.write(2, b'fd 2 reaches the terminal\\n')
+    %unload_ext nb_cudaguard
+    print('given back:', os.fstat(2).st_ino == original, len(held - {original}) <= 1)
     """
 )
 
 
 def test_ctrl_c_during_our_analysis_escapes_nothing_and_fd2_is_given_back():
     # A KeyboardInterrupt raised exactly when our hook starts its analysis, as Ctrl-C would.
-    script = FD2_WATCH + textwrap.dedent(
-        f"""\
+    script = (
+        FD2_WATCH
+        + textwrap.dedent(
+            f"""\
         def interrupt(frame, event, arg):
             code = frame.f_code
             if event == 'call' and code.co_name == 'recognise' and 'cudaguard' in code.co_filename:
@@ -334,34 +345,40 @@ def test_ctrl_c_during_our_analysis_escapes_nothing_and_fd2_is_given_back():
                 raise KeyboardInterrupt
         import torch
         sys.settrace(interrupt); raise torch.AcceleratorError({ASSERT!r})
-        print('given back:', given_back[-1])
         raise torch.AcceleratorError({ASSERT!r})
-        exit
         """
+        )
+        + GIVEN_BACK
+        + "exit\n"
     )
     proc = terminal_ipython(script)
     out = proc.stdout + proc.stderr
     assert "Error in callback" not in out
     assert "nb_cudaguard: could not analyse this error (KeyboardInterrupt" in out
-    assert "given back: True" in out
+    assert "fd 2 reaches the terminal" in proc.stderr
+    assert "given back: True True" in out
     assert "nb_cudaguard: A GPU kernel hit a device-side assert" in out  # the next error: a panel
 
 
 def test_a_post_run_cell_without_a_result_escapes_nothing_and_fd2_is_given_back():
     # IPython 7.34 fires post_run_cell from a `finally`, with None, after its pre_run_cell.
-    script = FD2_WATCH + textwrap.dedent(
-        """\
+    script = (
+        FD2_WATCH
+        + textwrap.dedent(
+            """\
         ip.events.trigger('pre_run_cell', None); ip.events.trigger('post_run_cell', None)
-        print('given back:', given_back[-1])
-        print('then:', given_back[-1])
-        exit
+        print('then')
         """
+        )
+        + GIVEN_BACK
+        + "exit\n"
     )
     proc = terminal_ipython(script)
     out = proc.stdout + proc.stderr
     assert "Error in callback" not in out
-    assert "given back: True" in out
-    assert "then: True" in out
+    assert "then" in proc.stdout
+    assert "fd 2 reaches the terminal" in proc.stderr
+    assert "given back: True True" in out
 
 
 def test_a_restart_in_an_in_process_kernel_is_refused_and_its_host_lives_on():

@@ -255,6 +255,27 @@ def test_device_lines_printed_in_an_earlier_successful_cell_still_reach_the_pane
     assert _panel_cause(out) == "label-out-of-range"
 
 
+def test_device_lines_printed_between_cells_by_another_thread_reach_the_panel(kernel):
+    # As on an H100: the driver prints the lines at whichever call first meets the error, in
+    # whatever thread makes it; there it was the cell tracker's stream query, made by its worker
+    # after a cell that did no CUDA work, so between cells. A thread writes them here once the
+    # cell that started it has ended; the error surfaces in the next cell.
+    kernel.execute("%load_ext nb_cudaguard")
+    kernel.execute(
+        "import os, threading, time, torch\n"
+        "between = threading.Event()\n"
+        "def driver():\n"
+        "    time.sleep(0.3)\n"
+        f"    os.write(2, {_device_lines(3)!r})\n"
+        "    between.set()\n"
+        "threading.Thread(target=driver).start()"
+    )
+    time.sleep(1.0)  # no cell runs while the thread writes
+    out = kernel.execute(f"assert between.is_set()\nraise torch.AcceleratorError({ASSERT_TEXT!r})")
+    assert out.errors[0]["ename"] == "AcceleratorError"
+    assert _panel_cause(out) == "label-out-of-range"
+
+
 def test_device_lines_an_earlier_diagnosis_read_never_decide_a_later_one(kernel):
     kernel.execute("%load_ext nb_cudaguard\nimport os, torch")
     index_lines = _device_lines(3, INDEX_DEVICE)
@@ -325,6 +346,34 @@ def test_a_redirector_that_stops_before_us_keeps_its_restore():
     assert out.strip() == "True"
 
 
+def test_a_held_tee_stays_on_between_cells_and_yields_to_a_redirector_that_moves_fd2():
+    out = _in_child(
+        """
+        ino = lambda fd: os.fstat(fd).st_ino
+        original = os.dup(2)
+        tee = FdTee(2, hold=True)
+        tee.start(); tee.stop()
+        ours, child = ino(2), tee.child_pid
+        print(ours != ino(original))  # held between cells: fd 2 stays on our pipe
+        tee.start(); os.write(2, b'in a cell\\n'); tee.stop()
+        print(ino(2) == ours and tee.child_pid == child)  # no swap, no new child
+        # a redirector whose hooks run before ours: it saves our pipe and points fd 2 elsewhere
+        theirs_saved = os.dup(2)
+        r, w = os.pipe()
+        os.dup2(w, 2)
+        tee.start()
+        print(ino(2) == ino(w))  # left to it for this cell
+        os.dup2(theirs_saved, 2)  # its end of cell, before ours: back to our pipe
+        tee.stop()
+        print(ino(2) == ino(original))  # then given back, as every cell from now on
+        tee.start(); tee.stop()
+        print(ino(2) == ino(original) and tee.child_pid == child)
+        tee.close()
+        """
+    )
+    assert out.split() == ["True"] * 5
+
+
 def test_fd2_left_on_our_pipe_by_another_redirector_does_not_loop():
     out = _in_child(
         """
@@ -373,20 +422,25 @@ def test_wurlitzer_inside_a_cell_gets_its_output_and_fd2_comes_back_after():
         import os
         original = os.fstat(2).st_ino
         %load_ext nb_cudaguard
-        given_back, ip = [], get_ipython()
-        ip.events.register('post_run_cell', lambda r: given_back.append(os.fstat(2).st_ino))
+        after, ip = [], get_ipython()
+        ip.events.register('post_run_cell', lambda r: after.append(os.fstat(2).st_ino))
         from wurlitzer import pipes
         with pipes() as (out, err):
             os.write(2, b'inside wurlitzer\\n')
 
         print('wurlitzer got:', err.read().strip())
         os.write(2, b"after wurlitzer\\n")
-        print('given back:', set(given_back[-3:]) == {original})
+        print('held:', len(set(after[-3:])) == 1 and original not in after)
+        %unload_ext nb_cudaguard
+        print('given back:', os.fstat(2).st_ino == original)
         exit
         """
     )
     proc = terminal_ipython(cells, timeout=60)
     assert "wurlitzer got: inside wurlitzer" in proc.stdout
+    # Between cells fd 2 stays on our one pipe (wurlitzer restored it there); unloading gives
+    # the original back.
+    assert "held: True" in proc.stdout
     assert "given back: True" in proc.stdout
     assert "after wurlitzer" in proc.stderr  # through our tee, to the terminal
     assert "inside wurlitzer" not in proc.stderr  # wurlitzer's, not shown twice
