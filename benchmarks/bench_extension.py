@@ -91,6 +91,44 @@ def hook_only(calls: int = 200_000) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def profile_hooks(cells: int, cuda: bool) -> None:
+    """Where a loaded cell's time goes: cProfile over ``cells`` successful cells, each hook's
+    parts per cell (cumulative, so a part includes what it calls), then the top functions by
+    their own time. cProfile slows every call, so read the shares, not the sums."""
+    import cProfile
+    import pstats
+
+    from IPython.testing.globalipapp import get_ipython
+    from IPython.utils.capture import capture_output
+
+    shell = get_ipython()
+    if cuda:
+        shell.run_cell("import torch\n_t = torch.ones(1, device='cuda')", store_history=False)
+    parts = (
+        "pre_run_cell", "post_run_cell", "start", "finish", "stop", "settle", "read",
+        "_read_cuda", "_cuda_allocations", "_ask_work_queued", "received", "clear",
+    )  # fmt: skip
+    with capture_output():
+        shell.run_line_magic("load_ext", "nb_cudaguard")
+        shell.run_cell("x = sum(range(10))", store_history=False)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(cells):
+            shell.run_cell("x = sum(range(10))", store_history=False)
+        profiler.disable()
+        shell.run_line_magic("unload_ext", "nb_cudaguard")
+    stats = pstats.Stats(profiler)
+    print(f"profile of {cells} loaded cells (cumulative µs per cell, under cProfile):")
+    for (path, line, name), (_, calls, _, cumulative, _) in sorted(
+        stats.stats.items(),  # type: ignore[attr-defined]
+        key=lambda item: -item[1][3],
+    ):
+        if "nb_cudaguard" in path and name in parts:
+            where = path.split("nb_cudaguard/")[-1]
+            print(f"  {cumulative / cells * 1e6:8.1f}  {where}:{line} {name} ({calls} calls)")
+    stats.sort_stats("tottime").print_stats(15)
+
+
 def cell_tracker_us(calls: int = 20_000) -> dict[str, float]:
     """µs per cell of the cell tracker's CUDA reading, and per call of the readings it could use:
     the allocator's statistics, flattened or nested, and the stream query."""
@@ -157,7 +195,13 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=4000)
     parser.add_argument("--imports", type=int, default=15)
     parser.add_argument("--cuda", action="store_true", help="initialise CUDA in the shell first")
+    parser.add_argument(
+        "--profile", type=int, metavar="CELLS", help="only profile CELLS loaded cells, then stop"
+    )
     args = parser.parse_args()
+    if args.profile:
+        profile_hooks(args.profile, args.cuda)
+        return
 
     bare, loaded = per_cell(args.cells, cuda=args.cuda)
     if args.cuda:

@@ -52,6 +52,7 @@ class RngReader:
     _torch_view: Any = None
     _torch_raw: bytes = b""
     _torch_state: bytes = b""
+    _cuda: tuple[Any, list[Any]] | None = None  # (seed and offset per device, their states)
 
     def read(self) -> dict[str, Any]:
         states: dict[str, Any] = {"random": self._read_random()}
@@ -63,10 +64,25 @@ class RngReader:
             states["torch"] = self._read_torch(torch.default_generator)
             try:
                 if torch.cuda.is_initialized():
-                    states["cuda"] = torch.cuda.get_rng_state_all()
+                    states["cuda"] = self._read_cuda(torch)
             except Exception:  # a poisoned context: its generators cannot be read
                 pass
         return states
+
+    def _read_cuda(self, torch: Any) -> tuple[Any, list[Any]]:
+        """(a key, ``get_rng_state_all()``), the states read again only where the key moved. A
+        CUDA generator's state is its seed and Philox offset (``CUDAGeneratorImpl::get_state``,
+        aten/src/ATen/cuda/CUDAGeneratorImpl.cpp): two calls each, where the states build a
+        tensor per device in Python every cell."""
+        try:
+            generators = torch.cuda.default_generators
+            key: Any = tuple((g.initial_seed(), g.get_offset()) for g in generators)
+        except Exception:  # an older torch, without get_offset(): the states are the key
+            states = torch.cuda.get_rng_state_all()
+            return (tuple(bytes(s.numpy().tobytes()) for s in states), states)
+        if self._cuda is None or self._cuda[0] != key:
+            self._cuda = (key, torch.cuda.get_rng_state_all())
+        return self._cuda
 
     def _read_random(self) -> Any:
         instance: Any = random._inst
@@ -219,9 +235,8 @@ def _same_state(name: str, a: Any, b: Any) -> bool:
         return False
     if name == "numpy":  # (kind, keys array, position, has_gauss, cached)
         return bool(a[1].tobytes() == b[1].tobytes() and a[2:] == b[2:])
-    if name == "cuda":  # a tensor per device
-        torch = sys.modules["torch"]
-        return len(a) == len(b) and all(map(torch.equal, a, b))
+    if name == "cuda":  # (key, a tensor per device): the keys say it
+        return bool(a[0] == b[0])
     return bool(a == b)  # bytes, random's (raw, gauss) or its tuple of ints: compared in C
 
 
@@ -240,7 +255,7 @@ def encode_rng(states: Mapping[str, Any]) -> str:
         elif name == "torch":
             plain[name] = list(state)
         elif name == "cuda":
-            plain[name] = [s.tolist() for s in state]
+            plain[name] = [s.tolist() for s in state[1]]
     raw = zlib.compress(json.dumps(plain).encode("utf-8"))
     return base64.b64encode(raw).decode("ascii")
 
