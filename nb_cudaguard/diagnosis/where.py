@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import linecache
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from .classify import classify_line, logical_lines
@@ -27,6 +27,15 @@ def last_launching_cell(launched: Mapping[int, bool], before: int | None = None)
     """The newest cell (before ``before``) that launched CUDA work."""
     cells = [c for c, did in launched.items() if did and (before is None or c < before)]
     return max(cells) if cells else None
+
+
+def _launching(launched: Mapping[int, bool], queued: Collection[int], cell: int) -> str:
+    """``cell [cell]``, and where ``cell`` counts only for work still queued at its end (which
+    may be an earlier cell's), the launching cell before it too."""
+    if cell not in queued:
+        return f"cell [{cell}]"
+    earlier = last_launching_cell(launched, before=cell)
+    return f"cell [{cell}]" if earlier is None else f"cell [{cell}] or in cell [{earlier}]"
 
 
 def surfaced_at(error: BaseException) -> str | None:
@@ -66,10 +75,12 @@ def where_sentence(
     launched: Mapping[int, bool],
     *,
     synced: bool = False,
+    queued: Collection[int] = (),
 ) -> str | None:
     """Where the error surfaced and where it was most likely launched, or None if unclear.
 
-    ``launched`` says, per execution count, whether that cell launched CUDA work; ``synced``, that
+    ``launched`` says, per execution count, whether that cell launched CUDA work; ``queued``,
+    the cells it says so of only because work was still queued at their end; ``synced``, that
     the error was raised by the end-of-cell synchronise of ``cell``.
     """
     if synced:
@@ -83,13 +94,14 @@ def where_sentence(
     earlier = last_launching_cell(launched, before=cell)
     innocent = line is not None and _only_copies_or_waits(line)
     if own is False and earlier is not None:
+        launching = _launching(launched, queued, earlier)
         return (
             f"It surfaced in {here} at `{line}`, in a cell that did no CUDA work of its own: "
-            f"the failing kernel was most likely launched in cell [{earlier}], the last cell "
-            "that launched CUDA work."
+            f"the failing kernel was most likely launched in {launching}, the last cell that "
+            "launched CUDA work."
         )
     if innocent:
-        tail = f" or in cell [{earlier}]" if earlier is not None else ""
+        tail = f" or in {_launching(launched, queued, earlier)}" if earlier is not None else ""
         return (
             f"It surfaced in {here} at `{line}`, an operation that only copies or waits and "
             f"cannot assert: the failing kernel was launched earlier, in this cell{tail}."

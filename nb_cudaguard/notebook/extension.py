@@ -321,7 +321,9 @@ class CudaGuardExtension:
         if recognised is None:
             return  # not a CUDA error (from its own text): no need to ask the tee's child
         launched = self.cells.settle(timeout=0.1)  # answers still on their way: ms at most
-        where = where_sentence(error, cell, launched, synced=is_sync_frame(error))
+        where = where_sentence(
+            error, cell, launched, synced=is_sync_frame(error), queued=self.cells.queued
+        )
         # What fd 2 received since the last diagnosis, less what successful cells printed
         # besides assert lines (_forget_device_output); read once: later errors start afresh.
         device_output = self.tee.text()

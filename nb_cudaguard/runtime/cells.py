@@ -70,6 +70,9 @@ class CellTracker:
     """
 
     launched: dict[int, bool] = field(default_factory=dict)
+    # Cells marked only because work was still queued at their end: it may be an earlier cell's
+    # (on an H100, a kernel that hit an assert one cell before still held the stream).
+    queued: set[int] = field(default_factory=set)
     _last: int | None = None  # allocations at the end of the last tracked cell
     _depth: int = 0
     # Cells that allocated nothing, waiting for the worker's "was work queued?" answer.
@@ -95,6 +98,7 @@ class CellTracker:
         if len(self.launched) > 2 * _KEEP_CELLS:
             for old in sorted(self.launched)[:-_KEEP_CELLS]:
                 del self.launched[old]
+            self.queued &= self.launched.keys()
         if len(self._asked) > _KEEP_CELLS:  # answers that never came (a stuck driver)
             for old in sorted(self._asked)[:-_KEEP_CELLS]:
                 del self._asked[old]
@@ -107,6 +111,7 @@ class CellTracker:
                 del self._asked[cell]
                 if answer and answer[0] and cell in self.launched:
                     self.launched[cell] = True
+                    self.queued.add(cell)
         return self.launched
 
 

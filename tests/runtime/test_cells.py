@@ -58,6 +58,19 @@ def test_error_in_a_cell_without_cuda_work_points_to_the_last_launching_cell(she
     assert "cell [2]" in sentence
 
 
+def test_a_cell_marked_only_by_work_still_queued_names_the_launching_cell_before_it_too(
+    shell, poisoned_item
+):
+    # On an H100, the cell right after the one that launched a failing kernel still found work
+    # queued at its end (the kernel that hit the assert): it may not be that cell's own work.
+    error = _error_from_cell(shell, f"x = {poisoned_item}(0)")
+    launched = {2: True, 3: True, 4: False}
+    sentence = where_sentence(error, 4, launched, queued={3})
+    assert sentence is not None
+    assert "launched in cell [3] or in cell [2]" in sentence
+    assert "cell [2]" not in where_sentence(error, 4, launched)  # allocated in 3: sure
+
+
 def test_error_at_a_real_kernel_call_in_a_launching_cell_gets_no_guess(shell, poisoned_item):
     error = _error_from_cell(shell, f"loss = {poisoned_item}(0)")
     tracker = CellTracker(launched={2: True, 7: True})
