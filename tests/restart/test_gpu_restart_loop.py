@@ -97,3 +97,40 @@ def test_the_blocking_button_gives_a_kernel_where_blocking_is_real(server, serve
         assert failed.status == "error"
         # With blocking launches the assert is raised by the launch itself.
         assert _marked_line_in("step", failed.errors[0]) == "loss = F.cross_entropy(logits, labels)"
+
+
+SETUP = (
+    "print('RAN:setup')\nimport torch, torch.nn.functional as F\n"
+    "logits = torch.randn(4, 3, device='cuda')\n"
+    "labels = torch.tensor([0, 1, 2, 3], device='cuda')"
+)
+# Launches the bad kernel at line 2; asynchronously, the error surfaces at line 3's `.item()`.
+FAIL = "print('RAN:fail')\nloss = F.cross_entropy(logits, labels)\nvalue = loss.item()"
+
+
+def _cell_frame(error: dict) -> str:
+    return next(
+        ANSI.sub("", entry) for entry in error["traceback"] if "Cell In[" in ANSI.sub("", entry)
+    )
+
+
+def test_replay_in_the_blocking_kernel_stops_at_the_launching_line(server, server_kernel):
+    kid, pid = server_kernel
+    with server.connect(kid) as sock:
+        sock.execute("%load_ext nb_cudaguard")
+        assert sock.execute(SETUP, timeout=60).status == "ok"
+        failed = sock.execute(FAIL, timeout=60)
+        assert failed.status == "error"
+        assert re.search(r"----> 3 value = loss\.item\(\)", _cell_frame(failed.errors[0]))
+        sock.execute("%cudaguard restart")  # blocking launches in the new process
+    new_pid, value = wait_for_new_process(server, kid, pid, timeout=60)
+    assert new_pid != pid and value == "1"
+    with server.connect(kid) as sock:
+        sock.execute("%load_ext nb_cudaguard")
+        replay = sock.execute("%cudaguard replay --yes", timeout=120)
+    assert re.findall(r"RAN:(\w+)", replay.stream) == ["setup", "fail"]
+    (error,) = replay.errors
+    frame = _cell_frame(error)
+    # The replayed cell now fails where it launched the kernel, under its own cell label.
+    assert re.search(r"----> 2 loss = F\.cross_entropy\(logits, labels\)", frame), frame
+    assert f"Cell In[{failed.execution_count}], line 2" in frame, frame
