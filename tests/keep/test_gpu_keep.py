@@ -123,7 +123,9 @@ print(step(torch.randint(0, 4, (8,))))
 """
 
 
-def test_a_model_trained_on_cuda_survives_a_real_assert_and_training_resumes(tmp_path):
+@pytest.mark.parametrize("restart", ["--no-blocking", ""], ids=["plain", "blocking"])
+def test_a_model_trained_on_cuda_survives_a_real_assert_and_training_resumes(tmp_path, restart):
+    # blocking (the default): the restore and the training after it run with blocking launches
     pytest.importorskip("websocket")
     from jupyter_harness import JupyterServer, wait_for_new_process
 
@@ -141,11 +143,12 @@ def test_a_model_trained_on_cuda_survives_a_real_assert_and_training_resumes(tmp
             bad = sock.execute("step(torch.full((8,), 7))")  # labels >= 4: a device-side assert
             assert bad.status == "error"
             assert "poisoned" in sock.execute("%cudaguard status").stream
-            said = sock.execute("%cudaguard restart --no-blocking").stream
+            said = sock.execute(f"%cudaguard restart {restart}").stream
             assert "Kept" in said and "`model`" not in said.split("Not kept:")[-1]
         finally:
             sock.close()
-        wait_for_new_process(server, kid, pid, timeout=60)
+        _, blocking = wait_for_new_process(server, kid, pid, timeout=60)
+        assert blocking == (None if restart else "1")
         sock = server.connect(kid)
         try:
             offer = sock.execute("%load_ext nb_cudaguard")
