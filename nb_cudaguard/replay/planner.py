@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
-from .paths import FileUse
+from .paths import FileUse, lies_in
 from .record import CellRecord
 from .unrepeatable import Unrepeatable
 
@@ -832,6 +832,18 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
                 why.append(f"reads {path}, which a cell run again appended to again")
             elif writer != (first[-1] if first else None):
                 why.append(f"reads {path}, which a later cell wrote over since it first ran")
+        for directory in sorted(uses[index].lists):
+            # A listing (``glob``, ``os.listdir``) finds the files later cells added to the
+            # directory before the failure: they are on disk when the replay lists it again.
+            earlier = {p for j in range(index) for p in uses[j].writes | uses[j].appends}
+            added = sorted(
+                p
+                for j in range(index + 1, failing)
+                for p in uses[j].writes | uses[j].appends
+                if lies_in(p, directory) and p not in earlier
+            )
+            if added:
+                why.append(f"lists {directory}, where a later cell put {added[0]} since it ran")
         if why:
             found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
             made = set(cell.defines | cell.mutates) - cell.imports - cell.callables
