@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from .analysis import CellFacts, Effects
 from .paths import FileUse, lies_in
 from .record import CellRecord
-from .unrepeatable import Unrepeatable
+from .unrepeatable import ADDRESS, Unrepeatable
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,9 @@ class Plan:
     # cells built on them, make.
     unrepeatable: tuple[tuple[int, str], ...] = ()
     unrepeatable_names: tuple[str, ...] = ()
+    # Names kept as the previous kernel left them that hold what meant something in that
+    # process only (``{id(p): name}``: its objects' addresses): (name, the cell, what it read).
+    kept_foreign: tuple[tuple[str, int, str], ...] = ()
     # Files the cells it runs leave otherwise than the previous kernel did: (path, how).
     files_changed: tuple[tuple[str, str], ...] = ()
 
@@ -794,7 +797,27 @@ def with_unrepeatable(
         made = own | built_on(cell, names)
         made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
         names |= made
-    return replace(plan, unrepeatable=tuple(found), unrepeatable_names=tuple(sorted(names)))
+    # A kept value equals the one before the failure, but one made from object addresses (or
+    # string hashes, where those vary) no longer matches the objects and strings of this
+    # process: ``names[id(p)]`` misses for the restored ``p``.
+    foreign = []
+    for name in plan.kept:
+        last = next((j for j in reversed(range(len(before))) if name in before[j].defines), None)
+        if last is None:
+            continue
+        reads = reads_of(last)
+        if not reads.complete and walk is not None:
+            reads = walked.setdefault(last, walk(last))
+        hashed = orders_vary and "string hashing" in reads.builds
+        if (ADDRESS in reads.varying and name in reads.differs) or hashed:
+            what = "object addresses" if ADDRESS in reads.varying else "string hashes"
+            foreign.append((name, last, what))
+    return replace(
+        plan,
+        unrepeatable=tuple(found),
+        unrepeatable_names=tuple(sorted(names)),
+        kept_foreign=tuple(foreign),
+    )
 
 
 def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) -> Plan:
