@@ -276,6 +276,14 @@ class _Planner:
         self.opaque_cells = [i for i, f in enumerate(facts) if f.opaque]
         self.setup_cells = [i for i, f in enumerate(facts[:failing]) if f.setup]
         self.seed_cells = [i for i in self.setup_cells if "seed" in facts[i].setup]
+        # Cells that set attributes of a library's module (``np.float = float``): the patch is
+        # process state, gone with the old process and not restorable (modules come back as
+        # imports), so the cell runs again, as a setup cell does.
+        self.patch_cells = {
+            i: sorted(f.patches & modules)
+            for i, f in enumerate(facts[:failing])
+            if f.patches and f.patches & modules
+        }
         self.unseeded: set[int] = set()
 
     def run(self, after_failure: Collection[str] = ()) -> Plan:
@@ -312,6 +320,14 @@ class _Planner:
                 facts = self.facts[index]
                 if index not in self.failed and index not in self.reasons:
                     self._include(index, f"sets up: {facts.setup}", index)
+            for index, patched in self.patch_cells.items():
+                if index not in self.failed and index not in self.reasons:
+                    self._include(
+                        index,
+                        f"patches {', '.join(patched)} (a library's module: imported afresh "
+                        "here, without the patch)",
+                        index,
+                    )
             self.drain()
             self._protect()
             self.drain()
