@@ -106,6 +106,7 @@ def plan_replay(
     own_modules: Collection[str] = (),
     changed_here: Collection[str] = (),
     fresh: Collection[str] = (),
+    iterators: Collection[str] = (),
 ) -> Plan:
     """The cells to run, in order, ending with ``failing`` (an index into ``facts``).
 
@@ -118,7 +119,9 @@ def plan_replay(
     never built again for a change they already had, and named where built again at all;
     ``fresh``: restored names that came back as they were at their import, not as the cells
     left them (the notebook's own modules, and what the namespace holds from them: their
-    globals are the module's file's): every cell that changed them runs again.
+    globals are the module's file's): every cell that changed them runs again;
+    ``iterators``: present names that hold an iterator (``zip``, ``iter(xs)``), which any read
+    may advance (``list(it)``, ``for x in it``).
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
@@ -130,7 +133,8 @@ def plan_replay(
     planner = _Planner(
         facts, failing, present, set(failed), modules, restored, yours, set(fresh) & restored
     )
-    return replace(planner.run(set(after_failure) & restored), drop=deleted_before(facts, failing))
+    plan = planner.run(set(after_failure) & restored, set(iterators))
+    return replace(plan, drop=deleted_before(facts, failing))
 
 
 def deleted_before(facts: Sequence[CellFacts], failing: int) -> tuple[str, ...]:
@@ -286,13 +290,20 @@ class _Planner:
         }
         self.unseeded: set[int] = set()
 
-    def run(self, after_failure: Collection[str] = ()) -> Plan:
+    def run(self, after_failure: Collection[str] = (), iterators: Collection[str] = ()) -> Plan:
         target = self.facts[self.failing]
         # A restored value kept after the failing cell has what that cell did to it before it
         # failed (``history.append(loss)``, ``labels -= 1``): built again, so that the cell
         # starts from the state before the failure.
         for name in sorted(target.uses & target.defines & set(after_failure)):
             if self._mark_stale(name, "the one restored has the failing cell's change already"):
+                self.need(name, self.failing, self.failing)
+        # So is an iterator the failing cell reads in any way: ``list(pairs)`` or ``for b in
+        # it`` advance it as ``next(it)`` does, and the one kept is where the cell left it.
+        read = target.uses & set(iterators) & set(after_failure) - target.defines
+        for name in sorted(read):
+            why = "an iterator the failing cell reads: the one restored is where it left it"
+            if self._mark_stale(name, why):
                 self.need(name, self.failing, self.failing)
         for name in sorted(target.uses | target.deferred):  # a stable order of reasons
             self.need(name, self.failing, self.failing)
