@@ -255,3 +255,33 @@ def test_a_zip_iterator_advanced_by_next(server, server_kernel, restore):
     )
     fp = "{'first': first, 'second': second, 'pairs': list(pairs), 'xs': xs}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@pytest.mark.parametrize("restore", [None, "", "cfg"], ids=["no-restore", "all", "cfg"])
+def test_a_shallow_copy_of_a_config_changed_inside(server, server_kernel, restore):
+    # ``dict.copy()`` and ``copy.copy`` copy the outer dict only: the copy's lists are the
+    # source's (https://docs.python.org/3/library/copy.html), so appending through the copy
+    # changes the source too.
+    kid, pid = server_kernel
+    cells = (
+        "import copy\ncfg = {'lr': 0.1, 'augs': ['crop']}",
+        "cfg_b = cfg.copy()\ncfg_c = copy.copy(cfg)",
+        "cfg_b['lr'] = 0.01\ncfg_b['augs'].append('flip')",
+        "cfg_c['augs'].append('blur')",
+    )
+    fp = "{'cfg': cfg, 'cfg_b': cfg_b, 'cfg_c': cfg_c}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_sys_argv_set_for_argparse_in_a_notebook(server, server_kernel, restore):
+    # Colab's way to run a script's argument parser in a notebook: set sys.argv, then parse.
+    kid, pid = server_kernel
+    cells = (
+        "import argparse, sys\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--lr', type=float, default=1.0)",
+        "sys.argv = ['train.py', '--lr', '0.05']",
+        "args = parser.parse_args()",
+    )
+    fp = "{'args': vars(args), 'sys': sys.argv[1:]}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
