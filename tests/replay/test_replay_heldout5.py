@@ -159,10 +159,7 @@ def test_a_library_patched_by_a_cell(server, server_kernel, restore):
         "np.float = float\ntorch.Tensor.as_list = torch.Tensor.tolist",
         "scores = [np.float(v) for v in ('1.5', '2')]",
     )
-    fp = (
-        "{'np': hasattr(np, 'float'), 'torch': hasattr(torch.Tensor, 'as_list'), "
-        "'scores': scores}"
-    )
+    fp = "{'np': hasattr(np, 'float'), 'torch': hasattr(torch.Tensor, 'as_list'), 'scores': scores}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
