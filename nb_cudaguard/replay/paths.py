@@ -36,6 +36,9 @@ _READERS = {
 _LISTERS = {
     "glob": 0, "iglob": 0, "listdir": 0, "scandir": 0, "walk": 0, "iterdir": -1, "rglob": -1,
 }  # fmt: skip
+# Removers (``os.remove(p)``, ``Path(p).unlink()``, ``shutil.rmtree(d)``): a listing run again
+# after them misses what they removed.
+_REMOVERS = {"remove": 0, "unlink": 0, "rmtree": 0, "rmdir": 0}
 # A cell that may read, write or name a path: it calls one of the above, or binds a string.
 _MAY_USE_PATHS = re.compile(
     r"\b(?:open|" + "|".join(sorted(_WRITERS.keys() | _READERS.keys() | _LISTERS.keys())) + r")\b"
@@ -53,6 +56,7 @@ class FileUse:
     writes: frozenset[str] = frozenset()  # written whole (``open(p, "w")``, ``torch.save``)
     appends: frozenset[str] = frozenset()  # added to (``open(p, "a")``, ``to_csv(mode="a")``)
     lists: frozenset[str] = frozenset()  # directories listed (``glob("d/*.txt")``: ``d``)
+    removes: frozenset[str] = frozenset()  # files or directories removed (``os.remove(p)``)
 
 
 def lies_in(path: str, directory: str) -> bool:
@@ -63,14 +67,15 @@ def lies_in(path: str, directory: str) -> bool:
 
 
 _NONE = FileUse()
+_KINDS = ("reads", "writes", "appends", "lists", "removes")  # FileUse's fields, in order
 
 # A path as the text spells it: its parts, each a string or, marked by _NAME, a name whose string
 # an earlier statement or cell gives.
 _Path = tuple[str, ...]
 _NAME = "\x00"
 # One cell's path events in order: ("bind", name, path or None) or ("reads" | "writes" |
-# "appends" | "lists", "", path). Kept with the cell's facts; ``file_uses`` resolves them
-# across cells.
+# "appends" | "lists" | "removes", "", path). Kept with the cell's facts; ``file_uses``
+# resolves them across cells.
 PathEvents = tuple[tuple[str, str, _Path | None], ...]
 
 
@@ -93,7 +98,7 @@ def file_uses(cells: Sequence[PathEvents]) -> list[FileUse]:
         if not events:
             found.append(_NONE)
             continue
-        uses: dict[str, set[str]] = {k: set() for k in ("reads", "writes", "appends", "lists")}
+        uses: dict[str, set[str]] = {k: set() for k in _KINDS}
         for kind, name, parts in events:
             path = _resolved(parts, strings)
             if kind != "bind":
@@ -103,8 +108,7 @@ def file_uses(cells: Sequence[PathEvents]) -> list[FileUse]:
                 strings.pop(name, None)
             else:
                 strings[name] = path
-        kinds = ("reads", "writes", "appends", "lists")
-        found.append(FileUse(*(frozenset(uses[k]) for k in kinds)))
+        found.append(FileUse(*(frozenset(uses[k]) for k in _KINDS)))
     return found
 
 
@@ -138,6 +142,15 @@ class _Finder(ast.NodeVisitor):
         owner = func.value if isinstance(func, ast.Attribute) else None
         if name in _LISTERS:
             self._lists(node, name, owner)
+            return
+        if name in _REMOVERS and (owner is None or _owner_name(owner) in ("os", "shutil")):
+            path = self._argument(node, 0)  # ``os.remove(p)``, ``shutil.rmtree(d)``
+        elif name == "unlink" and owner is not None:
+            path = self._path(owner)  # ``Path(p).unlink()``
+        else:
+            path = None
+        if path is not None:
+            self.events.append(("removes", "", path))
             return
         for table, kind in ((_WRITERS, "writes"), (_READERS, "reads")):
             where = table.get(name)

@@ -892,8 +892,16 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
                 for p in uses[j].writes | uses[j].appends
                 if lies_in(p, directory) and p not in earlier
             )
+            removed = sorted(
+                p
+                for j in range(index + 1, failing)
+                for p in uses[j].removes
+                if lies_in(p, directory) or p == directory
+            )
             if added:
                 why.append(f"lists {directory}, where a later cell put {added[0]} since it ran")
+            elif removed:
+                why.append(f"lists {directory}, where a later cell removed {removed[0]} since")
         if why:
             found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
             made = set(cell.defines | cell.mutates) - cell.imports - cell.callables

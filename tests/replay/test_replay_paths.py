@@ -135,3 +135,15 @@ def test_a_listing_whose_files_later_cells_only_rewrite_says_nothing():
         ]
     )
     assert plan.unrepeatable == ()
+
+
+def test_a_listing_a_later_cell_removed_a_file_from_is_named():
+    plan = _plan(
+        [
+            "import glob, os\nfiles = sorted(glob.glob('d/*.txt'))",
+            "os.remove('d/a.txt')\nPath('d/b.txt').unlink()",
+            "print(files)",
+        ]
+    )
+    assert dict(plan.unrepeatable) == {0: "lists d, where a later cell removed d/a.txt since"}
+    assert _uses("shutil.rmtree('d')\nos.remove(p)")[0].removes == {"d"}
