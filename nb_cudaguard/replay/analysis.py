@@ -294,6 +294,17 @@ class _Collect:
         return {r: n for r, n in handed.items() if n}
 
 
+def _through_attribute(target: ast.expr) -> bool:
+    """Whether a target reaches its root through an attribute (``np.float``, ``plt.rcParams[k]``,
+    ``sys.modules[k]``), not by items alone (``x[i]``): what a module holds, where it is one."""
+    node = target
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Attribute):
+            return True
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return False
+
+
 def _root_name(node: ast.expr) -> str | None:
     """``x`` for ``x``, ``x.a.b``, ``x[i].c``, ``x.f(...).g``; None for anything else."""
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
@@ -709,8 +720,8 @@ class _CellVisitor(ast.NodeVisitor):
         if isinstance(target, (ast.Attribute, ast.Subscript)):
             self.visit(target)  # x.attr = v reads x (and the index)
             root = _root_name(target)
-            if root is not None and isinstance(target, ast.Attribute):
-                self.c.patches.add(root)
+            if root is not None and _through_attribute(target):
+                self.c.patches.add(root)  # ``np.float = v``, ``sys.modules["m"] = v``
             if root is not None:
                 self._mutate(root, fill=fill and isinstance(target.value, ast.Name))
                 if _untracked_root(target) == root:

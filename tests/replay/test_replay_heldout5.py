@@ -152,14 +152,21 @@ def test_functions_handed_to_apply_and_map_change_globals(server, server_kernel,
 @ALL
 def test_a_library_patched_by_a_cell(server, server_kernel, restore):
     # Old Kaggle code needs ``np.float``, gone since numpy 1.24: a cell puts it back. The patch
-    # lives in the library's module, which a new process imports afresh.
+    # lives in the library's module, which a new process imports afresh; so does a stub put
+    # into ``sys.modules``.
     kid, pid = server_kernel
     cells = (
-        "import numpy as np\nimport torch",
+        "import numpy as np\nimport sys, torch, types",
         "np.float = float\ntorch.Tensor.as_list = torch.Tensor.tolist",
         "scores = [np.float(v) for v in ('1.5', '2')]",
+        # a stub for a logger the notebook has no account for, put where ``import`` finds it
+        "sys.modules['wandb5'] = types.SimpleNamespace(log=lambda **k: None, name='stub')",
+        "import wandb5",
     )
-    fp = "{'np': hasattr(np, 'float'), 'torch': hasattr(torch.Tensor, 'as_list'), 'scores': scores}"
+    fp = (
+        "{'np': hasattr(np, 'float'), 'torch': hasattr(torch.Tensor, 'as_list'), "
+        "'scores': scores, 'wandb5': wandb5.name}"
+    )
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 

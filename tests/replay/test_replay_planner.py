@@ -943,3 +943,20 @@ def test_a_restored_iterator_the_failing_cell_reads_is_built_again():
     assert "pairs" not in plan.kept
     plain = plan_replay(facts_of(cells), 2, kept, restored=kept, after_failure=kept)
     assert plain.indices == (2,)
+
+
+@pytest.mark.parametrize(
+    ("code", "patches"),
+    [
+        ("np.float = float", {"np"}),
+        ("plt.rcParams['figure.figsize'] = (10, 6)", {"plt"}),
+        ("sys.modules['wandb'] = stub", {"sys"}),
+        ("setattr(torch.Tensor, 'as_list', torch.Tensor.tolist)", {"torch"}),
+        ("del np.float", {"np"}),
+        ("x[0] = 1", set()),
+        ("model.fc = head", {"model"}),  # an object of ours: the planner's modules leave it out
+    ],
+)
+def test_the_names_a_cell_sets_attributes_of(code, patches):
+    (facts,) = facts_of([code])
+    assert facts.patches == patches
