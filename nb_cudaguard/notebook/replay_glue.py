@@ -240,6 +240,7 @@ def make_plan(
         own_modules=own,
         changed_here=changed_here,
         fresh=[n for n in restored if _from_module(shell.user_ns.get(n)) in own],
+        iterators=[n for n in restored if isinstance(shell.user_ns.get(n), Iterator)],
     )
     plan = with_records(plan, facts, [c.record for c in cells])
     sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]

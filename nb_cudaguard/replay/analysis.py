@@ -220,6 +220,10 @@ class CellFacts:
     # what it reads that a run in a new process cannot read the same (a set's order, the clock)
     unrepeatable: Unrepeatable = REPEATABLE
     paths: PathEvents = ()  # the files it reads and writes, by path (replay/paths.py)
+    # The names whose attributes it sets or deletes (``np.float = float``, ``setattr(torch.Tensor,
+    # ...)``): where one is a library's module, the change lives in that module, which a new
+    # process imports afresh and a restore imports again: only running the cell brings it back.
+    patches: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,7 @@ class _Collect:
     imported_from: dict[str, str] = field(default_factory=dict)
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
+    patches: set[str] = field(default_factory=set)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -281,11 +286,23 @@ class _Collect:
             {n: m for n, m in self.imported_from.items() if n in self.imports},
             "; ".join(dict.fromkeys(self.draws)),
             frozenset(self.untracked & mutates),
+            patches=frozenset(self.patches),
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
         handed = {r: frozenset(n - self.assigned) for r, n in self.handed.items()}
         return {r: n for r, n in handed.items() if n}
+
+
+def _through_attribute(target: ast.expr) -> bool:
+    """Whether a target reaches its root through an attribute (``np.float``, ``plt.rcParams[k]``,
+    ``sys.modules[k]``), not by items alone (``x[i]``): what a module holds, where it is one."""
+    node = target
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Attribute):
+            return True
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return False
 
 
 def _root_name(node: ast.expr) -> str | None:
@@ -703,6 +720,8 @@ class _CellVisitor(ast.NodeVisitor):
         if isinstance(target, (ast.Attribute, ast.Subscript)):
             self.visit(target)  # x.attr = v reads x (and the index)
             root = _root_name(target)
+            if root is not None and _through_attribute(target):
+                self.c.patches.add(root)  # ``np.float = v``, ``sys.modules["m"] = v``
             if root is not None:
                 self._mutate(root, fill=fill and isinstance(target.value, ast.Name))
                 if _untracked_root(target) == root:
@@ -917,6 +936,10 @@ class _CellVisitor(ast.NodeVisitor):
             finally:
                 self.reading = outer
             return
+        if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args:
+            patched = _root_name(node.args[0])
+            if patched is not None:
+                self.c.patches.add(patched)
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
         if name in SETUP_CALLS:

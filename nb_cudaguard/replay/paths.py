@@ -30,9 +30,18 @@ _READERS = {
     "read_csv": 0, "read_parquet": 0, "read_pickle": 0, "read_json": 0, "read_excel": 0,
     "read_feather": 0, "read_table": 0, "load_from_disk": 0, "read_text": -1, "read_bytes": -1,
 }  # fmt: skip
+# Listers of a directory (``-1``: the directory is the ``Path`` the method is called on; for
+# ``glob`` the argument is a pattern, whose directory is the part before its first wildcard).
+# What they find is every file in it, so a later cell that writes one there changes it.
+_LISTERS = {
+    "glob": 0, "iglob": 0, "listdir": 0, "scandir": 0, "walk": 0, "iterdir": -1, "rglob": -1,
+}  # fmt: skip
+# Removers (``os.remove(p)``, ``Path(p).unlink()``, ``shutil.rmtree(d)``): a listing run again
+# after them misses what they removed.
+_REMOVERS = {"remove": 0, "unlink": 0, "rmtree": 0, "rmdir": 0}
 # A cell that may read, write or name a path: it calls one of the above, or binds a string.
 _MAY_USE_PATHS = re.compile(
-    r"\b(?:open|" + "|".join(sorted(_WRITERS.keys() | _READERS.keys())) + r")\b"
+    r"\b(?:open|" + "|".join(sorted(_WRITERS.keys() | _READERS.keys() | _LISTERS.keys())) + r")\b"
     r"|\w\s*=\s*(?:[rRbBfF]?['\"]|Path\(|os\.path\.join\()"
 )
 # ``np.save(path, x)`` but ``torch.save(x, path)``, ``joblib.dump(x, path)``.
@@ -46,16 +55,27 @@ class FileUse:
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()  # written whole (``open(p, "w")``, ``torch.save``)
     appends: frozenset[str] = frozenset()  # added to (``open(p, "a")``, ``to_csv(mode="a")``)
+    lists: frozenset[str] = frozenset()  # directories listed (``glob("d/*.txt")``: ``d``)
+    removes: frozenset[str] = frozenset()  # files or directories removed (``os.remove(p)``)
+
+
+def lies_in(path: str, directory: str) -> bool:
+    """Whether ``path`` lies in ``directory`` or below it (both as ``file_uses`` gives them)."""
+    if directory == ".":
+        return not posixpath.isabs(path)
+    return path.startswith(directory.rstrip("/") + "/")
 
 
 _NONE = FileUse()
+_KINDS = ("reads", "writes", "appends", "lists", "removes")  # FileUse's fields, in order
 
 # A path as the text spells it: its parts, each a string or, marked by _NAME, a name whose string
 # an earlier statement or cell gives.
 _Path = tuple[str, ...]
 _NAME = "\x00"
 # One cell's path events in order: ("bind", name, path or None) or ("reads" | "writes" |
-# "appends", "", path). Kept with the cell's facts; ``file_uses`` resolves them across cells.
+# "appends" | "lists" | "removes", "", path). Kept with the cell's facts; ``file_uses``
+# resolves them across cells.
 PathEvents = tuple[tuple[str, str, _Path | None], ...]
 
 
@@ -78,7 +98,7 @@ def file_uses(cells: Sequence[PathEvents]) -> list[FileUse]:
         if not events:
             found.append(_NONE)
             continue
-        uses: dict[str, set[str]] = {"reads": set(), "writes": set(), "appends": set()}
+        uses: dict[str, set[str]] = {k: set() for k in _KINDS}
         for kind, name, parts in events:
             path = _resolved(parts, strings)
             if kind != "bind":
@@ -88,7 +108,7 @@ def file_uses(cells: Sequence[PathEvents]) -> list[FileUse]:
                 strings.pop(name, None)
             else:
                 strings[name] = path
-        found.append(FileUse(*(frozenset(uses[k]) for k in ("reads", "writes", "appends"))))
+        found.append(FileUse(*(frozenset(uses[k]) for k in _KINDS)))
     return found
 
 
@@ -120,6 +140,18 @@ class _Finder(ast.NodeVisitor):
             self._open(node, func)
             return
         owner = func.value if isinstance(func, ast.Attribute) else None
+        if name in _LISTERS:
+            self._lists(node, name, owner)
+            return
+        if name in _REMOVERS and (owner is None or _owner_name(owner) in ("os", "shutil")):
+            path = self._argument(node, 0)  # ``os.remove(p)``, ``shutil.rmtree(d)``
+        elif name == "unlink" and owner is not None:
+            path = self._path(owner)  # ``Path(p).unlink()``
+        else:
+            path = None
+        if path is not None:
+            self.events.append(("removes", "", path))
+            return
         for table, kind in ((_WRITERS, "writes"), (_READERS, "reads")):
             where = table.get(name)
             if where is None:
@@ -148,6 +180,20 @@ class _Finder(ast.NodeVisitor):
         kind = "appends" if "a" in mode else "writes" if "w" in mode or "x" in mode else "reads"
         self.events.append((kind, "", path))
 
+    def _lists(self, node: ast.Call, name: str, owner: ast.expr | None) -> None:
+        """``glob("d/*.txt")``, ``os.listdir(d)``, ``Path(d).iterdir()``: the directory read."""
+        on_path = owner is not None and _owner_name(owner) not in ("glob", "os")
+        if _LISTERS[name] < 0 or (name == "glob" and on_path):
+            path = self._path(owner)  # ``Path(d).glob("*.txt")``: ``d``
+        elif node.args:
+            path = self._path(node.args[0])
+            if name in ("glob", "iglob") and path is not None:
+                path = _pattern_directory(path)
+        else:
+            path = (".",) if name in ("listdir", "scandir") else None  # the working directory
+        if path is not None:
+            self.events.append(("lists", "", path))
+
     def _argument(self, node: ast.Call, position: int) -> _Path | None:
         given = node.args[position] if len(node.args) > position else None
         if given is None:
@@ -174,6 +220,25 @@ class _Finder(ast.NodeVisitor):
             if left is not None and right is not None:
                 return left + right
         return None
+
+
+def _pattern_directory(parts: _Path) -> _Path:
+    """The directory a glob pattern lists: its parts before the first piece with a wildcard
+    (``"data/*/x.txt"``: ``data``; ``os.path.join(root, "*.txt")``: ``root``)."""
+    kept: list[str] = []
+    for part in parts:
+        if part[:1] == _NAME:
+            kept.append(part)
+            continue
+        pieces = part.split("/")
+        wild = next((i for i, p in enumerate(pieces) if re.search(r"[*?[]", p)), None)
+        if wild is None:
+            kept.append(part)
+            continue
+        if wild:
+            kept.append("/".join(pieces[:wild]) or "/")
+        break
+    return tuple(kept) or (".",)
 
 
 def _owner_name(node: ast.AST | None) -> str:

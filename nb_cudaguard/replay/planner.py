@@ -28,9 +28,9 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
-from .paths import FileUse
+from .paths import FileUse, lies_in
 from .record import CellRecord
-from .unrepeatable import Unrepeatable
+from .unrepeatable import ADDRESS, Unrepeatable
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,9 @@ class Plan:
     # cells built on them, make.
     unrepeatable: tuple[tuple[int, str], ...] = ()
     unrepeatable_names: tuple[str, ...] = ()
+    # Names kept as the previous kernel left them that hold what meant something in that
+    # process only (``{id(p): name}``: its objects' addresses): (name, the cell, what it read).
+    kept_foreign: tuple[tuple[str, int, str], ...] = ()
     # Files the cells it runs leave otherwise than the previous kernel did: (path, how).
     files_changed: tuple[tuple[str, str], ...] = ()
 
@@ -103,6 +106,7 @@ def plan_replay(
     own_modules: Collection[str] = (),
     changed_here: Collection[str] = (),
     fresh: Collection[str] = (),
+    iterators: Collection[str] = (),
 ) -> Plan:
     """The cells to run, in order, ending with ``failing`` (an index into ``facts``).
 
@@ -115,7 +119,9 @@ def plan_replay(
     never built again for a change they already had, and named where built again at all;
     ``fresh``: restored names that came back as they were at their import, not as the cells
     left them (the notebook's own modules, and what the namespace holds from them: their
-    globals are the module's file's): every cell that changed them runs again.
+    globals are the module's file's): every cell that changed them runs again;
+    ``iterators``: present names that hold an iterator (``zip``, ``iter(xs)``), which any read
+    may advance (``list(it)``, ``for x in it``).
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
@@ -127,7 +133,8 @@ def plan_replay(
     planner = _Planner(
         facts, failing, present, set(failed), modules, restored, yours, set(fresh) & restored
     )
-    return replace(planner.run(set(after_failure) & restored), drop=deleted_before(facts, failing))
+    plan = planner.run(set(after_failure) & restored, set(iterators))
+    return replace(plan, drop=deleted_before(facts, failing))
 
 
 def deleted_before(facts: Sequence[CellFacts], failing: int) -> tuple[str, ...]:
@@ -273,15 +280,30 @@ class _Planner:
         self.opaque_cells = [i for i, f in enumerate(facts) if f.opaque]
         self.setup_cells = [i for i, f in enumerate(facts[:failing]) if f.setup]
         self.seed_cells = [i for i in self.setup_cells if "seed" in facts[i].setup]
+        # Cells that set attributes of a library's module (``np.float = float``): the patch is
+        # process state, gone with the old process and not restorable (modules come back as
+        # imports), so the cell runs again, as a setup cell does.
+        self.patch_cells = {
+            i: sorted(f.patches & modules)
+            for i, f in enumerate(facts[:failing])
+            if f.patches and f.patches & modules
+        }
         self.unseeded: set[int] = set()
 
-    def run(self, after_failure: Collection[str] = ()) -> Plan:
+    def run(self, after_failure: Collection[str] = (), iterators: Collection[str] = ()) -> Plan:
         target = self.facts[self.failing]
         # A restored value kept after the failing cell has what that cell did to it before it
         # failed (``history.append(loss)``, ``labels -= 1``): built again, so that the cell
         # starts from the state before the failure.
         for name in sorted(target.uses & target.defines & set(after_failure)):
             if self._mark_stale(name, "the one restored has the failing cell's change already"):
+                self.need(name, self.failing, self.failing)
+        # So is an iterator the failing cell reads in any way: ``list(pairs)`` or ``for b in
+        # it`` advance it as ``next(it)`` does, and the one kept is where the cell left it.
+        read = target.uses & set(iterators) & set(after_failure) - target.defines
+        for name in sorted(read):
+            why = "an iterator the failing cell reads: the one restored is where it left it"
+            if self._mark_stale(name, why):
                 self.need(name, self.failing, self.failing)
         for name in sorted(target.uses | target.deferred):  # a stable order of reasons
             self.need(name, self.failing, self.failing)
@@ -309,6 +331,14 @@ class _Planner:
                 facts = self.facts[index]
                 if index not in self.failed and index not in self.reasons:
                     self._include(index, f"sets up: {facts.setup}", index)
+            for index, patched in self.patch_cells.items():
+                if index not in self.failed and index not in self.reasons:
+                    self._include(
+                        index,
+                        f"patches {', '.join(patched)} (a library's module: imported afresh "
+                        "here, without the patch)",
+                        index,
+                    )
             self.drain()
             self._protect()
             self.drain()
@@ -794,7 +824,27 @@ def with_unrepeatable(
         made = own | built_on(cell, names)
         made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
         names |= made
-    return replace(plan, unrepeatable=tuple(found), unrepeatable_names=tuple(sorted(names)))
+    # A kept value equals the one before the failure, but one made from object addresses (or
+    # string hashes, where those vary) no longer matches the objects and strings of this
+    # process: ``names[id(p)]`` misses for the restored ``p``.
+    foreign = []
+    for name in plan.kept:
+        last = next((j for j in reversed(range(len(before))) if name in before[j].defines), None)
+        if last is None:
+            continue
+        reads = reads_of(last)
+        if not reads.complete and walk is not None:
+            reads = walked.setdefault(last, walk(last))
+        hashed = orders_vary and "string hashing" in reads.builds
+        if (ADDRESS in reads.varying and name in reads.differs) or hashed:
+            what = "object addresses" if ADDRESS in reads.varying else "string hashes"
+            foreign.append((name, last, what))
+    return replace(
+        plan,
+        unrepeatable=tuple(found),
+        unrepeatable_names=tuple(sorted(names)),
+        kept_foreign=tuple(foreign),
+    )
 
 
 def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) -> Plan:
@@ -832,6 +882,26 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
                 why.append(f"reads {path}, which a cell run again appended to again")
             elif writer != (first[-1] if first else None):
                 why.append(f"reads {path}, which a later cell wrote over since it first ran")
+        for directory in sorted(uses[index].lists):
+            # A listing (``glob``, ``os.listdir``) finds the files later cells added to the
+            # directory before the failure: they are on disk when the replay lists it again.
+            earlier = {p for j in range(index) for p in uses[j].writes | uses[j].appends}
+            added = sorted(
+                p
+                for j in range(index + 1, failing)
+                for p in uses[j].writes | uses[j].appends
+                if lies_in(p, directory) and p not in earlier
+            )
+            removed = sorted(
+                p
+                for j in range(index + 1, failing)
+                for p in uses[j].removes
+                if lies_in(p, directory) or p == directory
+            )
+            if added:
+                why.append(f"lists {directory}, where a later cell put {added[0]} since it ran")
+            elif removed:
+                why.append(f"lists {directory}, where a later cell removed {removed[0]} since")
         if why:
             found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
             made = set(cell.defines | cell.mutates) - cell.imports - cell.callables

@@ -692,6 +692,11 @@ def _see(value: Any) -> _Seen:
             token, whole = read(value)
             return (id(value), (token,), whole)
         if kind in _PLAIN:
+            # Tensors and arrays noted as leaves first, as the walk does: else the first look at
+            # a list of tensors walks it and the next reads it here, in another order, which
+            # reads as a change that never happened.
+            if len(_TOKENS) < 3:
+                _note_types(sys.modules.get("torch"), sys.modules.get("numpy"))
             plain = _plain_tokens(value, kind)
             if plain is not None:
                 return (id(value), *plain)

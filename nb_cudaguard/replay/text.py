@@ -129,6 +129,15 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             f"{what}: run again in this process, these may differ: "
             + ", ".join(plan.unrepeatable_names[:12])
         )
+    if plan.kept_foreign:
+        notes.append(
+            "kept as the previous kernel left them, though made from what held in its process "
+            "only, so they may not match what is here: "
+            + ", ".join(
+                f"{name} ({cell_label(cells[i])} read {what})"
+                for name, i, what in plan.kept_foreign
+            )
+        )
     if plan.files_changed:
         notes.append(
             "files the replay leaves otherwise than the previous kernel did: "

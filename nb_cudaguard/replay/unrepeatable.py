@@ -6,9 +6,9 @@ CPython salts string hashes with a secret drawn at every start unless ``PYTHONHA
 it (https://docs.python.org/3/reference/datamodel.html#object.__hash__). So
 ``chars = list(set(data))`` in a new kernel comes out in another order than it did in the old
 one, and so does everything indexed by it (min-char-rnn's ``char_to_ix``). ``time.time()``,
-``uuid4()``, ``os.getpid()`` differ by nature. A replay cannot bring these back; it can say which
-names may differ. Read from the cell's text (the sets are mostly temporaries, which a run-time
-record never sees).
+``uuid4()``, ``os.getpid()``, ``id(obj)`` differ by nature. A replay cannot bring these back; it
+can say which names may differ. Read from the cell's text (the sets are mostly temporaries,
+which a run-time record never sees).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ VARYING_CALLS = {
     **dict.fromkeys(("getpid", "getppid"), "the process's id"),
     **dict.fromkeys(("mkdtemp", "mkstemp", "mktemp"), "a temporary path"),
 }  # fmt: skip
+ADDRESS = "an object's address in this process"
 # Generators made with no seed: seeded from the OS's entropy, anew in every process.
 _UNSEEDED = frozenset({"default_rng", "SeedSequence", "RandomState", "Random", "PCG64", "Philox"})
 # Called by these alone they are someone else's (``model.time()``): only through these modules.
@@ -81,7 +82,9 @@ REPEATABLE = Unrepeatable()
 UNWALKED = Unrepeatable(complete=False)
 # A cell that may build a set, hash a string or read the clock, the OS or the process.
 _MAY_MATTER = re.compile(
-    r"set\b|\{|\bhash\b|\.pop\b|\b(?:" + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED)) + r")\b"
+    r"set\b|\{|\bhash\b|\bid\s*\(|\.pop\b|\b(?:"
+    + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED))
+    + r")\b"
 )
 
 
@@ -257,6 +260,11 @@ class _Finder(ast.NodeVisitor):
             text = f"{ast.unparse(node)[:40]} follows string hashing"
             (self.inner_builds if self.depth else self.builds).append(text)
         read = _varying(func)
+        if name == "id" and len(node.args) == 1:
+            # An object's id is its address in this process (CPython: "the address of the
+            # object in memory", https://docs.python.org/3/library/functions.html#id): the
+            # same objects made again in a new process have other ids.
+            read = ADDRESS
         if read is None and not node.args and not node.keywords:
             called = name or (func.attr if isinstance(func, ast.Attribute) else None)
             read = "fresh entropy" if called in _UNSEEDED else None

@@ -92,3 +92,58 @@ def test_a_file_written_again_by_a_cell_run_before_its_reader_is_as_it_was():
     plan = _plan(cells)
     assert plan.indices == (0, 1, 2, 3)
     assert (plan.unrepeatable, plan.files_changed) == ((), ())
+
+
+@pytest.mark.parametrize(
+    ("code", "lists"),
+    [
+        ("files = sorted(glob.glob('shards/*.txt'))", {"shards"}),
+        ("files = glob('data/train/*/*.png')", {"data/train"}),
+        ("names = os.listdir('data')", {"data"}),
+        ("names = os.listdir()", {"."}),
+        ("imgs = list(Path('imgs').glob('*.jpg'))", {"imgs"}),
+        ("imgs = list(Path('imgs').iterdir())", {"imgs"}),
+        ("root = 'data'\nfiles = glob.glob(os.path.join(root, '*.csv'))", {"data"}),
+        ("files = glob.glob('*.csv')", {"."}),
+    ],
+)
+def test_directories_listed_are_found(code, lists):
+    (use,) = _uses(code)
+    assert use.lists == lists
+
+
+def test_a_listing_a_later_cell_added_a_file_to_is_named():
+    plan = _plan(
+        [
+            "import glob\nopen('d/a.txt', 'w').write('a')",
+            "files = sorted(glob.glob('d/*.txt'))\nn = len(files)",
+            "open('d/b.txt', 'w').write('b')",
+            "print(n)",
+        ]
+    )
+    assert dict(plan.unrepeatable) == {1: "lists d, where a later cell put d/b.txt since it ran"}
+    assert {"files", "n"} <= set(plan.unrepeatable_names)
+
+
+def test_a_listing_whose_files_later_cells_only_rewrite_says_nothing():
+    plan = _plan(
+        [
+            "import glob\nopen('d/a.txt', 'w').write('a')",
+            "files = sorted(glob.glob('d/*.txt'))",
+            "open('elsewhere/b.txt', 'w').write('b')",
+            "print(files)",
+        ]
+    )
+    assert plan.unrepeatable == ()
+
+
+def test_a_listing_a_later_cell_removed_a_file_from_is_named():
+    plan = _plan(
+        [
+            "import glob, os\nfiles = sorted(glob.glob('d/*.txt'))",
+            "os.remove('d/a.txt')\nPath('d/b.txt').unlink()",
+            "print(files)",
+        ]
+    )
+    assert dict(plan.unrepeatable) == {0: "lists d, where a later cell removed d/a.txt since"}
+    assert _uses("shutil.rmtree('d')\nos.remove(p)")[0].removes == {"d"}

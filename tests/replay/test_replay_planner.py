@@ -912,3 +912,51 @@ def test_a_module_of_the_notebooks_own_may_change_what_it_is_handed():
     cells[0] = "from helpers import trainer"
     cells[2] = "trainer.fit(model)"
     assert _plan(cells, own_modules={"helpers"}).indices == (0, 1, 2, 3)
+
+
+# --- held-out round 5 ---
+
+
+def test_a_cell_that_patches_a_librarys_module_runs_again():
+    # np.float = float lives in numpy's module: a new process (or a restore) imports it afresh.
+    cells = [
+        "import numpy as np\nimport sys",
+        "np.float = float",
+        "sys.argv = ['train.py', '--lr', '0.1']",
+        "model.fc = None",  # an object of ours: its change is its own, kept or rebuilt
+        "x = 1",
+        "print(x)",
+    ]
+    plan = _plan(cells, present={"np", "sys", "model"}, restored={"np", "sys", "model"})
+    assert 1 in plan.indices and 2 in plan.indices and 3 not in plan.indices
+    step = next(s for s in plan.steps if s.index == 1)
+    assert any(r.startswith("patches np") for r in step.reasons)
+
+
+def test_a_restored_iterator_the_failing_cell_reads_is_built_again():
+    cells = ["pairs = zip(xs, ys)", "first = next(pairs)", "print(list(pairs))"]
+    kept = {"pairs", "xs", "ys", "first"}
+    plan = plan_replay(
+        facts_of(cells), 2, kept, restored=kept, after_failure=kept, iterators={"pairs"}
+    )
+    assert plan.indices == (0, 1, 2)
+    assert "pairs" not in plan.kept
+    plain = plan_replay(facts_of(cells), 2, kept, restored=kept, after_failure=kept)
+    assert plain.indices == (2,)
+
+
+@pytest.mark.parametrize(
+    ("code", "patches"),
+    [
+        ("np.float = float", {"np"}),
+        ("plt.rcParams['figure.figsize'] = (10, 6)", {"plt"}),
+        ("sys.modules['wandb'] = stub", {"sys"}),
+        ("setattr(torch.Tensor, 'as_list', torch.Tensor.tolist)", {"torch"}),
+        ("del np.float", {"np"}),
+        ("x[0] = 1", set()),
+        ("model.fc = head", {"model"}),  # an object of ours: the planner's modules leave it out
+    ],
+)
+def test_the_names_a_cell_sets_attributes_of(code, patches):
+    (facts,) = facts_of([code])
+    assert facts.patches == patches

@@ -202,3 +202,19 @@ def test_only_what_is_bound_from_the_clock_is_named_not_what_a_timed_cell_trains
 )
 def test_a_generator_made_with_no_seed_reads_fresh_entropy(code, fresh):
     assert ("fresh entropy" in unrepeatable(ast.parse(code)).varying) is fresh
+
+
+def test_an_id_is_read_as_an_address_and_names_what_it_builds():
+    found = unrepeatable(ast.parse("names = {id(p): n for n, p in net.named_parameters()}"))
+    assert "id() reads an object's address" in found.varying
+    assert found.differs == {"names"}
+    plan = _plan(["names = {id(p): n for n, p in params}", "print(names)"], {"params"})
+    assert plan.unrepeatable_names == ("names",)
+
+
+def test_a_kept_name_made_from_ids_is_named():
+    cells = ["names = {id(p): n for n, p in params}", "print(names)"]
+    plan = _plan(cells, {"params", "names"})
+    assert plan.kept == ("names",)
+    assert plan.kept_foreign == (("names", 0, "object addresses"),)
+    assert _plan(["names = {n: n for n in params}", "print(names)"], {"names"}).kept_foreign == ()
