@@ -39,9 +39,11 @@ _LISTERS = {
 # Removers (``os.remove(p)``, ``Path(p).unlink()``, ``shutil.rmtree(d)``): a listing run again
 # after them misses what they removed.
 _REMOVERS = {"remove": 0, "unlink": 0, "rmtree": 0, "rmdir": 0}
-# A cell that may read, write or name a path: it calls one of the above, or binds a string.
+# A cell that may read, write, list, remove or name a path: it calls one of the above, or binds
+# a string.
+_CALLS = _WRITERS.keys() | _READERS.keys() | _LISTERS.keys() | _REMOVERS.keys()
 _MAY_USE_PATHS = re.compile(
-    r"\b(?:open|" + "|".join(sorted(_WRITERS.keys() | _READERS.keys() | _LISTERS.keys())) + r")\b"
+    r"\b(?:open|" + "|".join(sorted(_CALLS)) + r")\b"
     r"|\w\s*=\s*(?:[rRbBfF]?['\"]|Path\(|os\.path\.join\()"
 )
 # ``np.save(path, x)`` but ``torch.save(x, path)``, ``joblib.dump(x, path)``.

@@ -13,7 +13,7 @@ from nb_cudaguard.replay.planner import plan_replay, with_files
 
 
 def _uses(*cells: str):
-    return file_uses([path_events(ast.parse(c)) for c in cells])
+    return file_uses([path_events(ast.parse(c), c) for c in cells])
 
 
 @pytest.mark.parametrize(
