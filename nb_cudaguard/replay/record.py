@@ -104,8 +104,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
     whole = True
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
-    if len(_TOKENS) < 3:
-        _note_types(torch, numpy)
+    _note_types(torch, numpy)
     while stack:
         obj = stack.pop()
         kind = type(obj)
@@ -234,7 +233,10 @@ def _public_values(state: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _note_types(torch: Any, numpy: Any) -> None:
-    """torch's and numpy's types, once imported: how their values are read."""
+    """torch's and numpy's types, once imported: how their values are read (nothing once all
+    three are noted)."""
+    if len(_TOKENS) >= 3:
+        return
     if torch is not None:
         _MODULE[:] = [torch.nn.Module]
         _TOKENS.update({torch.Tensor: _tensor_seen, torch.nn.Parameter: _tensor_seen})
@@ -695,8 +697,7 @@ def _see(value: Any) -> _Seen:
             # Tensors and arrays noted as leaves first, as the walk does: else the first look at
             # a list of tensors walks it and the next reads it here, in another order, which
             # reads as a change that never happened.
-            if len(_TOKENS) < 3:
-                _note_types(sys.modules.get("torch"), sys.modules.get("numpy"))
+            _note_types(sys.modules.get("torch"), sys.modules.get("numpy"))
             plain = _plain_tokens(value, kind)
             if plain is not None:
                 return (id(value), *plain)
