@@ -251,8 +251,9 @@ class FdTee:
     where it went before, and keep the tail of it since the last ``clear()``.
 
     One pipe and one child process live as long as the tee (a process per cell would cost more
-    than the rest of the extension); each cell only swaps ``fd`` in and out with ``dup2``. A
-    child that dies is replaced at once by a thread that waits for it (see the module's doc).
+    than the rest of the extension); each cell only swaps ``fd`` in and out with ``dup2``, or,
+    held, checks that it still points at the pipe. A child that dies is replaced at once by a
+    thread that waits for it (see the module's doc).
     """
 
     def __init__(
