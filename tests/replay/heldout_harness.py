@@ -9,8 +9,17 @@ import json
 import re
 from dataclasses import dataclass
 
+import pytest
 from jupyter_harness import wait_for_new_process
 from pytorch_texts import ASSERT_2_9
+
+
+def restores(*names: str) -> pytest.MarkDecorator:
+    """A case run with no restore, with everything restored, and with each of ``names`` alone."""
+    return pytest.mark.parametrize("restore", [None, "", *names], ids=["no-restore", "all", *names])
+
+
+ALL = restores()
 
 
 @dataclass

@@ -15,7 +15,7 @@ A case that finds one is marked ``xfail(strict=True)`` until it is fixed (none i
 from __future__ import annotations
 
 import pytest
-from heldout_harness import assert_no_silent_difference, run_case
+from heldout_harness import ALL, assert_no_silent_difference, run_case
 
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
@@ -388,7 +388,7 @@ GENERATOR_DRAWS = (
 )
 
 
-@pytest.mark.parametrize("restore", [None, ""], ids=["no-restore", "all"])
+@ALL
 def test_draws_from_a_torch_generator_object(server, server_kernel, restore):
     kid, pid = server_kernel
     fp = "{'noise': noise.tolist(), 'order': order, 'g': torch.rand(2, generator=g).tolist()}"

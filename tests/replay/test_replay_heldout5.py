@@ -13,16 +13,14 @@ state before the failure, or the plan names each name that may differ.
 from __future__ import annotations
 
 import pytest
-from heldout_harness import assert_no_silent_difference, run_case
+from heldout_harness import ALL, assert_no_silent_difference, restores, run_case
 
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
 pytest.importorskip("torch")
 
-ALL = pytest.mark.parametrize("restore", [None, ""], ids=["no-restore", "all"])
 
-
-@pytest.mark.parametrize("restore", [None, "", "val"], ids=["no-restore", "all", "val"])
+@restores("val")
 def test_random_split_with_and_without_a_generator(server, server_kernel, restore):
     # random_split draws a permutation from the global generator unless it is handed one
     # (torch/utils/data/dataset.py: ``randperm(sum(lengths), generator=generator)``).
@@ -41,7 +39,7 @@ def test_random_split_with_and_without_a_generator(server, server_kernel, restor
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@pytest.mark.parametrize("restore", [None, "", "perm"], ids=["no-restore", "all", "perm"])
+@restores("perm")
 def test_a_permutation_split_under_a_numpy_seed(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -56,7 +54,7 @@ def test_a_permutation_split_under_a_numpy_seed(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@pytest.mark.parametrize("restore", [None, "", "ds"], ids=["no-restore", "all", "ds"])
+@restores("ds")
 def test_a_dataset_caching_what_getitem_drew(server, server_kernel, restore):
     # A random augmentation drawn once per index and cached: the second read of item 0 is the
     # first's value, and the global generator moved only for items not in the cache.
@@ -75,7 +73,7 @@ def test_a_dataset_caching_what_getitem_drew(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@pytest.mark.parametrize("restore", [None, "", "sd"], ids=["no-restore", "all", "sd"])
+@restores("sd")
 def test_a_head_replaced_and_a_state_dict_loaded_non_strictly(server, server_kernel, restore):
     # Fine-tuning: a new head (drawn from the global generator), the backbone's weights loaded
     # with strict=False; the missing keys come back in the result.
@@ -95,7 +93,7 @@ def test_a_head_replaced_and_a_state_dict_loaded_non_strictly(server, server_ker
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@pytest.mark.parametrize("restore", [None, "", "net"], ids=["no-restore", "all", "net"])
+@restores("net")
 def test_optimizer_state_loaded_from_an_in_memory_copy(server, server_kernel, restore):
     kid, pid = server_kernel
     train = (
@@ -133,7 +131,7 @@ def test_a_grad_scaler_on_the_cpu(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@pytest.mark.parametrize("restore", [None, "", "t"], ids=["no-restore", "all", "t"])
+@restores("t")
 def test_functions_handed_to_apply_and_map_change_globals(server, server_kernel, restore):
     # Tensor.apply_ and map call the notebook's function for each item: its global counter
     # and the list it appends to move though the cell never calls it by name.
@@ -232,7 +230,7 @@ def test_a_dict_keyed_by_id(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@pytest.mark.parametrize("restore", [None, "", "scores"], ids=["no-restore", "all", "scores"])
+@restores("scores")
 def test_a_structured_array_changed_through_a_field_view(server, server_kernel, restore):
     # ``recs['score']`` is a view into the structured array: writing through it writes recs.
     kid, pid = server_kernel
@@ -261,7 +259,7 @@ def test_a_zip_iterator_advanced_by_next(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@pytest.mark.parametrize("restore", [None, "", "cfg"], ids=["no-restore", "all", "cfg"])
+@restores("cfg")
 def test_a_shallow_copy_of_a_config_changed_inside(server, server_kernel, restore):
     # ``dict.copy()`` and ``copy.copy`` copy the outer dict only: the copy's lists are the
     # source's (https://docs.python.org/3/library/copy.html), so appending through the copy
