@@ -6,6 +6,7 @@
     python benchmarks/bench_guard.py --cuda          # GPU: also CUDA_LAUNCH_BLOCKING=1 in a
                                                      # separate process (training workloads)
     python benchmarks/bench_guard.py --cpu-time --against main  # also main's guard, side by side
+    python benchmarks/bench_guard.py --cuda --profile --only infer-b1,base  # what each mode adds
 
 Workloads (models built from torch.nn only, random weights, no downloads):
 - ``tiny``: the toy classifier step of the first measurements (vocab 1000, d 64, 4 heads,
@@ -95,6 +96,7 @@ class Mode:
     guard: str | None  # guard(mode=...); None: bare
     cpu_op_first: bool = False  # on CPU tensors, the shortcut (judge.TRUST_HOST_OPS)
     package: Any = None  # whose guard: None, today's; else an earlier revision's (--against)
+    read_behind: bool = True  # deferral.READ_BEHIND: a GPU's verdicts read behind the queue
 
 
 BARE = Mode("bare", None)
@@ -107,6 +109,9 @@ SHORTCUT = (
 )
 
 
+# on a GPU, deferred with its verdicts read on their own stream (after everything queued there)
+PLAIN_READ = (Mode("deferred plain-read", "deferred", read_behind=False),)
+
 # --against REV: REV's rules modes, alternating with today's (set by main)
 THEN: tuple[Mode, ...] = ()
 
@@ -114,7 +119,7 @@ THEN: tuple[Mode, ...] = ()
 def modes_for(device: str) -> tuple[Mode, ...]:
     if THEN:
         return (BARE, *RULES, *THEN)
-    return (BARE, *RULES) if device == "cuda" else (BARE, *RULES, *SHORTCUT)
+    return (BARE, *RULES, *PLAIN_READ) if device == "cuda" else (BARE, *RULES, *SHORTCUT)
 
 
 def load_revision(revision: str) -> ModuleType:
@@ -143,12 +148,18 @@ def guarded(mode: Mode) -> Iterator[None]:
         return
     package = mode.package or nb_cudaguard
     judged = importlib.import_module(f"{package.__name__}.input_guard.judge")
+    deferral = importlib.import_module(f"{package.__name__}.input_guard.deferral")
     trusted, judged.TRUST_HOST_OPS = judged.TRUST_HOST_OPS, mode.cpu_op_first
+    behind = getattr(deferral, "READ_BEHIND", None)
+    if behind is not None:
+        deferral.READ_BEHIND = mode.read_behind
     try:
         with package.guard(mode=mode.guard):
             yield
     finally:
         judged.TRUST_HOST_OPS = trusted
+        if behind is not None:
+            deferral.READ_BEHIND = behind
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -443,6 +454,38 @@ def _entry_exit(b: Block) -> float:
     return (b.step - b.inside) * b.steps
 
 
+def profile(device: str, workload: Workload, steps: int) -> None:
+    """What each mode adds to a step, by torch's profiler: the host time of each op and CUDA
+    runtime call (synchronisations and copies among them), per step, over bare's. Its own
+    overhead inflates every figure: read the differences, not the totals."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    step = _make(device, workload)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    seen: dict[str, dict[str, tuple[int, float]]] = {}
+    modes = modes_for(device)
+    for mode in modes:
+        block(device, step, 2, mode)
+        with torch_profile(activities=activities) as prof:
+            block(device, step, steps, mode)
+        seen[mode.name] = {e.key: (e.count, e.self_cpu_time_total) for e in prof.key_averages()}
+    bare = seen["bare"]
+    for mode in modes[1:]:
+        rows = []
+        for key, (count, cpu) in seen[mode.name].items():
+            was_count, was_cpu = bare.get(key, (0, 0.0))
+            if count != was_count or abs(cpu - was_cpu) > 5 * steps:
+                rows.append(((cpu - was_cpu) / steps, (count - was_count) / steps, key))
+        rows.sort(reverse=True)
+        total = sum(r[0] for r in rows)
+        print(f"[profile] {mode.name}: host time over bare, per step (sum of rows {total:+.0f} us)")
+        # the ops and runtime calls the mode adds, then the largest shifts in bare's own
+        added = [r for r in rows if r[1]]
+        for extra, more, key in [*added, *[r for r in rows if not r[1]][:10]]:
+            print(f"[profile]   {extra:+9.1f} us  {more:+6.2f} calls  {key}")
+
+
 # --- per call -------------------------------------------------------------------------------
 def percall(scale: float, clock: Clock) -> list[tuple[str, dict[str, float]]]:
     torch.manual_seed(0)
@@ -542,6 +585,9 @@ def main() -> None:
     parser.add_argument(
         "--against", metavar="REV", help="also REV's guard (its rules modes), side by side"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="only profile each workload's modes, then stop"
+    )
     parser.add_argument("--bare-only-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.against:
@@ -562,6 +608,13 @@ def main() -> None:
     available = {**WORKLOADS, **(GPU_ONLY if args.cuda else {})}
     names = [*available, "percall"] if args.only is None else args.only.split(",")
     training = [n for n in names if n in available]
+
+    if args.profile:
+        for name in training:
+            w = available[name]
+            print(f"[profile] {name}", flush=True)
+            profile(device, w, GPU_STEPS.get(name, w.steps) if args.cuda else w.steps)
+        return
 
     if args.bare_only_json:  # the CUDA_LAUNCH_BLOCKING=1 child
         out = {}
@@ -593,7 +646,12 @@ def main() -> None:
         bare = medians["bare"]
         # the fastest block of each mode: the least disturbed by other load on a shared machine
         fastest = {mode: min(b.step for b in v) for mode, v in times.items()}
-        groups = (("rules", RULES), ("cpu-op-first", SHORTCUT), ("rules, then", THEN))
+        groups = (
+            ("rules", RULES),
+            ("cpu-op-first", SHORTCUT),
+            ("rules, then", THEN),
+            ("plain read", PLAIN_READ),
+        )
         for label, group in groups:
             shown = [m.name for m in group if m in modes]
             if not shown:
@@ -613,7 +671,7 @@ def main() -> None:
         line += "; the guard's entry + exit, once a block: " + ", ".join(
             f"{m} {median(v, _entry_exit) * 1e6:+.0f} us"
             for m, v in times.items()
-            if m in (r.name for r in (*RULES, *THEN))
+            if m in (r.name for r in (*RULES, *THEN, *PLAIN_READ))
         )
         print(line, flush=True)
         print(f"[{name}] {counts(device, w)}", flush=True)

@@ -1,10 +1,20 @@
 """The deferred mode: each checked call leaves its verdict on the device and runs on values that
 cannot fault; ``flush`` reads the verdicts together and raises the first violation.
+
+Reading a CUDA tensor waits for everything queued on its stream. Before ``optimizer.step()`` that
+is the whole backward pass, and the GPU would then idle while the host queues the step and the
+next forward. So each deferred call marks its stream with an event right after its summaries, and
+``flush`` reads them on a side stream that waits for those events only (``behind``): the
+summaries were queued in the forward pass, long before. At ``.item()`` the caller waits for the
+stream anyway, and the read is the plain one.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+import torch
 
 from .errors import GuardError
 from .judge import STATS, _accepts, _host_error, _judged_on_host, _live, _read, first_violation
@@ -51,7 +61,8 @@ def _defer(
             where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
             summaries = [r.summary() for r in live]
             versions = [r.tensor._version for r in live]
-            _STATE.pending.append(_Pending(check, func, live, summaries, versions, where))
+            ready = _marked(summaries[0][0]) if READ_BEHIND else None
+            _STATE.pending.append(_Pending(check, func, live, summaries, versions, where, ready))
             if len(_STATE.pending) >= MAX_PENDING:
                 flush()
             return safe_args, safe_kwargs
@@ -100,29 +111,77 @@ def _put_slot(
     return args, {**kwargs, keyword or "": new}
 
 
+# Off: every flush reads on the summaries' own stream, waiting for all the work queued there
+# (the benchmark compares both).
+READ_BEHIND = True
+
+
+def _marked(part: torch.Tensor) -> Any:
+    """An event on ``part``'s stream right after the work that computes it (None off a GPU, or
+    while a CUDA graph is captured, where an event cannot be waited on from the host)."""
+    if not part.is_cuda:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(part.device))
+    return event
+
+
+class _SideStreams(threading.local):
+    def __init__(self) -> None:
+        self.by_device: dict[torch.device, torch.cuda.Stream] = {}
+
+
+_SIDE = _SideStreams()
+
+
+def _read_behind(entries: list[_Pending], summaries: list[Any]) -> list[list[Any]]:
+    """The summaries' values, waiting for the events their calls recorded, not for their streams.
+    Falls back to the plain read where a call has no event or the summaries span devices."""
+    device = summaries[0][0].device
+    if any(e.ready is None for e in entries) or any(
+        part.device != device for summary in summaries for part in summary
+    ):
+        return _read(summaries)
+    side = _SIDE.by_device.get(device)
+    if side is None:
+        side = _SIDE.by_device[device] = torch.cuda.Stream(device)
+    for entry in entries:
+        side.wait_event(entry.ready)
+    # the parts stay referenced until this returns, and the read below waits for the side
+    # stream: their memory is not handed back to their own stream while it is still read
+    with torch.cuda.stream(side):
+        return _read(summaries)
+
+
 def pending() -> int:
     """How many deferred verdicts this thread has not read yet."""
     return len(_STATE.pending)
 
 
-def flush() -> None:
+def flush(behind: bool = True) -> None:
     """Read every deferred verdict of this thread (one transfer per dtype) and raise the first
-    violation. Called before ``optimizer.step()``, at ``.item()``, and when a block ends."""
+    violation. Called before ``optimizer.step()``, at ``.item()``, and when a block ends.
+    ``behind``: wait only for the summaries, not for the work queued after them (the module's
+    doc); False where the caller waits for the whole stream anyway."""
     __tracebackhide__ = True
     entries, _STATE.pending = _STATE.pending, []
     if not entries:
         return
     busy, _STATE.busy = _STATE.busy, True  # the message's own tensor work is not checked
     try:
-        _raise_first(entries)
+        _raise_first(entries, behind)
     finally:
         _STATE.busy = busy
 
 
-def _raise_first(entries: list[_Pending]) -> None:
+def _raise_first(entries: list[_Pending], behind: bool) -> None:
     __tracebackhide__ = True
     summaries = [s for e in entries for s in e.summaries]
-    values = iter(_read(summaries) if summaries else [])
+    if not summaries:
+        return
+    values = iter(_read_behind(entries, summaries) if behind else _read(summaries))
     for entry in entries:
         for requirement, version in zip(entry.requirements, entry.versions, strict=True):
             if requirement.holds(next(values)):

@@ -68,3 +68,4 @@ class _Pending:
     summaries: list[Summary]
     versions: list[int]
     where: _Where
+    ready: Any = None  # a CUDA event recorded after the summaries, on their stream

@@ -74,7 +74,7 @@ def _sync_entry(owner: Any, attr: str, func: Any) -> Any:
     def synchronising(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         if _STATE.pending and not _STATE.busy and not _skips():
-            flush()
+            flush(behind=False)  # the call waits for the stream itself
         return func(*args, **kwargs)
 
     return _dressed_as(owner, attr, synchronising, func)
