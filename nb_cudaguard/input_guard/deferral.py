@@ -117,14 +117,18 @@ READ_BEHIND = True
 
 
 def _marked(part: torch.Tensor) -> Any:
-    """An event on ``part``'s stream right after the work that computes it (None off a GPU, or
-    while a CUDA graph is captured, where an event cannot be waited on from the host)."""
-    if not part.is_cuda:
+    """The event of ``part``'s stream, recorded again right after the work that computes it (None
+    off a GPU, or while a CUDA graph is captured, where the host cannot wait for an event). One
+    event per stream, reused: a flush waits for the latest record, which covers the calls before
+    it on that stream, and no event is created and destroyed per call."""
+    if not part.is_cuda or torch.cuda.is_current_stream_capturing():
         return None
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(part.device))
+    stream = torch.cuda.current_stream(part.device)
+    key = (stream.device_index, stream.stream_id)
+    event = _STATE.events.get(key)
+    if event is None:
+        event = _STATE.events[key] = torch.cuda.Event()
+    event.record(stream)
     return event
 
 
@@ -147,8 +151,8 @@ def _read_behind(entries: list[_Pending], summaries: list[Any]) -> list[list[Any
     side = _SIDE.by_device.get(device)
     if side is None:
         side = _SIDE.by_device[device] = torch.cuda.Stream(device)
-    for entry in entries:
-        side.wait_event(entry.ready)
+    for event in {id(entry.ready): entry.ready for entry in entries}.values():
+        side.wait_event(event)
     # the parts stay referenced until this returns, and the read below waits for the side
     # stream: their memory is not handed back to their own stream while it is still read
     with torch.cuda.stream(side):

@@ -38,6 +38,8 @@ class _ThreadState(threading.local):
         # nll_loss inside cross_entropy, indexing inside a check) pass through unchecked
         self.busy = False
         self.pending: list[_Pending] = []
+        # per (device, stream): the event each deferred call records after its summaries
+        self.events: dict[tuple[int, int], Any] = {}
 
 
 _STATE = _ThreadState()
@@ -68,4 +70,4 @@ class _Pending:
     summaries: list[Summary]
     versions: list[int]
     where: _Where
-    ready: Any = None  # a CUDA event recorded after the summaries, on their stream
+    ready: Any = None  # its stream's event, recorded after the summaries (deferral._marked)
