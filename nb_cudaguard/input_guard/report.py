@@ -49,6 +49,8 @@ def _capture(
     frames = _outer_frames()
     lines = [(f.f_code.co_filename, f.f_lineno) for f in frames]
     users = [i for i, (name, _) in enumerate(lines) if not _is_library(name)]
+    if not users:  # all of it exec'd without source (`python -c`): its line numbers, at least
+        users = [i for i, (name, _) in enumerate(lines) if not _in_library_dir(name)]
     # a plain tensor first: Parameter's metaclass answers isinstance in Python (~0.2 us each)
     params = {
         id(v)
@@ -177,8 +179,17 @@ def _outer_frames() -> list[FrameType]:
     return frames
 
 
-@functools.lru_cache(maxsize=4096)  # asked for every frame of every deferred call
 def _is_library(filename: str) -> bool:
+    """Not a line of the user's: a library's, or code without source (``<string>`` of an
+    ``exec``, as a test runner's worker starts with), which no message could quote, where a line
+    with source exists. A notebook's cells have source: IPython registers it with linecache."""
+    if filename.startswith("<"):
+        return not filename.startswith("<ipython-input-") and not linecache.getline(filename, 1)
+    return _in_library_dir(filename)
+
+
+@functools.lru_cache(maxsize=4096)  # asked for every frame of every deferred call
+def _in_library_dir(filename: str) -> bool:
     return (
         filename.startswith(_LIBRARY_DIRS)
         or filename.startswith("<frozen")

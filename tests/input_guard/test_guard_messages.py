@@ -3,6 +3,11 @@ where it comes from, the user's line, and a fix."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,6 +75,44 @@ def test_states_the_valid_range_with_ignore_index() -> None:
 def test_names_the_users_line() -> None:
     text = message(lambda: model(torch.tensor([99])))
     assert "test_guard_messages.py, line" in text and "model(torch.tensor([99]))" in text
+
+
+USER_CODE = """
+import torch
+from nb_cudaguard import GuardError, guard
+
+table = torch.nn.Embedding(30, 8)
+
+
+def lookup(ids):
+    return table(ids)
+
+
+def message():
+    try:
+        with guard():
+            lookup(torch.tensor([99]))
+    except GuardError as error:
+        return str(error)
+"""
+
+
+def test_code_without_source_is_not_named_as_where_the_call_came_from(tmp_path: Path) -> None:
+    # `python -c`, or a test runner's worker (pytest-xdist over execnet), starts in exec'd
+    # "<string>" code that no message can quote: the outermost line with source is the user's
+    (tmp_path / "user_code.py").write_text(USER_CODE)
+    done = subprocess.run(
+        [sys.executable, "-c", "import user_code; print(user_code.message())"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    text = done.stdout
+    assert "your line: " in text and "return table(ids)" in text, text + done.stderr
+    assert "<string>" not in text, text
+    assert "reached from: " in text and "lookup(torch.tensor([99]))" in text, text
 
 
 def test_bce_outside_zero_one_suggests_bce_with_logits() -> None:
