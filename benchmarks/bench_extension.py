@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +130,59 @@ def profile_hooks(cells: int, cuda: bool) -> None:
     stats.sort_stats("tottime").print_stats(15)
 
 
+def ablate(cells: int, blocks: int = 10, cuda: bool = False) -> dict[str, float]:
+    """Median µs per successful cell: unloaded, loaded, and loaded with one part switched off in
+    turn (all in alternating blocks), so each part's share is measured, not inferred from a
+    profile. The parts: the stream question handed to the probe's worker (every cell that
+    allocated nothing asks it), the cell tracker's readings altogether, replay's recorder."""
+    from IPython.testing.globalipapp import get_ipython
+    from IPython.utils.capture import capture_output
+
+    from nb_cudaguard.notebook.extension import current_state
+    from nb_cudaguard.runtime import cells as tracker
+
+    shell = get_ipython()
+    code = "x = sum(range(10))"
+    if cuda:
+        shell.run_cell("import torch\n_t = torch.ones(1, device='cuda')", store_history=False)
+    asks, reads = tracker._ask_work_queued, tracker._cuda_allocations
+
+    def without_question() -> None:
+        tracker._ask_work_queued = lambda: None
+
+    def without_tracker() -> None:
+        tracker._cuda_allocations = lambda: None
+
+    def without_recorder() -> None:
+        state = current_state(shell)
+        assert state is not None
+        state.recorder = None
+
+    variants: dict[str, Callable[[], None] | None] = {
+        "unloaded": None,
+        "loaded": lambda: None,
+        "loaded, no stream question": without_question,
+        "loaded, no cell tracker": without_tracker,
+        "loaded, no recorder": without_recorder,
+    }
+    timings: dict[str, list[float]] = {name: [] for name in variants}
+    with capture_output():
+        for _ in range(blocks):
+            for name, switch_off in variants.items():
+                if switch_off is not None:
+                    shell.run_line_magic("load_ext", "nb_cudaguard")
+                    switch_off()
+                    shell.run_cell(code, store_history=False)  # the tee's child starts here
+                start = time.perf_counter()
+                for _ in range(cells // blocks):
+                    shell.run_cell(code, store_history=False)
+                timings[name].append((time.perf_counter() - start) / (cells // blocks) * 1e6)
+                tracker._ask_work_queued, tracker._cuda_allocations = asks, reads
+                if switch_off is not None:
+                    shell.run_line_magic("unload_ext", "nb_cudaguard")
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
 def cell_tracker_us(calls: int = 20_000) -> dict[str, float]:
     """µs per cell of the cell tracker's CUDA reading, and per call of the readings it could use:
     the allocator's statistics, flattened or nested, and the stream query."""
@@ -198,9 +252,20 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=int, metavar="CELLS", help="only profile CELLS loaded cells, then stop"
     )
+    parser.add_argument(
+        "--ablate",
+        type=int,
+        metavar="CELLS",
+        help="only time CELLS cells per variant, each part of the hooks switched off in turn",
+    )
     args = parser.parse_args()
     if args.profile:
         profile_hooks(args.profile, args.cuda)
+        return
+    if args.ablate:
+        medians = ablate(args.ablate, cuda=args.cuda)
+        for name, value in medians.items():
+            print(f"  {name:30} {value:8.1f} µs per cell ({value - medians['unloaded']:+.1f})")
         return
 
     bare, loaded = per_cell(args.cells, cuda=args.cuda)
