@@ -12,6 +12,7 @@ stream anyway, and the read is the plain one.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -61,7 +62,7 @@ def _defer(
             where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
             summaries = [r.summary() for r in live]
             versions = [r.tensor._version for r in live]
-            ready = _marked(summaries[0][0]) if READ_BEHIND else None
+            ready = _marked(summaries[0][0]) if _STATE.marking and READ_BEHIND else None
             _STATE.pending.append(_Pending(check, func, live, summaries, versions, where, ready))
             if len(_STATE.pending) >= MAX_PENDING:
                 flush()
@@ -114,6 +115,10 @@ def _put_slot(
 # Off: every flush reads on the summaries' own stream, waiting for all the work queued there
 # (the benchmark compares both).
 READ_BEHIND = True
+# Marks cost the host microseconds a call, and the read after them tens (H200, 2026-11-27), and
+# pay only where the GPU is behind the host. So a thread marks only after a plain read waited
+# longer than this (its GPU was behind), and stops once a read behind finds the stream idle.
+WAITED_S = 0.0005
 
 
 def _marked(part: torch.Tensor) -> Any:
@@ -123,11 +128,14 @@ def _marked(part: torch.Tensor) -> Any:
     it on that stream, and no event is created and destroyed per call."""
     if not part.is_cuda or torch.cuda.is_current_stream_capturing():
         return None
-    stream = torch.cuda.current_stream(part.device)
-    key = (stream.device_index, stream.stream_id)
-    event = _STATE.events.get(key)
-    if event is None:
-        event = _STATE.events[key] = torch.cuda.Event()
+    # (stream id, device index, device type): torch.cuda.current_stream() builds a Stream
+    # object from the same tuple, at five times the cost
+    key = torch._C._cuda_getCurrentStream(part.device.index)
+    marks = _STATE.events.get(key)
+    if marks is None:
+        stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+        marks = _STATE.events[key] = (stream, torch.cuda.Event())
+    stream, event = marks
     event.record(stream)
     return event
 
@@ -142,12 +150,17 @@ _SIDE = _SideStreams()
 
 def _read_behind(entries: list[_Pending], summaries: list[Any]) -> list[list[Any]]:
     """The summaries' values, waiting for the events their calls recorded, not for their streams.
-    Falls back to the plain read where a call has no event or the summaries span devices."""
+    Falls back to the plain read where a call has no event or the summaries span devices, and
+    turns the marks on or off by what the reads found (``WAITED_S``)."""
     device = summaries[0][0].device
     if any(e.ready is None for e in entries) or any(
         part.device != device for summary in summaries for part in summary
     ):
-        return _read(summaries)
+        start = time.perf_counter()
+        values = _read(summaries)
+        if READ_BEHIND and device.type == "cuda" and time.perf_counter() - start > WAITED_S:
+            _STATE.marking = True
+        return values
     side = _SIDE.by_device.get(device)
     if side is None:
         side = _SIDE.by_device[device] = torch.cuda.Stream(device)
@@ -156,7 +169,10 @@ def _read_behind(entries: list[_Pending], summaries: list[Any]) -> list[list[Any
     # the parts stay referenced until this returns, and the read below waits for the side
     # stream: their memory is not handed back to their own stream while it is still read
     with torch.cuda.stream(side):
-        return _read(summaries)
+        values = _read(summaries)
+    if torch.cuda.current_stream(device).query():  # nothing queued after: the plain read is as good
+        _STATE.marking = False
+    return values
 
 
 def pending() -> int:

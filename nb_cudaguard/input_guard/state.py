@@ -38,8 +38,9 @@ class _ThreadState(threading.local):
         # nll_loss inside cross_entropy, indexing inside a check) pass through unchecked
         self.busy = False
         self.pending: list[_Pending] = []
-        # per (device, stream): the event each deferred call records after its summaries
-        self.events: dict[tuple[int, int], Any] = {}
+        # per stream: the event each deferred call records after its summaries, while marking
+        self.events: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+        self.marking = False  # deferral.WAITED_S
 
 
 _STATE = _ThreadState()
