@@ -11,7 +11,6 @@ stream anyway, and the read is the plain one.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -140,14 +139,6 @@ def _marked(part: torch.Tensor) -> Any:
     return event
 
 
-class _SideStreams(threading.local):
-    def __init__(self) -> None:
-        self.by_device: dict[torch.device, torch.cuda.Stream] = {}
-
-
-_SIDE = _SideStreams()
-
-
 def _read_behind(entries: list[_Pending], summaries: list[Any]) -> list[list[Any]]:
     """The summaries' values, waiting for the events their calls recorded, not for their streams.
     Falls back to the plain read where a call has no event or the summaries span devices, and
@@ -161,9 +152,9 @@ def _read_behind(entries: list[_Pending], summaries: list[Any]) -> list[list[Any
         if READ_BEHIND and device.type == "cuda" and time.perf_counter() - start > WAITED_S:
             _STATE.marking = True
         return values
-    side = _SIDE.by_device.get(device)
+    side = _STATE.side_streams.get(device)
     if side is None:
-        side = _SIDE.by_device[device] = torch.cuda.Stream(device)
+        side = _STATE.side_streams[device] = torch.cuda.Stream(device)
     for event in {id(entry.ready): entry.ready for entry in entries}.values():
         side.wait_event(event)
     # the parts stay referenced until this returns, and the read below waits for the side

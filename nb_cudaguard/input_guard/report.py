@@ -183,9 +183,13 @@ def _is_library(filename: str) -> bool:
     """Not a line of the user's: a library's, or code without source (``<string>`` of an
     ``exec``, as a test runner's worker starts with), which no message could quote, where a line
     with source exists. A notebook's cells have source: IPython registers it with linecache."""
-    if filename.startswith("<"):
-        return not filename.startswith("<ipython-input-") and not linecache.getline(filename, 1)
-    return _in_library_dir(filename)
+    if _in_library_dir(filename):  # cached: <frozen ...> among them
+        return True
+    return (
+        filename.startswith("<")
+        and not filename.startswith("<ipython-input-")
+        and not linecache.getline(filename, 1)
+    )
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every frame of every deferred call

@@ -40,6 +40,7 @@ class _ThreadState(threading.local):
         self.pending: list[_Pending] = []
         # per stream: the event each deferred call records after its summaries, while marking
         self.events: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+        self.side_streams: dict[torch.device, Any] = {}  # per device: where reads go behind
         self.marking = False  # deferral.WAITED_S
 
 
