@@ -17,11 +17,12 @@ Python cannot read) are listed as such.
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
-from operator import itemgetter
+from operator import itemgetter, ne, not_
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
@@ -145,8 +146,18 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 settings = [v for k, v in group.items() if k != "params"]
                 tokens.extend(v if type(v) in _IMMUTABLE else id(v) for v in settings)
                 stack.extend(_mutable(settings))
-            for state in obj.state.values():
-                stack.extend(state.values())
+            for state in obj.state.values():  # (a parameter's moments: read here at once)
+                for value in state.values():
+                    read = _TOKENS.get(type(value))
+                    if read is None or id(value) in seen:
+                        stack.append(value)
+                        continue
+                    if len(seen) >= limit:
+                        return False
+                    seen.add(id(value))
+                    token, all_read = read(value)
+                    append(token)
+                    whole = whole and all_read
         elif numpy is not None and isinstance(obj, numpy.ndarray):
             token, all_read = _array_seen(obj)
             append(token)
@@ -179,27 +190,25 @@ def _module_tokens(
     (``self.history = []``; ``training``), read from each one's ``__dict__``: torch's
     bookkeeping starts with ``_``. False where a module keeps them elsewhere (not seen whole)."""
     modules = [root]
-    while modules:
-        module = modules.pop()
-        state = vars(module)
-        try:
-            parameters, buffers, children = (
-                state["_parameters"],
-                state["_buffers"],
-                state["_modules"],
-            )
-        except KeyError:  # a module that never ran nn.Module.__init__
-            return False
+    for module in modules:  # (grows as children are found)
+        state = module.__dict__
+        readers = _READERS_BY_KEYS.get(tuple(state))
+        if readers is None:
+            readers = _module_readers(state)
+            if readers is None:  # a module that never ran nn.Module.__init__
+                return False
+        parameters, buffers, children = readers[0](state)
         for tensor in parameters.values():
             if tensor is not None:
                 append(_tensor_token(tensor))
         for tensor in buffers.values():
             if tensor is not None:
                 append(_tensor_token(tensor))
-        own = _public_values(state)
+        append(tuple(map(len, readers[1](state))))  # (register_forward_hook)
+        own = readers[2](state)
         append(tuple(map(id, own)))
-        append(tuple(map(len, map(state.get, _HOOKS, repeat(())))))  # (register_forward_hook)
-        stack.extend(_mutable(own))  # (it checks for nothing to walk itself)
+        if not _IMMUTABLE.issuperset(map(type, own)):  # ``self.history = []``: walked
+            stack.extend(_mutable(own))
         for child in children.values():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
@@ -208,28 +217,40 @@ def _module_tokens(
 
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_PUBLIC: dict[frozenset[str], Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
+_Reader = Callable[[dict[str, Any]], tuple[Any, ...]]
+# A module's ``__dict__`` keys, in order -> readers of its torch parts, of its hooks' dicts and
+# of its own values (``training``, ``in_features``, ``self.history``): found once per set of
+# names (most modules of a model share a few). Keyed by the keys in order, not a set: a
+# tuple is cheaper to build, and a module whose keys were set in another order only gets a
+# reader of its own.
+_READERS_BY_KEYS: dict[tuple[str, ...], tuple[_Reader, _Reader, _Reader]] = {}
 
 
-def _public_values(state: dict[str, Any]) -> tuple[Any, ...]:
-    """The values in a module's ``__dict__`` that are not torch's bookkeeping (``training``,
-    ``in_features``, ``self.history``), by a reader found once per set of names (most modules
-    of a model share a few)."""
-    keys = frozenset(state)
-    read = _PUBLIC.get(keys)
-    if read is None:
-        if len(_PUBLIC) > 256:
-            _PUBLIC.clear()
-        public = sorted(k for k in keys if k[:1] != "_")
-        if len(public) > 1:
-            read = itemgetter(*public)
-        elif public:
-            name = public[0]
-            read = lambda state: (state[name],)  # noqa: E731 (itemgetter of one is no tuple)
-        else:
-            read = lambda state: ()  # noqa: E731
-        _PUBLIC[keys] = read
-    return read(state)
+def _module_readers(state: dict[str, Any]) -> tuple[_Reader, _Reader, _Reader] | None:
+    keys = tuple(state)
+    if not {"_parameters", "_buffers", "_modules"} <= state.keys():
+        return None
+    if len(_READERS_BY_KEYS) > 256:
+        _READERS_BY_KEYS.clear()
+    found = [k for k in _HOOKS if k in state]  # (a torch from before one of them: the others)
+    public = sorted(k for k in keys if k[:1] != "_")
+    readers = (
+        itemgetter("_parameters", "_buffers", "_modules"),
+        _getter(found),
+        _getter(public),
+    )
+    _READERS_BY_KEYS[keys] = readers
+    return readers
+
+
+def _getter(keys: list[str]) -> _Reader:
+    """A dict's values at ``keys``, always as a tuple (``itemgetter`` of one key is not)."""
+    if len(keys) > 1:
+        return itemgetter(*keys)
+    if keys:
+        key = keys[0]
+        return lambda state: (state[key],)
+    return lambda state: ()
 
 
 def _note_types(torch: Any, numpy: Any) -> None:
@@ -282,12 +303,15 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
     # layer), hooks (``w.register_hook(clip)``), attributes (``p.no_decay = True``).
     requires_grad = tensor.requires_grad
     hooks, own = tensor._backward_hooks, tensor.__dict__
-    extra = (hooks and tuple(hooks), own and (tuple(own), tuple(map(id, own.values()))))
     # A leaf's grad only: reading a non-leaf's .grad makes torch warn (it is never filled).
-    if requires_grad and tensor.is_leaf and tensor.grad is not None:
-        grad = tensor.grad
-        return (id(tensor), tensor._version, pointer, id(grad), grad._version, extra)
-    return (id(tensor), tensor._version, pointer, requires_grad, extra)
+    grad = tensor.grad if requires_grad and tensor.is_leaf else None
+    if grad is not None:
+        token: tuple[Any, ...] = (id(tensor), tensor._version, pointer, id(grad), grad._version)
+    else:
+        token = (id(tensor), tensor._version, pointer, requires_grad)
+    if hooks or own:  # (most tensors have neither: no tuple built for them)
+        return (*token, hooks and tuple(hooks), own and (tuple(own), tuple(map(id, own.values()))))
+    return token
 
 
 def _array_seen(array: Any) -> tuple[tuple[Any, ...], bool]:
@@ -446,6 +470,8 @@ def _settings_readers(torch: Any) -> tuple[tuple[str, ...], list[Callable[[], An
 
 _Seen = tuple[int, tuple[Any, ...], bool]  # (id of the value, its fingerprint, seen whole)
 _FIRST = itemgetter(0)
+_THIRD = itemgetter(2)
+_AT_ONCE = 64  # names from which a cell's end compares them in C
 _NONE: frozenset[str] = frozenset()
 
 
@@ -545,30 +571,56 @@ class Recorder:
             self._depth = max(0, self._depth - 1)
             return
         self._depth = 0
+        # The fingerprints are thousands of small tuples on a large namespace: without a pause,
+        # CPython's collector runs every 700 of them and walks every tracked object of the
+        # process now and then (a fifth of the time). They make no cycles; the collector runs
+        # once afterwards as usual. Paused only where the user has not turned it off.
+        collecting = gc.isenabled()
+        if collecting:
+            gc.disable()
+        try:
+            self._finish(namespace, cell, failed)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         previous = self._seen
-        now: dict[str, _Seen] = {}
-        bound, changed, unseen = [], [], []
+        names = self._user(namespace)
+        moved: Iterable[str]
+        if len(names) > _AT_ONCE:
+            # Most names do not move between cells: the ones that did are found in C, and only
+            # they are looked at one by one.
+            fingerprints = list(map(_see, map(namespace.__getitem__, names)))
+            now = dict(zip(names, fingerprints, strict=True))
+            moved = compress(names, map(ne, fingerprints, map(previous.get, names)))
+            unseen = list(compress(names, map(not_, map(_THIRD, fingerprints))))
+        else:  # a few names: one pass in Python costs less than setting up the passes in C
+            now, moved, unseen = {}, [], []
+            for name in names:
+                now[name] = seen = _see(namespace[name])
+                if seen != previous.get(name):
+                    moved.append(name)
+                if not seen[2]:
+                    unseen.append(name)
+        bound, changed = [], []
         fresh = 0
-        for name in self._user(namespace):
-            value = namespace[name]
-            now[name] = seen = _see(value)
-            before = previous.get(name)
+        for name in moved:
+            seen, before = now[name], previous.get(name)
             if before is None or before[0] != seen[0]:
                 bound.append(name)
-                self._note_origin(name, value)
+                self._note_origin(name, namespace[name])
                 fresh += before is None
             elif before[1] != seen[1]:
                 changed.append(name)
-            if not seen[2]:
-                unseen.append(name)
         # Only where the count says some went: a set difference costs a pass over the names.
         deleted = previous.keys() - now.keys() if len(previous) + fresh != len(now) else set()
         for name in deleted:
             self._forget_origin(name)
         modules = self._see_modules()
         if modules != self._modules:  # a module's global re-bound (``cfg.LR = 0.5``)
-            moved = {m for m, v in modules.items() if m in self._modules and self._modules[m] != v}
-            changed += [n for n, m in self._origin.items() if m in moved and n not in bound]
+            shifted = {m for m, v in modules.items() if self._modules.get(m, v) != v}
+            changed += [n for n, m in self._origin.items() if m in shifted and n not in bound]
         settings = torch_settings()
         changed_settings: tuple[str, ...] = ()
         if settings != self._settings:

@@ -210,6 +210,64 @@ def test_a_fingerprint_sees_a_module_trained_and_a_container_filled():
     assert fingerprint(big)[1] is False  # too large to see whole: said, never guessed
 
 
+def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_place():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    changes = [
+        lambda: setattr(model[0], "history", []),  # a new attribute
+        lambda: model[0].history.append(1.0),  # changed inside it
+        lambda: model[1].register_forward_hook(lambda *a: None),
+        lambda: setattr(model[0].weight, "no_decay", True),
+        lambda: opt.step(),  # the moments, in place
+        lambda: opt.state[model[0].bias]["exp_avg"].add_(1),
+        lambda: model.train(False),
+    ]
+    for change in changes:
+        before = [fingerprint(model)[0], fingerprint(opt)[0]]
+        assert [fingerprint(model)[0], fingerprint(opt)[0]] == before  # reading moves nothing
+        change()
+        assert [fingerprint(model)[0], fingerprint(opt)[0]] != before, change
+    bare = torch.nn.Module.__new__(torch.nn.Linear)  # never ran nn.Module.__init__
+    assert fingerprint(bare)[1] is False
+
+
+def test_a_cells_end_on_a_large_namespace_runs_no_collection_and_keeps_the_users_setting():
+    import gc
+
+    namespace: dict[str, Any] = {
+        f"n{i}": {"step": i, "history": [float(j) for j in range(20)]} for i in range(400)
+    }
+    collections: list[int] = []
+    inside = [False]
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start" and inside[0]:
+            collections.append(info["generation"])
+
+    recorder = Recorder()
+    recorder.prime(namespace)
+    gc.callbacks.append(count)
+    try:
+        for cell in range(5):
+            recorder.start(namespace)
+            namespace[f"n{cell}"]["history"].append(1.0)
+            inside[0] = True
+            recorder.finish(namespace, cell, failed=False)
+            inside[0] = False
+            assert recorder.records[cell].changed == {f"n{cell}"}
+            assert gc.isenabled()
+        assert collections == []  # thousands of fingerprints made, no collection among them
+        gc.disable()
+        recorder.start(namespace)
+        recorder.finish(namespace, 9, failed=False)
+        assert not gc.isenabled()  # the user's choice stays
+    finally:
+        gc.callbacks.remove(count)
+        gc.enable()
+
+
 def test_cells_run_before_the_extension_loaded_are_named_as_planned_from_text(shell: Any):
     shell.run_cell("early_base = [1, 2]", store_history=True)
     early = shell.execution_count - 1
