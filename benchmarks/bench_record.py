@@ -13,11 +13,13 @@ a loaded machine's other processes do not count):
 - per cell on a large namespace: ``--names`` names holding ``--mb`` MiB of tensors and arrays
   in all (a third each tensors, arrays, and lists/dicts/modules), the recorder's start + finish
   timed on their own (the minimum and median of repeats);
+- a training notebook's model and optimizer (a 12-layer transformer encoder and AdamW, after
+  a step), the recorder's start + finish timed the same way;
 - a cell whose own code is a top-level Python loop (``--loop`` iterations), with and without the
   recorder: its ratio.
 
 ``--against REV``: also the recorder of git revision ``REV`` (its ``replay/record.py``) and
-today's, side by side in alternating blocks, on both namespaces.
+today's, side by side in alternating blocks, on both namespaces and the model.
 """
 
 from __future__ import annotations
@@ -92,6 +94,20 @@ def _large(names: int, mb: int) -> tuple[dict[str, Any], int]:
     return namespace, held
 
 
+def _training() -> dict[str, Any]:
+    """A training notebook's model and optimizer, after a step: a 12-layer transformer encoder
+    (d 256, 4 heads, FFN 1024: 122 modules, 144 parameters with their grads) and AdamW (two
+    moments and a step count per parameter)."""
+    import torch
+
+    layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8, 256)).sum().backward()
+    opt.step()
+    return {"model": model, "opt": opt}
+
+
 def large_namespace(
     namespace: dict[str, Any], recorders: tuple[Any, ...], repeat: int = 30
 ) -> list[tuple[float, float]]:
@@ -124,10 +140,12 @@ def old_recorder(revision: str) -> Any:
     ).stdout
     path = Path(tempfile.mkdtemp()) / "record_then.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("record_then", path)
+    # Named inside the package, so its relative imports (``.rng``) find today's modules.
+    name = "nb_cudaguard.replay.record_then"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["record_then"] = module  # dataclasses look their module up
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module.Recorder
 
@@ -210,6 +228,13 @@ def main() -> None:
             f"{then_med:.2f} (median); now {now_min:.2f}, {now_med:.2f}: "
             f"{now_min / then_min:.2f}x"
         )
+        training = _training()
+        (then_min, then_med), (now_min, now_med) = large_namespace(training, (then, Recorder))
+        print(
+            f"a model and its optimizer, side by side: {args.against} {then_min:.2f} ms (min), "
+            f"{then_med:.2f} (median); now {now_min:.2f}, {now_med:.2f}: "
+            f"{now_min / then_min:.2f}x"
+        )
         cell = per_cell_against(then, args.cells)
         print(
             f"small namespace, side by side: {args.against}'s recorder "
@@ -229,6 +254,11 @@ def main() -> None:
     del namespace
     print(
         f"{args.names} names holding {held / 2**30:.2f} GiB: recorder start + finish "
+        f"{low:.2f} ms (min), {median:.2f} ms (median) per cell"
+    )
+    ((low, median),) = large_namespace(_training(), (Recorder,))
+    print(
+        f"a model and its optimizer (12 transformer layers, AdamW): recorder start + finish "
         f"{low:.2f} ms (min), {median:.2f} ms (median) per cell"
     )
     off, on = loop_cell(args.loop)
