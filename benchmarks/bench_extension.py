@@ -130,11 +130,14 @@ def profile_hooks(cells: int, cuda: bool) -> None:
     stats.sort_stats("tottime").print_stats(15)
 
 
-def ablate(cells: int, blocks: int = 10, cuda: bool = False) -> dict[str, float]:
+def ablate(
+    cells: int, blocks: int = 10, cuda: bool = False, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, float]:
     """Median µs per successful cell: unloaded, loaded, and loaded with one part switched off in
     turn (all in alternating blocks), so each part's share is measured, not inferred from a
     profile. The parts: the stream question handed to the probe's worker (every cell that
-    allocated nothing asks it), the cell tracker's readings altogether, replay's recorder."""
+    allocated nothing asks it), the cell tracker's readings altogether, replay's recorder, the
+    fd 2 tee."""
     from IPython.testing.globalipapp import get_ipython
     from IPython.utils.capture import capture_output
 
@@ -158,12 +161,18 @@ def ablate(cells: int, blocks: int = 10, cuda: bool = False) -> dict[str, float]
         assert state is not None
         state.recorder = None
 
+    def without_tee() -> None:  # as after a failed start: the tee is never started again
+        state = current_state(shell)
+        assert state is not None
+        state._tee_failed = True
+
     variants: dict[str, Callable[[], None] | None] = {
         "unloaded": None,
         "loaded": lambda: None,
         "loaded, no stream question": without_question,
         "loaded, no cell tracker": without_tracker,
         "loaded, no recorder": without_recorder,
+        "loaded, no fd 2 tee": without_tee,
     }
     timings: dict[str, list[float]] = {name: [] for name in variants}
     with capture_output():
@@ -173,10 +182,10 @@ def ablate(cells: int, blocks: int = 10, cuda: bool = False) -> dict[str, float]
                     shell.run_line_magic("load_ext", "nb_cudaguard")
                     switch_off()
                     shell.run_cell(code, store_history=False)  # the tee's child starts here
-                start = time.perf_counter()
+                start = clock()
                 for _ in range(cells // blocks):
                     shell.run_cell(code, store_history=False)
-                timings[name].append((time.perf_counter() - start) / (cells // blocks) * 1e6)
+                timings[name].append((clock() - start) / (cells // blocks) * 1e6)
                 tracker._ask_work_queued, tracker._cuda_allocations = asks, reads
                 if switch_off is not None:
                     shell.run_line_magic("unload_ext", "nb_cudaguard")
@@ -258,12 +267,17 @@ def main() -> None:
         metavar="CELLS",
         help="only time CELLS cells per variant, each part of the hooks switched off in turn",
     )
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="with --ablate: by the thread's CPU time"
+    )
     args = parser.parse_args()
     if args.profile:
         profile_hooks(args.profile, args.cuda)
         return
     if args.ablate:
-        medians = ablate(args.ablate, cuda=args.cuda)
+        # The thread's CPU time where asked: a loaded machine's other processes do not count.
+        clock = time.thread_time if args.cpu_time else time.perf_counter
+        medians = ablate(args.ablate, cuda=args.cuda, clock=clock)
         for name, value in medians.items():
             print(f"  {name:30} {value:8.1f} µs per cell ({value - medians['unloaded']:+.1f})")
         return
