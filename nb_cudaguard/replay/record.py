@@ -501,6 +501,7 @@ class Recorder:
     _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
     _names: dict[str, None] = field(default_factory=dict)  # of which the user's, in order
     _ids: tuple[int, ...] = ()  # the user's values' ids at the last cell's end, in order
+    _renamed: bool = False  # the user's names changed since ``_ids`` was taken
     _depth: int = 0
     _primed: bool = False
     _put_back: dict[str, _Seen] = field(default_factory=dict)  # restored names, as restored
@@ -530,10 +531,10 @@ class Recorder:
 
     def prime(self, namespace: Mapping[str, Any]) -> None:
         """Take the namespace as it is now as the state before the next cell."""
-        names = self._user(namespace)
-        self._seen = {n: _see(namespace[n]) for n in names}
-        self._ids = tuple(map(_FIRST, self._seen.values()))
-        self._origin = {n: _module_of(namespace[n]) for n in names}
+        names, values = self._user_values(namespace)
+        self._seen = dict(zip(names, map(_see, values), strict=True))
+        self._ids, self._renamed = tuple(map(_FIRST, self._seen.values())), False
+        self._origin = dict(zip(names, map(_module_of, values), strict=True))
         self._own_used = None
         self._modules = self._see_modules()
         self._settings = torch_settings()
@@ -548,21 +549,20 @@ class Recorder:
         if not self._primed:
             self.prime(namespace)
         else:
-            names, seen = self._user(namespace), self._seen
+            (names, values), seen = self._user_values(namespace), self._seen
             # Between cells the namespace rarely changes: one pass in C over the values' ids
-            # tells whether any name must be looked at.
-            ids = tuple(map(id, map(namespace.__getitem__, names)))
-            if ids != self._ids:
-                if len(seen) != len(names):
-                    for name in seen.keys() - names:
-                        del seen[name]
-                        self._forget_origin(name)
-                for name in names:
-                    value = namespace[name]
+            # tells whether any name must be looked at (for the same names only: a freed
+            # value's id is often the next one's).
+            if self._renamed or tuple(map(id, values)) != self._ids:
+                for name, value in zip(names, values, strict=True):
                     before = seen.get(name)
                     if before is None or before[0] != id(value):
                         seen[name] = _see(value)
                         self._note_origin(name, value)
+                if len(seen) != len(names):  # (every name is in it now: what is left went)
+                    for name in seen.keys() - names:
+                        del seen[name]
+                        self._forget_origin(name)
         self._rng = self._settle_rng(rng_states(self._reader))
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
@@ -586,19 +586,19 @@ class Recorder:
 
     def _finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         previous = self._seen
-        names = self._user(namespace)
+        names, values = self._user_values(namespace)
         moved: Iterable[str]
         if len(names) > _AT_ONCE:
             # Most names do not move between cells: the ones that did are found in C, and only
             # they are looked at one by one.
-            fingerprints = list(map(_see, map(namespace.__getitem__, names)))
+            fingerprints = list(map(_see, values))
             now = dict(zip(names, fingerprints, strict=True))
             moved = compress(names, map(ne, fingerprints, map(previous.get, names)))
             unseen = list(compress(names, map(not_, map(_THIRD, fingerprints))))
         else:  # a few names: one pass in Python costs less than setting up the passes in C
             now, moved, unseen = {}, [], []
-            for name in names:
-                now[name] = seen = _see(namespace[name])
+            for name, value in zip(names, values, strict=True):
+                now[name] = seen = _see(value)
                 if seen != previous.get(name):
                     moved.append(name)
                 if not seen[2]:
@@ -626,7 +626,7 @@ class Recorder:
         if settings != self._settings:
             changed_settings = settings_changed(self._settings, settings)
         self._seen, self._modules, self._settings = now, modules, settings
-        self._ids = tuple(map(_FIRST, now.values()))
+        self._ids, self._renamed = tuple(map(_FIRST, now.values())), False
         self._rng_cell = cell
         if cell is None:
             return
@@ -684,12 +684,29 @@ class Recorder:
         if len(namespace) != len(keys) + len(added):
             keys.clear()
             self._names.clear()
+            self._renamed = True
             added = list(namespace)
         if added:
             keys.update(added)
             hidden = self.hidden
+            count = len(self._names)
             self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
+            self._renamed |= len(self._names) != count
         return self._names.keys()
+
+    def _user_values(self, namespace: Mapping[str, Any]) -> tuple[Collection[str], list[Any]]:
+        """The user's names, in order, and their values."""
+        names = self._user(namespace)
+        try:
+            return names, list(map(namespace.__getitem__, names))
+        except KeyError:
+            # Keys went and others came in a way the count cannot tell (the last key and
+            # another deleted, a new one and the last bound again): all of them read again.
+            self._keys.clear()
+            self._names.clear()
+            self._renamed = True
+            names = self._user(namespace)
+            return names, list(map(namespace.__getitem__, names))
 
     def _note_origin(self, name: str, value: Any) -> None:
         module = _module_of(value)

@@ -233,6 +233,35 @@ def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_p
     assert fingerprint(bare)[1] is False
 
 
+@pytest.mark.parametrize(
+    "between",
+    [
+        # another name in a freed value's place: its id is often the freed one's
+        lambda ns: (ns.pop("x"), ns.__setitem__("z", [5])),
+        # the last key and another gone, a new one and the last back: the count adds up
+        lambda ns: (
+            ns.pop("last"),
+            ns.pop("x"),
+            ns.__setitem__("z", [5]),
+            ns.__setitem__("last", 2),
+        ),
+    ],
+    ids=["freed-id", "last-key-back"],
+)
+def test_names_bound_and_deleted_between_cells_are_not_the_next_cells(between):
+    namespace: dict[str, Any] = {"a": 1, "x": [1], "last": 2}
+    recorder = Recorder()
+    recorder.prime(namespace)
+    recorder.start(namespace)
+    recorder.finish(namespace, 1, failed=False)
+    between(namespace)  # a widget's callback, a restore
+    recorder.start(namespace)
+    namespace["z"].append(6)
+    recorder.finish(namespace, 2, failed=False)
+    record = recorder.records[2]
+    assert (record.bound, record.changed, record.deleted) == (set(), {"z"}, set())
+
+
 def test_a_cells_end_on_a_large_namespace_runs_no_collection_and_keeps_the_users_setting():
     import gc
 
