@@ -49,7 +49,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from .paths import PathEvents, path_events
@@ -224,6 +224,10 @@ class CellFacts:
     # ...)``): where one is a library's module, the change lives in that module, which a new
     # process imports afresh and a restore imports again: only running the cell brings it back.
     patches: frozenset[str] = frozenset()
+    # Each name it binds or fills -> the names (from before the cell) its value was computed
+    # from through a call that copies (``n = len(log)``, ``c = cfg.copy()``, ``norms.append(
+    # g.item())``): no object shared, so no link, but the value differs where they differ.
+    copies: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,7 @@ class _Collect:
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     patches: set[str] = field(default_factory=set)
+    copies: dict[str, set[str]] = field(default_factory=dict)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -287,6 +292,7 @@ class _Collect:
             "; ".join(dict.fromkeys(self.draws)),
             frozenset(self.untracked & mutates),
             patches=frozenset(self.patches),
+            copies={n: frozenset(r - {n}) for n, r in self.copies.items() if r - {n}},
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -584,6 +590,10 @@ class _CellVisitor(ast.NodeVisitor):
         self.c = _Collect()
         self.bound: set[str] = set()  # bound earlier in this cell
         self.reading: set[str] | None = None  # names read by the value being visited
+        # names the value being visited reads through a call that copies (not in ``reading``),
+        # and those of the last value visited whole (``_visit_reading``)
+        self.copying: set[str] | None = None
+        self.copied: set[str] = set()
         self.imported: set[str] = set()  # bound by an import, last, earlier in this cell
         self.transform = transform
 
@@ -591,6 +601,12 @@ class _CellVisitor(ast.NodeVisitor):
     def _load(self, name: str) -> None:
         if name not in self.bound:
             self.c.uses.add(name)
+        if self.copying is not None and name in self.bound:
+            self.copying |= self.c.copies.get(name, set())
+        if self.reading is None and self.copying is not None:  # through a copy
+            self.copying.add(name)
+            if name in self.bound:
+                self.copying |= self.c.links.get(name, set())
         if self.reading is not None:
             self.reading.add(name)
             if name in self.bound:  # bound in this cell: what it was built from too
@@ -600,6 +616,7 @@ class _CellVisitor(ast.NodeVisitor):
 
     def _store(self, name: str) -> None:
         self.c.stores.pop(name, None)  # a new object: it holds nothing yet
+        self.c.copies.pop(name, None)
         self.imported.discard(name)
         self.bound.add(name)
         self.c.assigned.add(name)
@@ -666,10 +683,13 @@ class _CellVisitor(ast.NodeVisitor):
         for key in keys:  # read, not stored (and setattr's object)
             self.visit(key)
         held: set[str] = set()
+        copied: set[str] = set()
         for value in values:
             held |= self._visit_reading(value)
+            copied |= self.copied
         root = _root_name(container)
         if root is not None:
+            self._copies(root, copied, add=True)
             # Into ``c`` itself: a fill; into a part of it (``d["k"].append(v)``): that part,
             # which may be something ``c`` holds, changes.
             self._mutate(root, fill=isinstance(container, ast.Name))
@@ -682,26 +702,53 @@ class _CellVisitor(ast.NodeVisitor):
         """Visit an expression; the names (from before this cell) its value may share objects
         with: what it reads, less what goes through a call that copies (``df.copy()``)."""
         outer, self.reading = self.reading, set()
+        outer_copying, self.copying = self.copying, set()
         try:
             self.visit(node)
             return self.reading
         finally:
             if outer is not None:
                 outer |= self.reading
-            self.reading = outer
+            if outer_copying is not None:
+                outer_copying |= self.copying
+            self.copied = self.copying
+            self.reading, self.copying = outer, outer_copying
 
-    def _link(self, target: ast.AST, reads: set[str]) -> None:
+    def _copies(self, name: str, copied: Collection[str], add: bool = False) -> None:
+        """``name``'s value is now (``add``: also) computed from ``copied`` through copies."""
+        if add:
+            self.c.copies.setdefault(name, set()).update(copied)
+        else:
+            self.c.copies[name] = set(copied)
+
+    def _link(self, target: ast.AST, reads: set[str], copied: Collection[str] = ()) -> None:
         for name in _names_bound(target):
             self.c.links[name] = set(reads)
+            self._copies(name, copied)
 
-    def _bind(self, target: ast.expr, value: ast.expr, reads: set[str]) -> None:
+    def _bind(
+        self, target: ast.expr, value: ast.expr, reads: set[str], copied: Collection[str] = ()
+    ) -> None:
         """After ``target = value``: a new list, tuple, set or dict holds what it reads
-        (``models = [model]``); anything else links to it."""
+        (``models = [model]``); anything else links to it. ``copied``: what it reads through
+        copies; an item or attribute target's object now has a value computed from them."""
         if isinstance(target, ast.Name) and isinstance(value, _DISPLAYS):
             self.c.links[target.id] = set()
+            self._copies(target.id, copied)
             self._hold(target.id, reads)
         else:
-            self._link(target, reads)
+            self._link(target, reads, copied)
+        parts = [target]
+        while parts:
+            part = parts.pop()
+            if isinstance(part, (ast.Tuple, ast.List)):
+                parts.extend(part.elts)
+            elif isinstance(part, ast.Starred):
+                parts.append(part.value)
+            elif isinstance(part, (ast.Attribute, ast.Subscript)):
+                root = _root_name(part)
+                if root is not None:
+                    self._copies(root, copied, add=True)
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -740,18 +787,23 @@ class _CellVisitor(ast.NodeVisitor):
     # --- statements ----------------------------------------------------------------------------
     def visit_Assign(self, node: ast.Assign) -> None:
         reads = self._visit_reading(node.value)
+        copied = self.copied
         for target in node.targets:
             self._target(target, reads, fill=True)
-            self._bind(target, node.value, reads)
+            self._bind(target, node.value, reads, copied)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
             reads = self._visit_reading(node.value)
+            copied = self.copied
             self._target(node.target, reads, fill=True)
-            self._bind(node.target, node.value, reads)
+            self._bind(node.target, node.value, reads, copied)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         reads = self._visit_reading(node.value)
+        root = _root_name(node.target)
+        if root is not None:
+            self._copies(root, self.copied, add=True)
         if isinstance(node.target, ast.Name):
             # In place for a tensor, an array, a list: the object may be shared; a list then
             # holds what it was extended with (``lst += [model]``).
@@ -766,8 +818,9 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
         reads = self._visit_reading(node.value)
+        copied = self.copied
         self._store(node.target.id)
-        self._link(node.target, reads)
+        self._link(node.target, reads, copied)
 
     def visit_Delete(self, node: ast.Delete) -> None:
         for target in node.targets:
@@ -778,8 +831,9 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         reads = self._visit_reading(node.iter)
+        copied = self.copied
         self._target(node.target)
-        self._link(node.target, reads)
+        self._link(node.target, reads, copied)
         for statement in [*node.body, *node.orelse]:
             self.visit(statement)
 
@@ -788,9 +842,10 @@ class _CellVisitor(ast.NodeVisitor):
     def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
         for item in node.items:
             reads = self._visit_reading(item.context_expr)
+            copied = self.copied
             if item.optional_vars is not None:
                 self._target(item.optional_vars)
-                self._link(item.optional_vars, reads)
+                self._link(item.optional_vars, reads, copied)
         for statement in node.body:
             self.visit(statement)
 

@@ -749,9 +749,10 @@ def with_records(
 
 
 def built_on(cell: CellFacts, names: Collection[str]) -> set[str]:
-    """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), and the
-    containers it stores them in (``runs.append(t0)``)."""
+    """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), through
+    copies (``n = len(rows)``), and the containers it stores them in (``runs.append(t0)``)."""
     made = {n for n, sources in cell.links.items() if not sources.isdisjoint(names)}
+    made |= {n for n, sources in cell.copies.items() if not sources.isdisjoint(names)}
     made |= {n for n, held in cell.stores.items() if not held.isdisjoint(names)}
     return made
 

@@ -276,6 +276,21 @@ def test_links_name_what_a_value_was_built_from(shell):
     assert facts.links["y"] == {"x", "opt", "torch", "model", "lr"}
 
 
+def test_copies_name_what_a_value_was_computed_from_through_a_copy(shell):
+    # No object shared (no link), but the value follows its source's.
+    facts = _facts(
+        shell,
+        "n = len(log)\nc = cfg.copy()\nnorms.append(g.item())\nstats['n'] = int(total)\n"
+        "m = c\nk = len(log)\nk = 5",
+    )
+    assert "n" not in facts.links and "log" in facts.copies["n"]
+    assert facts.copies["c"] == {"cfg"}
+    assert facts.copies["norms"] == {"g"}
+    assert "total" in facts.copies["stats"]
+    assert facts.copies["m"] == {"cfg"}  # through a name copied earlier in the cell
+    assert "k" not in facts.copies  # bound again to a constant
+
+
 def test_a_function_s_effects_outside_it(shell):
     facts = _facts(
         shell,

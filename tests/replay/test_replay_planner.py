@@ -960,3 +960,11 @@ def test_a_restored_iterator_the_failing_cell_reads_is_built_again():
 def test_the_names_a_cell_sets_attributes_of(code, patches):
     (facts,) = facts_of([code])
     assert facts.patches == patches
+
+
+def test_a_failed_cells_change_is_followed_through_a_copy():
+    # The failed cell is not run again; ``n = len(log)`` is, from the list without its change:
+    # n differs with log though it shares no object with it.
+    facts = facts_of(["log = [1]", "log.append(2)\nraise ValueError", "n = len(log)", "print(n)"])
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("log",), ("n",)),)
