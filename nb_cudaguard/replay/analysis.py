@@ -24,6 +24,9 @@ Static analysis cannot see everything, so it errs towards running more:
   ``x = model.layer1``, ``loader = DataLoader(ds)``): changing ``x`` may change ``model``. Within a
   cell a change is carried over to what the changed name links to; across cells the planner does
   it (``links``);
+- a name *derives* from the names its value was computed from without sharing an object with
+  them: through a copy (``n = len(log)``) or under an ``if``, a loop or a ``match`` that reads them
+  (``if bad >= 1: stop = True``): what differs with them differs with it (``derives``);
 - a *store* puts an object into another (``models.append(model)``, ``insert``, ``extend``,
   ``d["m"] = model``, ``d.update(m=model)``, ``setdefault``, ``s.add``, ``q.put``,
   ``holder.net = model``, ``setattr(holder, "net", model)``, ``lst += [model]``, ``models =
@@ -224,10 +227,12 @@ class CellFacts:
     # ...)``): where one is a library's module, the change lives in that module, which a new
     # process imports afresh and a restore imports again: only running the cell brings it back.
     patches: frozenset[str] = frozenset()
-    # Each name it binds or fills -> the names (from before the cell) its value was computed
-    # from through a call that copies (``n = len(log)``, ``c = cfg.copy()``, ``norms.append(
-    # g.item())``): no object shared, so no link, but the value differs where they differ.
-    copies: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Each name it binds or changes -> the names (from before the cell) its value was computed
+    # from without sharing an object with them: through a call that copies (``n = len(log)``,
+    # ``c = cfg.copy()``, ``norms.append(g.item())``), or under an ``if``, a loop or a ``match``
+    # that reads them (``if bad >= 1: stop = True``, ``for v in log: count += 1``). No link, but
+    # the value differs where they differ.
+    derives: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -264,7 +269,7 @@ class _Collect:
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     patches: set[str] = field(default_factory=set)
-    copies: dict[str, set[str]] = field(default_factory=dict)
+    derives: dict[str, set[str]] = field(default_factory=dict)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -292,7 +297,7 @@ class _Collect:
             "; ".join(dict.fromkeys(self.draws)),
             frozenset(self.untracked & mutates),
             patches=frozenset(self.patches),
-            copies={n: frozenset(r - {n}) for n, r in self.copies.items() if r - {n}},
+            derives={n: frozenset(r - {n}) for n, r in self.derives.items() if r - {n}},
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -594,6 +599,9 @@ class _CellVisitor(ast.NodeVisitor):
         # and those of the last value visited whole (``_visit_reading``)
         self.copying: set[str] | None = None
         self.copied: set[str] = set()
+        # names read by the tests of the ifs, loops and matches around the statement visited:
+        # what it binds or changes depends on them
+        self.control: set[str] = set()
         self.imported: set[str] = set()  # bound by an import, last, earlier in this cell
         self.transform = transform
 
@@ -602,7 +610,7 @@ class _CellVisitor(ast.NodeVisitor):
         if name not in self.bound:
             self.c.uses.add(name)
         if self.copying is not None and name in self.bound:
-            self.copying |= self.c.copies.get(name, set())
+            self.copying |= self.c.derives.get(name, set())
         if self.reading is None and self.copying is not None:  # through a copy
             self.copying.add(name)
             if name in self.bound:
@@ -616,7 +624,8 @@ class _CellVisitor(ast.NodeVisitor):
 
     def _store(self, name: str) -> None:
         self.c.stores.pop(name, None)  # a new object: it holds nothing yet
-        self.c.copies.pop(name, None)
+        if not self.control:  # else it may keep the value it had: what that came from too
+            self.c.derives.pop(name, None)
         self.imported.discard(name)
         self.bound.add(name)
         self.c.assigned.add(name)
@@ -627,6 +636,8 @@ class _CellVisitor(ast.NodeVisitor):
         """``name``'s object changes; ``fill``: only by a store into it, which changes neither
         what it held before (``models.append(m2)`` leaves ``models[0]`` alone) nor what is
         stored."""
+        if self.control:
+            self._derives(name, (), add=True)
         for source in self._sources(name, fill):
             self._load(source)
             self.c.mutates.add(source)
@@ -689,7 +700,7 @@ class _CellVisitor(ast.NodeVisitor):
             copied |= self.copied
         root = _root_name(container)
         if root is not None:
-            self._copies(root, copied, add=True)
+            self._derives(root, copied, add=True)
             # Into ``c`` itself: a fill; into a part of it (``d["k"].append(v)``): that part,
             # which may be something ``c`` holds, changes.
             self._mutate(root, fill=isinstance(container, ast.Name))
@@ -714,17 +725,34 @@ class _CellVisitor(ast.NodeVisitor):
             self.copied = self.copying
             self.reading, self.copying = outer, outer_copying
 
-    def _copies(self, name: str, copied: Collection[str], add: bool = False) -> None:
-        """``name``'s value is now (``add``: also) computed from ``copied`` through copies."""
-        if add:
-            self.c.copies.setdefault(name, set()).update(copied)
+    def _derives(self, name: str, copied: Collection[str], add: bool = False) -> None:
+        """``name``'s value is now (``add``: also) computed from ``copied`` through copies, and
+        from the tests it is under."""
+        if add or self.control:
+            self.c.derives.setdefault(name, set()).update(copied, self.control)
         else:
-            self.c.copies[name] = set(copied)
+            self.c.derives[name] = set(copied)
+
+    def _under(self, test: ast.expr, body: Iterable[ast.stmt]) -> None:
+        """Visit ``body``, run or not (or how many times) as ``test``'s value says."""
+        reads = self._visit_reading(test)
+        outer = self.control
+        self.control = outer | reads | self.copied
+        try:
+            for statement in body:
+                self.visit(statement)
+        finally:
+            self.control = outer
+
+    def visit_If(self, node: ast.If | ast.While) -> None:
+        self._under(node.test, [*node.body, *node.orelse])
+
+    visit_While = visit_If
 
     def _link(self, target: ast.AST, reads: set[str], copied: Collection[str] = ()) -> None:
         for name in _names_bound(target):
             self.c.links[name] = set(reads)
-            self._copies(name, copied)
+            self._derives(name, copied)
 
     def _bind(
         self, target: ast.expr, value: ast.expr, reads: set[str], copied: Collection[str] = ()
@@ -734,7 +762,7 @@ class _CellVisitor(ast.NodeVisitor):
         copies; an item or attribute target's object now has a value computed from them."""
         if isinstance(target, ast.Name) and isinstance(value, _DISPLAYS):
             self.c.links[target.id] = set()
-            self._copies(target.id, copied)
+            self._derives(target.id, copied)
             self._hold(target.id, reads)
         else:
             self._link(target, reads, copied)
@@ -748,7 +776,7 @@ class _CellVisitor(ast.NodeVisitor):
             elif isinstance(part, (ast.Attribute, ast.Subscript)):
                 root = _root_name(part)
                 if root is not None:
-                    self._copies(root, copied, add=True)
+                    self._derives(root, copied, add=True)
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -803,7 +831,7 @@ class _CellVisitor(ast.NodeVisitor):
         reads = self._visit_reading(node.value)
         root = _root_name(node.target)
         if root is not None:
-            self._copies(root, self.copied, add=True)
+            self._derives(root, self.copied, add=True)
         if isinstance(node.target, ast.Name):
             # In place for a tensor, an array, a list: the object may be shared; a list then
             # holds what it was extended with (``lst += [model]``).
@@ -834,8 +862,13 @@ class _CellVisitor(ast.NodeVisitor):
         copied = self.copied
         self._target(node.target)
         self._link(node.target, reads, copied)
-        for statement in [*node.body, *node.orelse]:
-            self.visit(statement)
+        outer = self.control
+        self.control = outer | reads | copied  # how many times the body runs
+        try:
+            for statement in [*node.body, *node.orelse]:
+                self.visit(statement)
+        finally:
+            self.control = outer
 
     visit_AsyncFor = visit_For
 
@@ -920,6 +953,14 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_Match(self, node: ast.Match) -> None:
         reads = self._visit_reading(node.subject)
+        outer = self.control
+        self.control = outer | reads | self.copied
+        try:
+            self._cases(node, reads)
+        finally:
+            self.control = outer
+
+    def _cases(self, node: ast.Match, reads: set[str]) -> None:
         for case in node.cases:
             self.visit(case.pattern)  # class names and values are read; captures bound
             for capture in _captures(case.pattern):

@@ -379,11 +379,14 @@ class _Planner:
         yours = self.changed_here - self.stale.keys()
         if not yours:
             return ()
-        found = set()
+        # What the plan's cells build from them, and from those in turn (``n = len(losses)``,
+        # then ``rate = total / n``).
+        followed = set(yours)
         for step in steps:
-            links = self.facts[step.index].links
-            found |= {n for n, sources in links.items() if sources & yours}
-        return tuple(sorted(found - yours))
+            facts = self.facts[step.index]
+            made = built_on(facts, followed) - facts.imports - facts.callables
+            followed |= made - set(step.keeps)
+        return tuple(sorted(followed - yours))
 
     def _failed_changes(
         self, steps: Sequence[Step]
@@ -749,10 +752,11 @@ def with_records(
 
 
 def built_on(cell: CellFacts, names: Collection[str]) -> set[str]:
-    """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), through
-    copies (``n = len(rows)``), and the containers it stores them in (``runs.append(t0)``)."""
+    """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), by what
+    it derives without a link (``n = len(rows)``, ``if rows: ok = True``), and the containers it
+    stores them in (``runs.append(t0)``)."""
     made = {n for n, sources in cell.links.items() if not sources.isdisjoint(names)}
-    made |= {n for n, sources in cell.copies.items() if not sources.isdisjoint(names)}
+    made |= {n for n, sources in cell.derives.items() if not sources.isdisjoint(names)}
     made |= {n for n, held in cell.stores.items() if not held.isdisjoint(names)}
     return made
 

@@ -283,12 +283,26 @@ def test_copies_name_what_a_value_was_computed_from_through_a_copy(shell):
         "n = len(log)\nc = cfg.copy()\nnorms.append(g.item())\nstats['n'] = int(total)\n"
         "m = c\nk = len(log)\nk = 5",
     )
-    assert "n" not in facts.links and "log" in facts.copies["n"]
-    assert facts.copies["c"] == {"cfg"}
-    assert facts.copies["norms"] == {"g"}
-    assert "total" in facts.copies["stats"]
-    assert facts.copies["m"] == {"cfg"}  # through a name copied earlier in the cell
-    assert "k" not in facts.copies  # bound again to a constant
+    assert "n" not in facts.links and "log" in facts.derives["n"]
+    assert facts.derives["c"] == {"cfg"}
+    assert facts.derives["norms"] == {"g"}
+    assert "total" in facts.derives["stats"]
+    assert facts.derives["m"] == {"cfg"}  # through a name copied earlier in the cell
+    assert "k" not in facts.derives  # bound again to a constant
+
+
+def test_what_is_bound_under_a_test_derives_from_what_the_test_reads(shell):
+    facts = _facts(
+        shell,
+        "stop = False\nif bad >= 1:\n    stop = True\nfor v in losses:\n    count += 1\n"
+        "match mode:\n    case 'fast':\n        lr = 0.1\nwhile len(q) < 3:\n    q.append(0)\n"
+        "flag = stop",
+    )
+    assert facts.derives["stop"] == {"bad"}
+    assert facts.derives["count"] == {"losses"}  # how many times the loop ran
+    assert facts.derives["lr"] == {"mode"}
+    assert "len" in facts.derives["q"]
+    assert facts.derives["flag"] >= {"bad"}  # read from a name that derives from it
 
 
 def test_a_function_s_effects_outside_it(shell):

@@ -968,3 +968,13 @@ def test_a_failed_cells_change_is_followed_through_a_copy():
     facts = facts_of(["log = [1]", "log.append(2)\nraise ValueError", "n = len(log)", "print(n)"])
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("log",), ("n",)),)
+
+
+def test_what_is_computed_from_a_users_fix_follows_it():
+    # The user fixed the restored losses; n is built again from them (through a copy), and
+    # rate from n in turn: both follow the fix.
+    facts = facts_of(
+        ["losses = [0.9, -1.0]", "n = len(losses)", "rate = 1 / n", "print(losses, rate)"]
+    )
+    plan = plan_replay(facts, 3, {"losses"}, restored={"losses"}, changed_here={"losses"})
+    assert plan.from_yours == ("n", "rate")
