@@ -26,7 +26,8 @@ Static analysis cannot see everything, so it errs towards running more:
   it (``links``);
 - a name *derives* from the names its value was computed from without sharing an object with
   them: through a copy (``n = len(log)``) or under an ``if``, a loop or a ``match`` that reads them
-  (``if bad >= 1: stop = True``): what differs with them differs with it (``derives``);
+  (``if bad >= 1: stop = True``), or handed to one of its methods (``stopper.step(v)``): what
+  differs with them differs with it (``derives``);
 - a *store* puts an object into another (``models.append(model)``, ``insert``, ``extend``,
   ``d["m"] = model``, ``d.update(m=model)``, ``setdefault``, ``s.add``, ``q.put``,
   ``holder.net = model``, ``setattr(holder, "net", model)``, ``lst += [model]``, ``models =
@@ -1012,13 +1013,17 @@ class _CellVisitor(ast.NodeVisitor):
     def visit_Expr(self, node: ast.Expr) -> None:
         if self._magic(node.value):
             return
-        self.visit(node.value)
+        reads = self._visit_reading(node.value)
+        copied = self.copied
         call = node.value.value if isinstance(node.value, ast.Await) else node.value
         if isinstance(call, ast.Call) and _storing(call) and not _ipython_call(call):
             return  # a fill, done by visit_Call
         root = _method_call_root(node)
         if root is not None:
             self._mutate(root)
+            # what the method is handed may decide its object's new state, shared or not
+            # (``stopper.step(hist[-1])``, ``model.load_state_dict(sd)``)
+            self._derives(root, reads | copied, add=True)
             if isinstance(call, ast.Call) and _untracked_root(call.func) == root:
                 self.c.untracked.add(root)
 

@@ -189,11 +189,13 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     what it changes (what it hands to the methods of globals that are not ``modules`` too),
     and through this cell's links what those were built from."""
     table: dict[str, Effects] = {}
+    reads: dict[str, frozenset[str]] = {}  # the globals each function reads (its cell's)
     out = []
     for cell in facts:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
         table.update(cell.effects)
+        reads.update(dict.fromkeys(cell.effects, cell.deferred))
         called = cell.calls & table.keys()
         if not called:
             out.append(cell)
@@ -206,11 +208,18 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
         if cell.stores:  # and what the cell stored in them
             for name in mutates & cell.stores.keys():
                 changed |= cell.stores[name] - bound
+        # What the calls set may be computed from what the cell hands them and from the globals
+        # the functions read (``global mean; mean = sum(hist) / len(hist)``).
+        sources = cell.uses.union(*(reads.get(n, frozenset()) for n in called))
+        derives = dict(cell.derives)
+        for name in assigns | changed:
+            derives[name] = derives.get(name, frozenset()) | (sources - {name})
         new = replace(
             cell,
             defines=cell.defines | assigns | changed,
             mutates=cell.mutates | changed,
             uses=cell.uses | changed,
+            derives=derives,
         )
         if cell.filled:  # a function changed them: not only filled
             new = replace(new, filled=cell.filled - mutates - changed)
@@ -413,7 +422,7 @@ class _Planner:
         followed, found = set(names), []
         for step in steps:
             facts = self.facts[step.index]
-            if step.failing or step.index <= after or not facts.uses & followed:
+            if step.failing or step.index <= after:
                 continue
             made = built_on(facts, followed)
             made -= followed | set(step.keeps) | facts.imports | facts.callables

@@ -305,6 +305,13 @@ def test_what_is_bound_under_a_test_derives_from_what_the_test_reads(shell):
     assert facts.derives["flag"] >= {"bad"}  # read from a name that derives from it
 
 
+def test_a_method_s_object_derives_from_what_it_is_handed(shell):
+    facts = _facts(shell, "stopper.step(hist[-1])\nmodel.load_state_dict(sd)\nopt.step()")
+    assert facts.derives["stopper"] == {"hist"}
+    assert facts.derives["model"] == {"sd"}
+    assert "opt" not in facts.derives
+
+
 def test_a_function_s_effects_outside_it(shell):
     facts = _facts(
         shell,

@@ -299,10 +299,7 @@ def test_early_stopping_decided_under_an_if(server, server_kernel, restore):
 
 
 @ALL
-def test_an_early_stopper_stepped_with_the_last_loss(server, server_kernel, restore, request):
-    if restore is None:
-        reason = "stopper.step(hist[-1]) is not said to follow hist, the failed cell's change"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+def test_an_early_stopper_stepped_with_the_last_loss(server, server_kernel, restore):
     # The stopper's method reads the loss it is handed: its state is computed from the history
     # though it holds no part of it. The cell that appended a loss then failed is not run again.
     kid, pid = server_kernel
@@ -319,10 +316,7 @@ def test_an_early_stopper_stepped_with_the_last_loss(server, server_kernel, rest
 
 
 @ALL
-def test_a_function_that_sets_a_global_from_the_history(server, server_kernel, restore, request):
-    if restore is None:
-        reason = "summarize()'s mean_loss is not said to follow hist, the failed cell's change"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+def test_a_function_that_sets_a_global_from_the_history(server, server_kernel, restore):
     # ``summarize`` reads the history as a global and assigns the mean: called after a cell that
     # appended to the history and then failed.
     kid, pid = server_kernel

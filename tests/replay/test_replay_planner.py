@@ -978,3 +978,19 @@ def test_what_is_computed_from_a_users_fix_follows_it():
     )
     plan = plan_replay(facts, 3, {"losses"}, restored={"losses"}, changed_here={"losses"})
     assert plan.from_yours == ("n", "rate")
+
+
+def test_a_failed_cells_change_is_followed_into_what_a_call_computes():
+    # A notebook function that reads the history as a global, and a method handed its last
+    # value: what they set follows the history, which lacks the failed cell's append.
+    facts = facts_of(
+        [
+            "hist = [0.5]\ndef summarize():\n    global mean\n    mean = sum(hist) / len(hist)\n"
+            "class S:\n    def step(self, v):\n        self.v = v\nstopper = S()",
+            "hist.append(0.6)\nraise RuntimeError",
+            "summarize()\nstopper.step(hist[-1])",
+            "print(mean, stopper.v)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("hist",), ("mean", "stopper")),)
