@@ -25,9 +25,9 @@ Static analysis cannot see everything, so it errs towards running more:
   cell a change is carried over to what the changed name links to; across cells the planner does
   it (``links``);
 - a name *derives* from the names its value was computed from without sharing an object with
-  them: through a copy (``n = len(log)``) or under an ``if``, a loop or a ``match`` that reads them
-  (``if bad >= 1: stop = True``), or handed to one of its methods (``stopper.step(v)``): what
-  differs with them differs with it (``derives``);
+  them: through a copy (``n = len(log)``), under an ``if``, a loop, a ``match`` or a ``try`` that
+  reads them (``if bad >= 1: stop = True``), or handed to one of its methods
+  (``stopper.step(v)``): what differs with them differs with it (``derives``);
 - a *store* puts an object into another (``models.append(model)``, ``insert``, ``extend``,
   ``d["m"] = model``, ``d.update(m=model)``, ``setdefault``, ``s.add``, ``q.put``,
   ``holder.net = model``, ``setattr(holder, "net", model)``, ``lst += [model]``, ``models =
@@ -884,6 +884,25 @@ class _CellVisitor(ast.NodeVisitor):
             self.visit(statement)
 
     visit_AsyncWith = visit_With
+
+    def visit_Try(self, node: ast.Try | ast.TryStar) -> None:
+        # Whether, and where, the body raises decides what of it, and which handler, runs.
+        read = {
+            n.id
+            for statement in node.body
+            for n in ast.walk(statement)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+        for name in read & self.bound:
+            read |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
+        outer = self.control
+        self.control = outer | read
+        try:
+            self.generic_visit(node)
+        finally:
+            self.control = outer
+
+    visit_TryStar = visit_Try
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
         if node.type is not None:

@@ -393,7 +393,7 @@ class _Planner:
         followed = set(yours)
         for step in steps:
             facts = self.facts[step.index]
-            made = built_on(facts, followed) - facts.imports - facts.callables
+            made = built_on(facts, followed, self.modules) - facts.imports - facts.callables
             followed |= made - set(step.keeps)
         return tuple(sorted(followed - yours))
 
@@ -424,7 +424,7 @@ class _Planner:
             facts = self.facts[step.index]
             if step.failing or step.index <= after:
                 continue
-            made = built_on(facts, followed)
+            made = built_on(facts, followed, self.modules)
             made -= followed | set(step.keeps) | facts.imports | facts.callables
             followed |= made
             found += sorted(made)
@@ -760,12 +760,17 @@ def with_records(
     return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)))
 
 
-def built_on(cell: CellFacts, names: Collection[str]) -> set[str]:
+def built_on(cell: CellFacts, names: Collection[str], modules: Collection[str] = ()) -> set[str]:
     """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), by what
-    it derives without a link (``n = len(rows)``, ``if rows: ok = True``), and the containers it
-    stores them in (``runs.append(t0)``)."""
+    it derives without a link (``n = len(rows)``, ``if rows: ok = True``; not ``modules``,
+    whose functions keep nothing of what they are handed: ``torch.save(w, path)``), and the
+    containers it stores them in (``runs.append(t0)``)."""
     made = {n for n, sources in cell.links.items() if not sources.isdisjoint(names)}
-    made |= {n for n, sources in cell.derives.items() if not sources.isdisjoint(names)}
+    made |= {
+        n
+        for n, sources in cell.derives.items()
+        if n not in modules and not sources.isdisjoint(names)
+    }
     made |= {n for n, held in cell.stores.items() if not held.isdisjoint(names)}
     return made
 
@@ -786,6 +791,7 @@ def with_unrepeatable(
     that. ``walk``: a cell's reads found whole, for the cells whose walk was spared
     (``Unrepeatable.complete``), where some name or attribute holds a set."""
     before = facts[: plan.steps[-1].index]
+    modules = module_names(facts)
     sets = set(sets_here).union(*(c.unrepeatable.sets for c in before))
     attributes = set().union(*(c.unrepeatable.attribute_sets for c in before))
     walked: dict[int, Unrepeatable] = {}
@@ -835,7 +841,7 @@ def with_unrepeatable(
                 own = set(cell.defines | cell.mutates)
         else:
             own = set()
-        made = own | built_on(cell, names)
+        made = own | built_on(cell, names, modules)
         made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
         names |= made
     # A kept value equals the one before the failure, but one made from object addresses (or
@@ -871,6 +877,7 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
     those lines twice."""
     failing = plan.steps[-1].index
     chosen = {s.index: s for s in plan.steps if not s.failing}
+    modules = module_names(facts)
 
     def writers(path: str, cells: Iterable[int]) -> list[int]:
         return [j for j in cells if path in uses[j].writes | uses[j].appends]
@@ -920,7 +927,7 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
             found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
             made = set(cell.defines | cell.mutates) - cell.imports - cell.callables
         else:
-            made = built_on(cell, names)
+            made = built_on(cell, names, modules)
         names |= made - set(chosen[index].keeps)
     changed = []
     for path in sorted({p for j in chosen for p in uses[j].writes | uses[j].appends}):

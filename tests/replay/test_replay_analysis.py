@@ -312,6 +312,15 @@ def test_a_method_s_object_derives_from_what_it_is_handed(shell):
     assert "opt" not in facts.derives
 
 
+def test_what_is_bound_in_a_try_derives_from_what_its_body_reads(shell):
+    facts = _facts(
+        shell,
+        "try:\n    x = 1 / (len(hist) - 2)\n    ok = True\nexcept ZeroDivisionError:\n"
+        "    ok = False",
+    )
+    assert "hist" in facts.derives["ok"]
+
+
 def test_a_function_s_effects_outside_it(shell):
     facts = _facts(
         shell,

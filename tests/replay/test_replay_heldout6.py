@@ -328,3 +328,35 @@ def test_a_function_that_sets_a_global_from_the_history(server, server_kernel, r
     )
     fp = "{'hist': hist, 'mean_loss': mean_loss}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_flag_set_in_a_try_that_reads_the_history(server, server_kernel, restore):
+    # A notebook guards a computation with try/except: which branch ran depends on the history,
+    # which lacks the append of a cell that then failed.
+    kid, pid = server_kernel
+    cells = (
+        "hist = [0.5]",
+        "hist.append(0.4)\nraise RuntimeError('CUDA out of memory')",
+        "try:\n    gain = hist[-2] - hist[-1]\n    have_gain = True\nexcept IndexError:\n"
+        "    gain, have_gain = 0.0, False",
+    )
+    fp = "{'hist': hist, 'gain': gain, 'have_gain': have_gain}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_class_counting_its_instances_and_a_failed_cell_that_made_one(
+    server, server_kernel, restore
+):
+    # ``Model.instances += 1`` in ``__init__``: a cell that built a model and then failed counted
+    # one more; the replay does not run it again.
+    kid, pid = server_kernel
+    cells = (
+        "class Model:\n    instances = 0\n    def __init__(self):\n"
+        "        Model.instances += 1\n        self.id = Model.instances\nm1 = Model()",
+        "m2 = Model()\nraise RuntimeError('CUDA out of memory')",
+        "n_models = Model.instances",
+    )
+    fp = "{'Model': Model.instances, 'n_models': n_models, 'm1': m1.id}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
