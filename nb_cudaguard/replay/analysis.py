@@ -885,7 +885,7 @@ class _CellVisitor(ast.NodeVisitor):
 
     visit_AsyncWith = visit_With
 
-    def visit_Try(self, node: ast.Try | ast.TryStar) -> None:
+    def visit_Try(self, node: ast.Try) -> None:
         # Whether, and where, the body raises decides what of it, and which handler, runs.
         read = {
             n.id
@@ -902,7 +902,7 @@ class _CellVisitor(ast.NodeVisitor):
         finally:
             self.control = outer
 
-    visit_TryStar = visit_Try
+    visit_TryStar = visit_Try  # 3.11's except*: the same fields
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
         if node.type is not None:
