@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import builtins
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
@@ -187,15 +187,18 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     """Each cell's facts with what the notebook functions it calls do (the latest definition of
     each before or in the cell): a call assigns the globals the function assigns and changes
     what it changes (what it hands to the methods of globals that are not ``modules`` too),
-    and through this cell's links what those were built from."""
+    and through this cell's links what those were built from. What the cell builds from what
+    they return derives from the globals they read."""
     table: dict[str, Effects] = {}
-    reads: dict[str, frozenset[str]] = {}  # the globals each function reads (its cell's)
+    reads: dict[str, frozenset[str]] = {}  # the globals each function or class reads (its cell's)
     out = []
     for cell in facts:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
+            reads.pop(name, None)
         table.update(cell.effects)
-        reads.update(dict.fromkeys(cell.effects, cell.deferred))
+        reads.update(dict.fromkeys(cell.callables, cell.deferred))
+        cell = _with_returns(cell, reads)
         called = cell.calls & table.keys()
         if not called:
             out.append(cell)
@@ -225,6 +228,20 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
             new = replace(new, filled=cell.filled - mutates - changed)
         out.append(new)
     return out
+
+
+def _with_returns(cell: CellFacts, reads: Mapping[str, frozenset[str]]) -> CellFacts:
+    """``cell``, whose names built from what a notebook function or class returns (``s =
+    score()``, ``r = Report()``) derive from the globals it reads (``sum(hist)``)."""
+    called = cell.calls & reads.keys()
+    if not called:
+        return cell
+    derives = dict(cell.derives)
+    for name in cell.defines - cell.imports - cell.callables:
+        sources = cell.links.get(name, frozenset()) | cell.derives.get(name, frozenset())
+        for function in sorted(sources & called):
+            derives[name] = derives.get(name, frozenset()) | (reads[function] - {name})
+    return replace(cell, derives=derives)
 
 
 def _closure(

@@ -360,3 +360,19 @@ def test_a_class_counting_its_instances_and_a_failed_cell_that_made_one(
     )
     fp = "{'Model': Model.instances, 'n_models': n_models, 'm1': m1.id}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_what_notebook_functions_return_from_the_history(server, server_kernel, restore):
+    # A metric function and a report class read the history as a global: what they return
+    # follows it, and it lacks the append of a cell that then failed.
+    kid, pid = server_kernel
+    cells = (
+        "hist = [0.5, 0.4]\ndef best_epoch():\n"
+        "    return min(range(len(hist)), key=hist.__getitem__)\n"
+        "class Report:\n    def __init__(self):\n        self.last = hist[-1]",
+        "hist.append(0.3)\nraise RuntimeError('CUDA out of memory')",
+        "best = best_epoch()\nreport = Report()",
+    )
+    fp = "{'hist': hist, 'best': best, 'report': vars(report)}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))

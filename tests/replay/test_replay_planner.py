@@ -994,3 +994,17 @@ def test_a_failed_cells_change_is_followed_into_what_a_call_computes():
     )
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("hist",), ("mean", "stopper")),)
+
+
+def test_what_a_notebook_function_returns_follows_the_globals_it_reads():
+    facts = facts_of(
+        [
+            "hist = [1]\ndef score():\n    return sum(hist)\n"
+            "class Report:\n    def __init__(self):\n        self.n = len(hist)",
+            "hist.append(2)\nraise RuntimeError",
+            "s = score() + 1\nr = Report()",
+            "print(s, r.n)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("hist",), ("r", "s")),)
