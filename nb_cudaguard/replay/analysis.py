@@ -1012,20 +1012,29 @@ class _CellVisitor(ast.NodeVisitor):
         self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
     ) -> None:
         first, *rest = node.generators
-        self.visit(first.iter)  # evaluated in the enclosing scope
+        reads = self._visit_reading(first.iter)  # evaluated in the enclosing scope
+        copied = self.copied
         inner = set(_names_bound(ast.Module([ast.Expr(g.target) for g in node.generators], [])))
         parts: list[ast.AST] = [
             *(g.iter for g in rest),
             *(i for g in node.generators for i in g.ifs),
         ]
         parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-        for name in _free_names(parts, inner):
+        free = _free_names(parts, inner)
+        for name in free:
             self._load(name)
-        # An assignment expression in a comprehension binds in the enclosing scope (PEP 572).
+        # An assignment expression in a comprehension binds in the enclosing scope (PEP 572):
+        # to a value from the items (``[last := m for m in models]``), computed from anything
+        # the comprehension reads.
+        computed = reads | copied | free
+        for name in free & self.bound:
+            computed |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
         for part in parts:
             for walrus in ast.walk(part):
                 if isinstance(walrus, ast.NamedExpr):
                     self._store(walrus.target.id)
+                    self.c.links[walrus.target.id] = set(reads)
+                    self._derives(walrus.target.id, computed - {walrus.target.id})
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 

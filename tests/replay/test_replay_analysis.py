@@ -321,6 +321,13 @@ def test_what_is_bound_in_a_try_derives_from_what_its_body_reads(shell):
     assert "hist" in facts.derives["ok"]
 
 
+def test_a_walrus_in_a_comprehension_derives_from_what_it_reads(shell):
+    facts = _facts(shell, "d = [last := v * 2 for v in xs]\nok = any((hit := v) > k for v in ys)")
+    assert facts.links["last"] == {"xs"}  # an item's object, maybe
+    assert facts.derives["last"] == {"xs"}
+    assert {"ys", "k"} <= facts.derives["hit"]
+
+
 def test_a_function_s_effects_outside_it(shell):
     facts = _facts(
         shell,

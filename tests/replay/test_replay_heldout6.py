@@ -376,3 +376,18 @@ def test_what_notebook_functions_return_from_the_history(server, server_kernel, 
     )
     fp = "{'hist': hist, 'best': best, 'report': vars(report)}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_walrus_targets_in_comprehensions_after_a_failed_append(server, server_kernel, restore):
+    # The names bound by ``:=`` in a comprehension take the last item's value: the list lacks
+    # the append of a cell that then failed.
+    kid, pid = server_kernel
+    cells = (
+        "scores = [0.2, 0.9]",
+        "scores.append(0.95)\nraise RuntimeError('CUDA out of memory')",
+        "ranks = [last := round(s * 10) for s in scores]\n"
+        "found = any((hit := s) > 0.5 for s in scores)",
+    )
+    fp = "{'scores': scores, 'ranks': ranks, 'last': last, 'found': found, 'hit': hit}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
