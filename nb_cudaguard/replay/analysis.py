@@ -507,6 +507,15 @@ def _method_call_root(node: ast.AST) -> str | None:
     return None
 
 
+def _lambda_effects(node: ast.Lambda) -> Effects:
+    """What calling a lambda does outside it: its body as a function's one statement (so
+    ``lambda v: hist.append(v)`` changes ``hist``)."""
+    as_def = ast.FunctionDef(
+        name="<lambda>", args=node.args, body=[ast.Expr(node.body)], decorator_list=[]
+    )
+    return _function_summary(as_def)[1]
+
+
 def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], Effects]:
     """(the globals ``node`` reads, what calling it does outside it: the globals it assigns
     (``global``), the outside objects it changes (``opt.step()``, ``cache[k] = v``,
@@ -627,6 +636,7 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.stores.pop(name, None)  # a new object: it holds nothing yet
         if not self.control:  # else it may keep the value it had: what that came from too
             self.c.derives.pop(name, None)
+        self.c.effects.pop(name, None)  # a function's, until it is bound again
         self.imported.discard(name)
         self.bound.add(name)
         self.c.assigned.add(name)
@@ -820,6 +830,8 @@ class _CellVisitor(ast.NodeVisitor):
         for target in node.targets:
             self._target(target, reads, fill=True)
             self._bind(target, node.value, reads, copied)
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Lambda):
+                self.c.effects[target.id] = _lambda_effects(node.value)  # a function all the same
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:

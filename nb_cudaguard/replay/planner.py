@@ -190,14 +190,15 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     and through this cell's links what those were built from. What the cell builds from what
     they return derives from the globals they read."""
     table: dict[str, Effects] = {}
-    reads: dict[str, frozenset[str]] = {}  # the globals each function or class reads (its cell's)
+    # the globals each function, lambda or class reads (those of its cell's)
+    reads: dict[str, frozenset[str]] = {}
     out = []
     for cell in facts:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
             reads.pop(name, None)
         table.update(cell.effects)
-        reads.update(dict.fromkeys(cell.callables, cell.deferred))
+        reads.update(dict.fromkeys(cell.callables | cell.effects.keys(), cell.deferred))
         cell = _with_returns(cell, reads)
         called = cell.calls & table.keys()
         if not called:

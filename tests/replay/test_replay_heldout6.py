@@ -391,3 +391,19 @@ def test_walrus_targets_in_comprehensions_after_a_failed_append(server, server_k
     )
     fp = "{'scores': scores, 'ranks': ranks, 'last': last, 'found': found, 'hit': hit}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_metrics_defined_as_lambdas(server, server_kernel, restore):
+    # ``acc = lambda: ...`` reads the predictions as globals; ``log`` appends to a list: called
+    # after a cell that appended a prediction and then failed.
+    kid, pid = server_kernel
+    cells = (
+        "preds, labels = [1, 0], [1, 1]\nseen = []\n"
+        "acc = lambda: sum(p == y for p, y in zip(preds, labels)) / len(preds)\n"
+        "log = lambda v: seen.append(round(v, 4))",
+        "preds.append(1)\nlabels.append(1)\nraise RuntimeError('CUDA out of memory')",
+        "score = acc()\nlog(score)",
+    )
+    fp = "{'preds': preds, 'labels': labels, 'score': score, 'seen': seen}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))

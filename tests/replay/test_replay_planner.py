@@ -1008,3 +1008,19 @@ def test_what_a_notebook_function_returns_follows_the_globals_it_reads():
     )
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("hist",), ("r", "s")),)
+
+
+def test_a_lambda_bound_to_a_name_is_called_as_a_function():
+    # What it returns follows the globals it reads; what it changes is changed where it is
+    # called.
+    facts = facts_of(
+        [
+            "xs = [1]\nsize = lambda: len(xs)\nlog = lambda v: seen.append(v)\nseen = []",
+            "xs.append(2)\nraise RuntimeError",
+            "n = size()\nlog(n)",
+            "print(n, seen)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("xs",), ("n", "seen")),)
+    assert "seen" in facts[2].mutates or 2 in plan.indices
