@@ -976,12 +976,18 @@ class _CellVisitor(ast.NodeVisitor):
         # The rest of the class body runs now, in the class's own scope.
         rest: list[ast.AST] = [s for s in node.body if s not in methods]
         rest += [d for m in methods for d in [*m.decorator_list, *m.args.defaults]]
-        for name in _free_names(rest, {m.name for m in methods}):
+        free = _free_names(rest, {m.name for m in methods})
+        for name in free:
             self._load(name)
         self._store(node.name)
         self.c.links.pop(node.name, None)
         self.c.effects.pop(node.name, None)
         self.c.callables.add(node.name)
+        # Its attributes are computed now from what the body reads (``class CFG: n =
+        # len(classes)``), as a function's are not.
+        for name in free & self.bound:
+            free |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
+        self._derives(node.name, free - {node.name}, add=bool(self.control))
 
     def visit_Match(self, node: ast.Match) -> None:
         reads = self._visit_reading(node.subject)
@@ -1035,6 +1041,9 @@ class _CellVisitor(ast.NodeVisitor):
         free = _free_names(parts, inner)
         for name in free:
             self._load(name)
+        for call in (n for part in parts for n in ast.walk(part) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Name):  # called for each item: its effects land here
+                self.c.calls.add(call.func.id)
         # An assignment expression in a comprehension binds in the enclosing scope (PEP 572):
         # to a value from the items (``[last := m for m in models]``), computed from anything
         # the comprehension reads.

@@ -216,7 +216,7 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
         # the functions read (``global mean; mean = sum(hist) / len(hist)``).
         sources = cell.uses.union(*(reads.get(n, frozenset()) for n in called))
         derives = dict(cell.derives)
-        for name in assigns | changed:
+        for name in assigns | mutates | changed:  # bound in this cell or not
             derives[name] = derives.get(name, frozenset()) | (sources - {name})
         new = replace(
             cell,
@@ -411,7 +411,8 @@ class _Planner:
         followed = set(yours)
         for step in steps:
             facts = self.facts[step.index]
-            made = built_on(facts, followed, self.modules) - facts.imports - facts.callables
+            made = built_on(facts, followed, self.modules) - facts.imports
+            made -= facts.callables - facts.derives.keys()  # a class's attributes follow
             followed |= made - set(step.keeps)
         return tuple(sorted(followed - yours))
 
@@ -443,7 +444,8 @@ class _Planner:
             if step.failing or step.index <= after:
                 continue
             made = built_on(facts, followed, self.modules)
-            made -= followed | set(step.keeps) | facts.imports | facts.callables
+            made -= followed | set(step.keeps) | facts.imports
+            made -= facts.callables - facts.derives.keys()  # a class's attributes follow
             followed |= made
             found += sorted(made)
         return tuple(found)
@@ -860,7 +862,8 @@ def with_unrepeatable(
         else:
             own = set()
         made = own | built_on(cell, names, modules)
-        made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
+        made -= cell.imports | reads.sets | set(chosen[index].keeps)
+        made -= cell.callables - cell.derives.keys()  # a class's attributes follow
         names |= made
     # A kept value equals the one before the failure, but one made from object addresses (or
     # string hashes, where those vary) no longer matches the objects and strings of this

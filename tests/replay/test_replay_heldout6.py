@@ -407,3 +407,19 @@ def test_metrics_defined_as_lambdas(server, server_kernel, restore):
     )
     fp = "{'preds': preds, 'labels': labels, 'score': score, 'seen': seen}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_cfg_class_and_a_counter_bumped_in_a_comprehension(server, server_kernel, restore):
+    # Kaggle's ``class CFG:`` computes its attributes when the class is made; a function that
+    # counts with ``global`` is called once per item of a comprehension.
+    kid, pid = server_kernel
+    cells = (
+        "classes = ['cat', 'dog']\nn_seen = 0\ndef see(c):\n    global n_seen\n"
+        "    n_seen += 1\n    return c.upper()",
+        "classes.append('bird')\nraise RuntimeError('CUDA out of memory')",
+        "class CFG:\n    num_classes = len(classes)\n    lr = 1e-3\n"
+        "names = [see(c) for c in classes]",
+    )
+    fp = "{'classes': classes, 'CFG': CFG.num_classes, 'n_seen': n_seen, 'names': names}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))

@@ -1024,3 +1024,18 @@ def test_a_lambda_bound_to_a_name_is_called_as_a_function():
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("xs",), ("n", "seen")),)
     assert "seen" in facts[2].mutates or 2 in plan.indices
+
+
+def test_a_class_body_and_calls_in_a_comprehension_follow_what_they_read():
+    # ``class CFG: n = len(classes)`` computes its attribute now; ``[bump() for _ in xs]``
+    # calls bump once per item.
+    facts = facts_of(
+        [
+            "classes = ['a']\nn = 0\ndef bump():\n    global n\n    n += 1",
+            "classes.append('b')\nraise RuntimeError",
+            "class CFG:\n    num_classes = len(classes)\n[bump() for _ in classes]",
+            "print(CFG.num_classes, n)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("classes",), ("CFG", "n")),)
