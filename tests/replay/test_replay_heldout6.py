@@ -5,7 +5,11 @@ or saved and set back, draws under ``fork_rng``, schedules stepped inside gradie
 loops, averaged (SWA) models, modules whose parametrizations or pruning draw and update buffers,
 hooks on tensors, names bound under ``%time`` / ``%%time`` and by walrus assignments in
 comprehensions, an augmented assignment that changes a list and then raises, configs changed by
-``setattr`` with computed names, scripts run by ``%run``, parameters written from a flat vector.
+``setattr`` with computed names, scripts run by ``%run``, parameters written from a flat vector;
+and what later cells compute, without sharing an object, from a list that a cell appended to
+before it failed (or that the user fixed after a restore): counts through ``len``, flags set
+under an ``if`` or a ``try``, an early stopper's method, functions, lambdas and ``class CFG``
+bodies that read it as a global, walrus targets and calls inside comprehensions.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
