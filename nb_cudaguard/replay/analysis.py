@@ -24,6 +24,10 @@ Static analysis cannot see everything, so it errs towards running more:
   ``x = model.layer1``, ``loader = DataLoader(ds)``): changing ``x`` may change ``model``. Within a
   cell a change is carried over to what the changed name links to; across cells the planner does
   it (``links``);
+- a name *derives* from the names its value was computed from without sharing an object with
+  them: through a copy (``n = len(log)``), under an ``if``, a loop, a ``match`` or a ``try`` that
+  reads them (``if bad >= 1: stop = True``), or handed to one of its methods
+  (``stopper.step(v)``): what differs with them differs with it (``derives``);
 - a *store* puts an object into another (``models.append(model)``, ``insert``, ``extend``,
   ``d["m"] = model``, ``d.update(m=model)``, ``setdefault``, ``s.add``, ``q.put``,
   ``holder.net = model``, ``setattr(holder, "net", model)``, ``lst += [model]``, ``models =
@@ -49,7 +53,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from .paths import PathEvents, path_events
@@ -224,6 +228,12 @@ class CellFacts:
     # ...)``): where one is a library's module, the change lives in that module, which a new
     # process imports afresh and a restore imports again: only running the cell brings it back.
     patches: frozenset[str] = frozenset()
+    # Each name it binds or changes -> the names (from before the cell) its value was computed
+    # from without sharing an object with them: through a call that copies (``n = len(log)``,
+    # ``c = cfg.copy()``, ``norms.append(g.item())``), or under an ``if``, a loop or a ``match``
+    # that reads them (``if bad >= 1: stop = True``, ``for v in log: count += 1``). No link, but
+    # the value differs where they differ.
+    derives: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -260,6 +270,7 @@ class _Collect:
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     patches: set[str] = field(default_factory=set)
+    derives: dict[str, set[str]] = field(default_factory=dict)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -287,6 +298,7 @@ class _Collect:
             "; ".join(dict.fromkeys(self.draws)),
             frozenset(self.untracked & mutates),
             patches=frozenset(self.patches),
+            derives={n: frozenset(r - {n}) for n, r in self.derives.items() if r - {n}},
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -495,6 +507,15 @@ def _method_call_root(node: ast.AST) -> str | None:
     return None
 
 
+def _lambda_effects(node: ast.Lambda) -> Effects:
+    """What calling a lambda does outside it: its body as a function's one statement (so
+    ``lambda v: hist.append(v)`` changes ``hist``)."""
+    as_def = ast.FunctionDef(
+        name="<lambda>", args=node.args, body=[ast.Expr(node.body)], decorator_list=[]
+    )
+    return _function_summary(as_def)[1]
+
+
 def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set[str], Effects]:
     """(the globals ``node`` reads, what calling it does outside it: the globals it assigns
     (``global``), the outside objects it changes (``opt.step()``, ``cache[k] = v``,
@@ -584,6 +605,13 @@ class _CellVisitor(ast.NodeVisitor):
         self.c = _Collect()
         self.bound: set[str] = set()  # bound earlier in this cell
         self.reading: set[str] | None = None  # names read by the value being visited
+        # names the value being visited reads through a call that copies (not in ``reading``),
+        # and those of the last value visited whole (``_visit_reading``)
+        self.copying: set[str] | None = None
+        self.copied: set[str] = set()
+        # names read by the tests of the ifs, loops and matches around the statement visited:
+        # what it binds or changes depends on them
+        self.control: set[str] = set()
         self.imported: set[str] = set()  # bound by an import, last, earlier in this cell
         self.transform = transform
 
@@ -591,6 +619,12 @@ class _CellVisitor(ast.NodeVisitor):
     def _load(self, name: str) -> None:
         if name not in self.bound:
             self.c.uses.add(name)
+        if self.copying is not None and name in self.bound:
+            self.copying |= self.c.derives.get(name, set())
+        if self.reading is None and self.copying is not None:  # through a copy
+            self.copying.add(name)
+            if name in self.bound:
+                self.copying |= self.c.links.get(name, set())
         if self.reading is not None:
             self.reading.add(name)
             if name in self.bound:  # bound in this cell: what it was built from too
@@ -600,6 +634,9 @@ class _CellVisitor(ast.NodeVisitor):
 
     def _store(self, name: str) -> None:
         self.c.stores.pop(name, None)  # a new object: it holds nothing yet
+        if not self.control:  # else it may keep the value it had: what that came from too
+            self.c.derives.pop(name, None)
+        self.c.effects.pop(name, None)  # a function's, until it is bound again
         self.imported.discard(name)
         self.bound.add(name)
         self.c.assigned.add(name)
@@ -610,6 +647,8 @@ class _CellVisitor(ast.NodeVisitor):
         """``name``'s object changes; ``fill``: only by a store into it, which changes neither
         what it held before (``models.append(m2)`` leaves ``models[0]`` alone) nor what is
         stored."""
+        if self.control:
+            self._derives(name, (), add=True)
         for source in self._sources(name, fill):
             self._load(source)
             self.c.mutates.add(source)
@@ -666,10 +705,13 @@ class _CellVisitor(ast.NodeVisitor):
         for key in keys:  # read, not stored (and setattr's object)
             self.visit(key)
         held: set[str] = set()
+        copied: set[str] = set()
         for value in values:
             held |= self._visit_reading(value)
+            copied |= self.copied
         root = _root_name(container)
         if root is not None:
+            self._derives(root, copied, add=True)
             # Into ``c`` itself: a fill; into a part of it (``d["k"].append(v)``): that part,
             # which may be something ``c`` holds, changes.
             self._mutate(root, fill=isinstance(container, ast.Name))
@@ -682,26 +724,70 @@ class _CellVisitor(ast.NodeVisitor):
         """Visit an expression; the names (from before this cell) its value may share objects
         with: what it reads, less what goes through a call that copies (``df.copy()``)."""
         outer, self.reading = self.reading, set()
+        outer_copying, self.copying = self.copying, set()
         try:
             self.visit(node)
             return self.reading
         finally:
             if outer is not None:
                 outer |= self.reading
-            self.reading = outer
+            if outer_copying is not None:
+                outer_copying |= self.copying
+            self.copied = self.copying
+            self.reading, self.copying = outer, outer_copying
 
-    def _link(self, target: ast.AST, reads: set[str]) -> None:
+    def _derives(self, name: str, copied: Collection[str], add: bool = False) -> None:
+        """``name``'s value is now (``add``: also) computed from ``copied`` through copies, and
+        from the tests it is under."""
+        if add or self.control:
+            self.c.derives.setdefault(name, set()).update(copied, self.control)
+        else:
+            self.c.derives[name] = set(copied)
+
+    def _under(self, test: ast.expr, body: Iterable[ast.stmt]) -> None:
+        """Visit ``body``, run or not (or how many times) as ``test``'s value says."""
+        reads = self._visit_reading(test)
+        outer = self.control
+        self.control = outer | reads | self.copied
+        try:
+            for statement in body:
+                self.visit(statement)
+        finally:
+            self.control = outer
+
+    def visit_If(self, node: ast.If | ast.While) -> None:
+        self._under(node.test, [*node.body, *node.orelse])
+
+    visit_While = visit_If
+
+    def _link(self, target: ast.AST, reads: set[str], copied: Collection[str] = ()) -> None:
         for name in _names_bound(target):
             self.c.links[name] = set(reads)
+            self._derives(name, copied)
 
-    def _bind(self, target: ast.expr, value: ast.expr, reads: set[str]) -> None:
+    def _bind(
+        self, target: ast.expr, value: ast.expr, reads: set[str], copied: Collection[str] = ()
+    ) -> None:
         """After ``target = value``: a new list, tuple, set or dict holds what it reads
-        (``models = [model]``); anything else links to it."""
+        (``models = [model]``); anything else links to it. ``copied``: what it reads through
+        copies; an item or attribute target's object now has a value computed from them."""
         if isinstance(target, ast.Name) and isinstance(value, _DISPLAYS):
             self.c.links[target.id] = set()
+            self._derives(target.id, copied)
             self._hold(target.id, reads)
         else:
-            self._link(target, reads)
+            self._link(target, reads, copied)
+        parts = [target]
+        while parts:
+            part = parts.pop()
+            if isinstance(part, (ast.Tuple, ast.List)):
+                parts.extend(part.elts)
+            elif isinstance(part, ast.Starred):
+                parts.append(part.value)
+            elif isinstance(part, (ast.Attribute, ast.Subscript)):
+                root = _root_name(part)
+                if root is not None:
+                    self._derives(root, copied, add=True)
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -740,18 +826,25 @@ class _CellVisitor(ast.NodeVisitor):
     # --- statements ----------------------------------------------------------------------------
     def visit_Assign(self, node: ast.Assign) -> None:
         reads = self._visit_reading(node.value)
+        copied = self.copied
         for target in node.targets:
             self._target(target, reads, fill=True)
-            self._bind(target, node.value, reads)
+            self._bind(target, node.value, reads, copied)
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Lambda):
+                self.c.effects[target.id] = _lambda_effects(node.value)  # a function all the same
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
             reads = self._visit_reading(node.value)
+            copied = self.copied
             self._target(node.target, reads, fill=True)
-            self._bind(node.target, node.value, reads)
+            self._bind(node.target, node.value, reads, copied)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         reads = self._visit_reading(node.value)
+        root = _root_name(node.target)
+        if root is not None:
+            self._derives(root, self.copied, add=True)
         if isinstance(node.target, ast.Name):
             # In place for a tensor, an array, a list: the object may be shared; a list then
             # holds what it was extended with (``lst += [model]``).
@@ -766,8 +859,9 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
         reads = self._visit_reading(node.value)
+        copied = self.copied
         self._store(node.target.id)
-        self._link(node.target, reads)
+        self._link(node.target, reads, copied)
 
     def visit_Delete(self, node: ast.Delete) -> None:
         for target in node.targets:
@@ -778,23 +872,49 @@ class _CellVisitor(ast.NodeVisitor):
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         reads = self._visit_reading(node.iter)
+        copied = self.copied
         self._target(node.target)
-        self._link(node.target, reads)
-        for statement in [*node.body, *node.orelse]:
-            self.visit(statement)
+        self._link(node.target, reads, copied)
+        outer = self.control
+        self.control = outer | reads | copied  # how many times the body runs
+        try:
+            for statement in [*node.body, *node.orelse]:
+                self.visit(statement)
+        finally:
+            self.control = outer
 
     visit_AsyncFor = visit_For
 
     def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
         for item in node.items:
             reads = self._visit_reading(item.context_expr)
+            copied = self.copied
             if item.optional_vars is not None:
                 self._target(item.optional_vars)
-                self._link(item.optional_vars, reads)
+                self._link(item.optional_vars, reads, copied)
         for statement in node.body:
             self.visit(statement)
 
     visit_AsyncWith = visit_With
+
+    def visit_Try(self, node: ast.Try) -> None:
+        # Whether, and where, the body raises decides what of it, and which handler, runs.
+        read = {
+            n.id
+            for statement in node.body
+            for n in ast.walk(statement)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+        for name in read & self.bound:
+            read |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
+        outer = self.control
+        self.control = outer | read
+        try:
+            self.generic_visit(node)
+        finally:
+            self.control = outer
+
+    visit_TryStar = visit_Try  # 3.11's except*: the same fields
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
         if node.type is not None:
@@ -856,15 +976,29 @@ class _CellVisitor(ast.NodeVisitor):
         # The rest of the class body runs now, in the class's own scope.
         rest: list[ast.AST] = [s for s in node.body if s not in methods]
         rest += [d for m in methods for d in [*m.decorator_list, *m.args.defaults]]
-        for name in _free_names(rest, {m.name for m in methods}):
+        free = _free_names(rest, {m.name for m in methods})
+        for name in free:
             self._load(name)
         self._store(node.name)
         self.c.links.pop(node.name, None)
         self.c.effects.pop(node.name, None)
         self.c.callables.add(node.name)
+        # Its attributes are computed now from what the body reads (``class CFG: n =
+        # len(classes)``), as a function's are not.
+        for name in free & self.bound:
+            free |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
+        self._derives(node.name, free - {node.name}, add=bool(self.control))
 
     def visit_Match(self, node: ast.Match) -> None:
         reads = self._visit_reading(node.subject)
+        outer = self.control
+        self.control = outer | reads | self.copied
+        try:
+            self._cases(node, reads)
+        finally:
+            self.control = outer
+
+    def _cases(self, node: ast.Match, reads: set[str]) -> None:
         for case in node.cases:
             self.visit(case.pattern)  # class names and values are read; captures bound
             for capture in _captures(case.pattern):
@@ -896,33 +1030,49 @@ class _CellVisitor(ast.NodeVisitor):
         self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
     ) -> None:
         first, *rest = node.generators
-        self.visit(first.iter)  # evaluated in the enclosing scope
+        reads = self._visit_reading(first.iter)  # evaluated in the enclosing scope
+        copied = self.copied
         inner = set(_names_bound(ast.Module([ast.Expr(g.target) for g in node.generators], [])))
         parts: list[ast.AST] = [
             *(g.iter for g in rest),
             *(i for g in node.generators for i in g.ifs),
         ]
         parts += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-        for name in _free_names(parts, inner):
+        free = _free_names(parts, inner)
+        for name in free:
             self._load(name)
-        # An assignment expression in a comprehension binds in the enclosing scope (PEP 572).
+        for call in (n for part in parts for n in ast.walk(part) if isinstance(n, ast.Call)):
+            if isinstance(call.func, ast.Name):  # called for each item: its effects land here
+                self.c.calls.add(call.func.id)
+        # An assignment expression in a comprehension binds in the enclosing scope (PEP 572):
+        # to a value from the items (``[last := m for m in models]``), computed from anything
+        # the comprehension reads.
+        computed = reads | copied | free
+        for name in free & self.bound:
+            computed |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
         for part in parts:
             for walrus in ast.walk(part):
                 if isinstance(walrus, ast.NamedExpr):
                     self._store(walrus.target.id)
+                    self.c.links[walrus.target.id] = set(reads)
+                    self._derives(walrus.target.id, computed - {walrus.target.id})
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
     def visit_Expr(self, node: ast.Expr) -> None:
         if self._magic(node.value):
             return
-        self.visit(node.value)
+        reads = self._visit_reading(node.value)
+        copied = self.copied
         call = node.value.value if isinstance(node.value, ast.Await) else node.value
         if isinstance(call, ast.Call) and _storing(call) and not _ipython_call(call):
             return  # a fill, done by visit_Call
         root = _method_call_root(node)
         if root is not None:
             self._mutate(root)
+            # what the method is handed may decide its object's new state, shared or not
+            # (``stopper.step(hist[-1])``, ``model.load_state_dict(sd)``)
+            self._derives(root, reads | copied, add=True)
             if isinstance(call, ast.Call) and _untracked_root(call.func) == root:
                 self.c.untracked.add(root)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import builtins
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .analysis import CellFacts, Effects
@@ -187,13 +187,19 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     """Each cell's facts with what the notebook functions it calls do (the latest definition of
     each before or in the cell): a call assigns the globals the function assigns and changes
     what it changes (what it hands to the methods of globals that are not ``modules`` too),
-    and through this cell's links what those were built from."""
+    and through this cell's links what those were built from. What the cell builds from what
+    they return derives from the globals they read."""
     table: dict[str, Effects] = {}
+    # the globals each function, lambda or class reads (those of its cell's)
+    reads: dict[str, frozenset[str]] = {}
     out = []
     for cell in facts:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
+            reads.pop(name, None)
         table.update(cell.effects)
+        reads.update(dict.fromkeys(cell.callables | cell.effects.keys(), cell.deferred))
+        cell = _with_returns(cell, reads)
         called = cell.calls & table.keys()
         if not called:
             out.append(cell)
@@ -206,16 +212,37 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
         if cell.stores:  # and what the cell stored in them
             for name in mutates & cell.stores.keys():
                 changed |= cell.stores[name] - bound
+        # What the calls set may be computed from what the cell hands them and from the globals
+        # the functions read (``global mean; mean = sum(hist) / len(hist)``).
+        sources = cell.uses.union(*(reads.get(n, frozenset()) for n in called))
+        derives = dict(cell.derives)
+        for name in assigns | mutates | changed:  # bound in this cell or not
+            derives[name] = derives.get(name, frozenset()) | (sources - {name})
         new = replace(
             cell,
             defines=cell.defines | assigns | changed,
             mutates=cell.mutates | changed,
             uses=cell.uses | changed,
+            derives=derives,
         )
         if cell.filled:  # a function changed them: not only filled
             new = replace(new, filled=cell.filled - mutates - changed)
         out.append(new)
     return out
+
+
+def _with_returns(cell: CellFacts, reads: Mapping[str, frozenset[str]]) -> CellFacts:
+    """``cell``, whose names built from what a notebook function or class returns (``s =
+    score()``, ``r = Report()``) derive from the globals it reads (``sum(hist)``)."""
+    called = cell.calls & reads.keys()
+    if not called:
+        return cell
+    derives = dict(cell.derives)
+    for name in cell.defines - cell.imports - cell.callables:
+        sources = cell.links.get(name, frozenset()) | cell.derives.get(name, frozenset())
+        for function in sorted(sources & called):
+            derives[name] = derives.get(name, frozenset()) | (reads[function] - {name})
+    return replace(cell, derives=derives)
 
 
 def _closure(
@@ -379,11 +406,15 @@ class _Planner:
         yours = self.changed_here - self.stale.keys()
         if not yours:
             return ()
-        found = set()
+        # What the plan's cells build from them, and from those in turn (``n = len(losses)``,
+        # then ``rate = total / n``).
+        followed = set(yours)
         for step in steps:
-            links = self.facts[step.index].links
-            found |= {n for n, sources in links.items() if sources & yours}
-        return tuple(sorted(found - yours))
+            facts = self.facts[step.index]
+            made = built_on(facts, followed, self.modules) - facts.imports
+            made -= facts.callables - facts.derives.keys()  # a class's attributes follow
+            followed |= made - set(step.keeps)
+        return tuple(sorted(followed - yours))
 
     def _failed_changes(
         self, steps: Sequence[Step]
@@ -410,10 +441,11 @@ class _Planner:
         followed, found = set(names), []
         for step in steps:
             facts = self.facts[step.index]
-            if step.failing or step.index <= after or not facts.uses & followed:
+            if step.failing or step.index <= after:
                 continue
-            made = built_on(facts, followed)
-            made -= followed | set(step.keeps) | facts.imports | facts.callables
+            made = built_on(facts, followed, self.modules)
+            made -= followed | set(step.keeps) | facts.imports
+            made -= facts.callables - facts.derives.keys()  # a class's attributes follow
             followed |= made
             found += sorted(made)
         return tuple(found)
@@ -748,10 +780,17 @@ def with_records(
     return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)))
 
 
-def built_on(cell: CellFacts, names: Collection[str]) -> set[str]:
-    """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), and the
+def built_on(cell: CellFacts, names: Collection[str], modules: Collection[str] = ()) -> set[str]:
+    """The names ``cell`` builds from ``names``: by its links (``total = sum(rows)``), by what
+    it derives without a link (``n = len(rows)``, ``if rows: ok = True``; not ``modules``,
+    whose functions keep nothing of what they are handed: ``torch.save(w, path)``), and the
     containers it stores them in (``runs.append(t0)``)."""
     made = {n for n, sources in cell.links.items() if not sources.isdisjoint(names)}
+    made |= {
+        n
+        for n, sources in cell.derives.items()
+        if n not in modules and not sources.isdisjoint(names)
+    }
     made |= {n for n, held in cell.stores.items() if not held.isdisjoint(names)}
     return made
 
@@ -772,6 +811,7 @@ def with_unrepeatable(
     that. ``walk``: a cell's reads found whole, for the cells whose walk was spared
     (``Unrepeatable.complete``), where some name or attribute holds a set."""
     before = facts[: plan.steps[-1].index]
+    modules = module_names(facts)
     sets = set(sets_here).union(*(c.unrepeatable.sets for c in before))
     attributes = set().union(*(c.unrepeatable.attribute_sets for c in before))
     walked: dict[int, Unrepeatable] = {}
@@ -821,8 +861,9 @@ def with_unrepeatable(
                 own = set(cell.defines | cell.mutates)
         else:
             own = set()
-        made = own | built_on(cell, names)
-        made -= cell.imports | cell.callables | reads.sets | set(chosen[index].keeps)
+        made = own | built_on(cell, names, modules)
+        made -= cell.imports | reads.sets | set(chosen[index].keeps)
+        made -= cell.callables - cell.derives.keys()  # a class's attributes follow
         names |= made
     # A kept value equals the one before the failure, but one made from object addresses (or
     # string hashes, where those vary) no longer matches the objects and strings of this
@@ -857,6 +898,7 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
     those lines twice."""
     failing = plan.steps[-1].index
     chosen = {s.index: s for s in plan.steps if not s.failing}
+    modules = module_names(facts)
 
     def writers(path: str, cells: Iterable[int]) -> list[int]:
         return [j for j in cells if path in uses[j].writes | uses[j].appends]
@@ -906,7 +948,7 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
             found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
             made = set(cell.defines | cell.mutates) - cell.imports - cell.callables
         else:
-            made = built_on(cell, names)
+            made = built_on(cell, names, modules)
         names |= made - set(chosen[index].keeps)
     changed = []
     for path in sorted({p for j in chosen for p in uses[j].writes | uses[j].appends}):

@@ -276,6 +276,58 @@ def test_links_name_what_a_value_was_built_from(shell):
     assert facts.links["y"] == {"x", "opt", "torch", "model", "lr"}
 
 
+def test_copies_name_what_a_value_was_computed_from_through_a_copy(shell):
+    # No object shared (no link), but the value follows its source's.
+    facts = _facts(
+        shell,
+        "n = len(log)\nc = cfg.copy()\nnorms.append(g.item())\nstats['n'] = int(total)\n"
+        "m = c\nk = len(log)\nk = 5",
+    )
+    assert "n" not in facts.links and "log" in facts.derives["n"]
+    assert facts.derives["c"] == {"cfg"}
+    assert facts.derives["norms"] == {"g"}
+    assert "total" in facts.derives["stats"]
+    assert facts.derives["m"] == {"cfg"}  # through a name copied earlier in the cell
+    assert "k" not in facts.derives  # bound again to a constant
+
+
+def test_what_is_bound_under_a_test_derives_from_what_the_test_reads(shell):
+    facts = _facts(
+        shell,
+        "stop = False\nif bad >= 1:\n    stop = True\nfor v in losses:\n    count += 1\n"
+        "match mode:\n    case 'fast':\n        lr = 0.1\nwhile len(q) < 3:\n    q.append(0)\n"
+        "flag = stop",
+    )
+    assert facts.derives["stop"] == {"bad"}
+    assert facts.derives["count"] == {"losses"}  # how many times the loop ran
+    assert facts.derives["lr"] == {"mode"}
+    assert "len" in facts.derives["q"]
+    assert facts.derives["flag"] >= {"bad"}  # read from a name that derives from it
+
+
+def test_a_method_s_object_derives_from_what_it_is_handed(shell):
+    facts = _facts(shell, "stopper.step(hist[-1])\nmodel.load_state_dict(sd)\nopt.step()")
+    assert facts.derives["stopper"] == {"hist"}
+    assert facts.derives["model"] == {"sd"}
+    assert "opt" not in facts.derives
+
+
+def test_what_is_bound_in_a_try_derives_from_what_its_body_reads(shell):
+    facts = _facts(
+        shell,
+        "try:\n    x = 1 / (len(hist) - 2)\n    ok = True\nexcept ZeroDivisionError:\n"
+        "    ok = False",
+    )
+    assert "hist" in facts.derives["ok"]
+
+
+def test_a_walrus_in_a_comprehension_derives_from_what_it_reads(shell):
+    facts = _facts(shell, "d = [last := v * 2 for v in xs]\nok = any((hit := v) > k for v in ys)")
+    assert facts.links["last"] == {"xs"}  # an item's object, maybe
+    assert facts.derives["last"] == {"xs"}
+    assert {"ys", "k"} <= facts.derives["hit"]
+
+
 def test_a_function_s_effects_outside_it(shell):
     facts = _facts(
         shell,

@@ -960,3 +960,82 @@ def test_a_restored_iterator_the_failing_cell_reads_is_built_again():
 def test_the_names_a_cell_sets_attributes_of(code, patches):
     (facts,) = facts_of([code])
     assert facts.patches == patches
+
+
+def test_a_failed_cells_change_is_followed_through_a_copy():
+    # The failed cell is not run again; ``n = len(log)`` is, from the list without its change:
+    # n differs with log though it shares no object with it.
+    facts = facts_of(["log = [1]", "log.append(2)\nraise ValueError", "n = len(log)", "print(n)"])
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("log",), ("n",)),)
+
+
+def test_what_is_computed_from_a_users_fix_follows_it():
+    # The user fixed the restored losses; n is built again from them (through a copy), and
+    # rate from n in turn: both follow the fix.
+    facts = facts_of(
+        ["losses = [0.9, -1.0]", "n = len(losses)", "rate = 1 / n", "print(losses, rate)"]
+    )
+    plan = plan_replay(facts, 3, {"losses"}, restored={"losses"}, changed_here={"losses"})
+    assert plan.from_yours == ("n", "rate")
+
+
+def test_a_failed_cells_change_is_followed_into_what_a_call_computes():
+    # A notebook function that reads the history as a global, and a method handed its last
+    # value: what they set follows the history, which lacks the failed cell's append.
+    facts = facts_of(
+        [
+            "hist = [0.5]\ndef summarize():\n    global mean\n    mean = sum(hist) / len(hist)\n"
+            "class S:\n    def step(self, v):\n        self.v = v\nstopper = S()",
+            "hist.append(0.6)\nraise RuntimeError",
+            "summarize()\nstopper.step(hist[-1])",
+            "print(mean, stopper.v)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("hist",), ("mean", "stopper")),)
+
+
+def test_what_a_notebook_function_returns_follows_the_globals_it_reads():
+    facts = facts_of(
+        [
+            "hist = [1]\ndef score():\n    return sum(hist)\n"
+            "class Report:\n    def __init__(self):\n        self.n = len(hist)",
+            "hist.append(2)\nraise RuntimeError",
+            "s = score() + 1\nr = Report()",
+            "print(s, r.n)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("hist",), ("r", "s")),)
+
+
+def test_a_lambda_bound_to_a_name_is_called_as_a_function():
+    # What it returns follows the globals it reads; what it changes is changed where it is
+    # called.
+    facts = facts_of(
+        [
+            "xs = [1]\nsize = lambda: len(xs)\nlog = lambda v: seen.append(v)\nseen = []",
+            "xs.append(2)\nraise RuntimeError",
+            "n = size()\nlog(n)",
+            "print(n, seen)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("xs",), ("n", "seen")),)
+    assert "seen" in facts[2].mutates or 2 in plan.indices
+
+
+def test_a_class_body_and_calls_in_a_comprehension_follow_what_they_read():
+    # ``class CFG: n = len(classes)`` computes its attribute now; ``[bump() for _ in xs]``
+    # calls bump once per item.
+    facts = facts_of(
+        [
+            "classes = ['a']\nn = 0\ndef bump():\n    global n\n    n += 1",
+            "classes.append('b')\nraise RuntimeError",
+            "class CFG:\n    num_classes = len(classes)\n[bump() for _ in classes]",
+            "print(CFG.num_classes, n)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("classes",), ("CFG", "n")),)
