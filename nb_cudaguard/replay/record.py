@@ -115,7 +115,11 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
         if len(seen) >= limit:
             return False
         seen.add(id(obj))
-        if kind in _CONTAINERS or isinstance(obj, _CONTAINER_BASES):
+        if kind in _TOKENS:  # a plain tensor, parameter or array (first: the bulk of a walk)
+            token, all_read = _TOKENS[kind](obj)
+            append(token)
+            whole = whole and all_read
+        elif kind in _CONTAINERS or isinstance(obj, _CONTAINER_BASES):
             if len(obj) > limit:
                 append((id(obj), len(obj)))
                 return False
@@ -131,10 +135,6 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 items = tuple(obj)
                 append((id(obj), tuple(map(id, items))))
                 stack.extend(_mutable(items))
-        elif kind in _TOKENS:  # a plain tensor, parameter or array
-            token, all_read = _TOKENS[kind](obj)
-            append(token)
-            whole = whole and all_read
         elif torch is not None and isinstance(obj, torch.Tensor):
             append(_tensor_token(obj))
         elif torch is not None and isinstance(obj, torch.nn.Module):
@@ -146,18 +146,8 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 settings = [v for k, v in group.items() if k != "params"]
                 tokens.extend(v if type(v) in _IMMUTABLE else id(v) for v in settings)
                 stack.extend(_mutable(settings))
-            for state in obj.state.values():  # (a parameter's moments: read here at once)
-                for value in state.values():
-                    read = _TOKENS.get(type(value))
-                    if read is None or id(value) in seen:
-                        stack.append(value)
-                        continue
-                    if len(seen) >= limit:
-                        return False
-                    seen.add(id(value))
-                    token, all_read = read(value)
-                    append(token)
-                    whole = whole and all_read
+            for state in obj.state.values():
+                stack.extend(state.values())
         elif numpy is not None and isinstance(obj, numpy.ndarray):
             token, all_read = _array_seen(obj)
             append(token)
@@ -192,9 +182,10 @@ def _module_tokens(
     modules = [root]
     for module in modules:  # (grows as children are found)
         state = module.__dict__
-        readers = _READERS_BY_KEYS.get(tuple(state))
+        keys = tuple(state)
+        readers = _READERS_BY_KEYS.get(keys)
         if readers is None:
-            readers = _module_readers(state)
+            readers = _module_readers(state, keys)
             if readers is None:  # a module that never ran nn.Module.__init__
                 return False
         parameters, buffers, children = readers[0](state)
@@ -219,15 +210,15 @@ def _module_tokens(
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _Reader = Callable[[dict[str, Any]], tuple[Any, ...]]
 # A module's ``__dict__`` keys, in order -> readers of its torch parts, of its hooks' dicts and
-# of its own values (``training``, ``in_features``, ``self.history``): found once per set of
-# names (most modules of a model share a few). Keyed by the keys in order, not a set: a
-# tuple is cheaper to build, and a module whose keys were set in another order only gets a
-# reader of its own.
+# of its own values (``training``, ``in_features``, ``self.history``): found once per key
+# order (most modules of a model share a few). In order, not as a set: a tuple is cheaper to
+# build, and a module whose keys were set in another order only gets readers of its own.
 _READERS_BY_KEYS: dict[tuple[str, ...], tuple[_Reader, _Reader, _Reader]] = {}
 
 
-def _module_readers(state: dict[str, Any]) -> tuple[_Reader, _Reader, _Reader] | None:
-    keys = tuple(state)
+def _module_readers(
+    state: dict[str, Any], keys: tuple[str, ...]
+) -> tuple[_Reader, _Reader, _Reader] | None:
     if not {"_parameters", "_buffers", "_modules"} <= state.keys():
         return None
     if len(_READERS_BY_KEYS) > 256:
@@ -573,7 +564,7 @@ class Recorder:
         self._depth = 0
         # The fingerprints are thousands of small tuples on a large namespace: without a pause,
         # CPython's collector runs every 700 of them and walks every tracked object of the
-        # process now and then (a fifth of the time). They make no cycles; the collector runs
+        # process now and then (a sixth of the time). They make no cycles; the collector runs
         # once afterwards as usual. Paused only where the user has not turned it off.
         collecting = gc.isenabled()
         if collecting:
@@ -682,9 +673,7 @@ class Recorder:
                 break
             added.append(name)
         if len(namespace) != len(keys) + len(added):
-            keys.clear()
-            self._names.clear()
-            self._renamed = True
+            self._forget_names()
             added = list(namespace)
         if added:
             keys.update(added)
@@ -694,6 +683,12 @@ class Recorder:
             self._renamed |= len(self._names) != count
         return self._names.keys()
 
+    def _forget_names(self) -> None:
+        """The next look reads every key of the namespace again."""
+        self._keys.clear()
+        self._names.clear()
+        self._renamed = True
+
     def _user_values(self, namespace: Mapping[str, Any]) -> tuple[Collection[str], list[Any]]:
         """The user's names, in order, and their values."""
         names = self._user(namespace)
@@ -702,9 +697,7 @@ class Recorder:
         except KeyError:
             # Keys went and others came in a way the count cannot tell (the last key and
             # another deleted, a new one and the last bound again): all of them read again.
-            self._keys.clear()
-            self._names.clear()
-            self._renamed = True
+            self._forget_names()
             names = self._user(namespace)
             return names, list(map(namespace.__getitem__, names))
 
