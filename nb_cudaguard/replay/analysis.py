@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from .paths import PathEvents, path_events
@@ -744,16 +745,29 @@ class _CellVisitor(ast.NodeVisitor):
         else:
             self.c.derives[name] = set(copied)
 
+    @contextlib.contextmanager
+    def _controlled(self, names: set[str]) -> Iterator[None]:
+        """What is bound or changed inside depends on ``names`` (the tests around it)."""
+        outer = self.control
+        self.control = outer | names
+        try:
+            yield
+        finally:
+            self.control = outer
+
+    def _built_from(self, names: set[str]) -> set[str]:
+        """``names``, and what those bound earlier in this cell were built from."""
+        found = set(names)
+        for name in names & self.bound:
+            found |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
+        return found
+
     def _under(self, test: ast.expr, body: Iterable[ast.stmt]) -> None:
         """Visit ``body``, run or not (or how many times) as ``test``'s value says."""
         reads = self._visit_reading(test)
-        outer = self.control
-        self.control = outer | reads | self.copied
-        try:
+        with self._controlled(reads | self.copied):
             for statement in body:
                 self.visit(statement)
-        finally:
-            self.control = outer
 
     def visit_If(self, node: ast.If | ast.While) -> None:
         self._under(node.test, [*node.body, *node.orelse])
@@ -875,13 +889,9 @@ class _CellVisitor(ast.NodeVisitor):
         copied = self.copied
         self._target(node.target)
         self._link(node.target, reads, copied)
-        outer = self.control
-        self.control = outer | reads | copied  # how many times the body runs
-        try:
+        with self._controlled(reads | copied):  # how many times the body runs
             for statement in [*node.body, *node.orelse]:
                 self.visit(statement)
-        finally:
-            self.control = outer
 
     visit_AsyncFor = visit_For
 
@@ -905,14 +915,8 @@ class _CellVisitor(ast.NodeVisitor):
             for n in ast.walk(statement)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
         }
-        for name in read & self.bound:
-            read |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
-        outer = self.control
-        self.control = outer | read
-        try:
+        with self._controlled(self._built_from(read)):
             self.generic_visit(node)
-        finally:
-            self.control = outer
 
     visit_TryStar = visit_Try  # 3.11's except*: the same fields
 
@@ -985,28 +989,19 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.callables.add(node.name)
         # Its attributes are computed now from what the body reads (``class CFG: n =
         # len(classes)``), as a function's are not.
-        for name in free & self.bound:
-            free |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
-        self._derives(node.name, free - {node.name}, add=bool(self.control))
+        self._derives(node.name, self._built_from(free) - {node.name}, add=bool(self.control))
 
     def visit_Match(self, node: ast.Match) -> None:
         reads = self._visit_reading(node.subject)
-        outer = self.control
-        self.control = outer | reads | self.copied
-        try:
-            self._cases(node, reads)
-        finally:
-            self.control = outer
-
-    def _cases(self, node: ast.Match, reads: set[str]) -> None:
-        for case in node.cases:
-            self.visit(case.pattern)  # class names and values are read; captures bound
-            for capture in _captures(case.pattern):
-                self.c.links[capture] = set(reads)
-            if case.guard is not None:
-                self.visit(case.guard)
-            for statement in case.body:
-                self.visit(statement)
+        with self._controlled(reads | self.copied):
+            for case in node.cases:
+                self.visit(case.pattern)  # class names and values are read; captures bound
+                for capture in _captures(case.pattern):
+                    self.c.links[capture] = set(reads)
+                if case.guard is not None:
+                    self.visit(case.guard)
+                for statement in case.body:
+                    self.visit(statement)
 
     def visit_MatchAs(self, node: ast.MatchAs) -> None:
         if node.pattern is not None:
@@ -1047,9 +1042,7 @@ class _CellVisitor(ast.NodeVisitor):
         # An assignment expression in a comprehension binds in the enclosing scope (PEP 572):
         # to a value from the items (``[last := m for m in models]``), computed from anything
         # the comprehension reads.
-        computed = reads | copied | free
-        for name in free & self.bound:
-            computed |= self.c.links.get(name, set()) | self.c.derives.get(name, set())
+        computed = reads | copied | self._built_from(free)
         for part in parts:
             for walrus in ast.walk(part):
                 if isinstance(walrus, ast.NamedExpr):
