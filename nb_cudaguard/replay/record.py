@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -161,7 +162,13 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             append((id(obj), obj.get_state().numpy().tobytes()))
         elif kind is _CACHED_FUNCTION:  # functools.lru_cache's: its cache fills as it is called
             append((id(obj), obj.cache_info()))
-        elif callable(obj) or isinstance(obj, ModuleType):
+        elif kind is functools.partial:  # what it was handed (``partial(collect, [])``)
+            append(id(obj))
+            stack.extend((obj.func, obj.args, obj.keywords))
+        elif kind is MethodType:  # ``log = Logger().write``: the object it is bound to
+            append(id(obj))
+            stack.append(obj.__self__)
+        elif isinstance(obj, ModuleType) or (callable(obj) and not _called_in_python(kind)):
             append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
             append((id(obj), kind))
@@ -207,7 +214,6 @@ def _module_tokens(
     return True
 
 
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _Reader = Callable[[dict[str, Any]], tuple[Any, ...]]
 # A module's ``__dict__`` keys, in order -> readers of its torch parts, of its hooks' dicts and
 # of its own values (``training``, ``in_features``, ``self.history``): found once per key
@@ -223,7 +229,9 @@ def _module_readers(
         return None
     if len(_READERS_BY_KEYS) > 256:
         _READERS_BY_KEYS.clear()
-    found = [k for k in _HOOKS if k in state]  # (a torch from before one of them: the others)
+    # Its hooks' dicts, each by its count: forward and backward, and those of ``state_dict``
+    # and ``load_state_dict`` (``_register_state_dict_hook``), whichever this torch has.
+    found = [k for k in keys if k[:1] == "_" and k.endswith("hooks")]
     public = sorted(k for k in keys if k[:1] != "_")
     readers = (
         itemgetter("_parameters", "_buffers", "_modules"),
@@ -257,6 +265,23 @@ def _note_types(torch: Any, numpy: Any) -> None:
     if numpy is not None:
         _TOKENS[numpy.ndarray] = _array_seen
     _LEAVES.update(_TOKENS)
+
+
+def _called_in_python(kind: type) -> bool:
+    """Whether ``kind``'s instances are called through a ``__call__`` written in Python (an
+    early stopper ``stopper(val_loss)``, a transform, a metric): objects with state, walked like
+    any other; a function, a class or a C callable is seen by identity."""
+    found = _CALLED_IN_PYTHON.get(kind)
+    if found is None:
+        if len(_CALLED_IN_PYTHON) > 256:  # (classes defined again and again in a long session)
+            _CALLED_IN_PYTHON.clear()
+        # (the class's attribute, not ``callable()``: a C-level ``__call__`` is a slot wrapper)
+        call = inspect.getattr_static(kind, "__call__", None)
+        found = _CALLED_IN_PYTHON[kind] = isinstance(call, FunctionType)
+    return found
+
+
+_CALLED_IN_PYTHON: dict[type, bool] = {}
 
 
 def _held_by(definition: Any) -> list[Any]:
@@ -740,7 +765,7 @@ _MODULE: list[type] = []  # torch.nn.Module, once imported
 # Seen by identity alone, without walking them: a module, a library's function or a class
 # holds no state of the namespace's (an own module's globals are seen apart, in
 # ``_see_modules``; a notebook function's or class's own state is walked, ``_held_by``).
-_BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, MethodType, *_IMMUTABLE})
+_BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, *_IMMUTABLE})
 _DEFINITIONS = frozenset({FunctionType, type})  # by identity unless the notebook's own
 
 

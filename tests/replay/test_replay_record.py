@@ -5,6 +5,7 @@ state it had before the failure."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import textwrap
 import time
@@ -104,6 +105,33 @@ def test_a_training_call_bound_to_a_name_runs_again_and_the_draws_match(recorded
     assert torch.equal(recorded.user_ns["weights"], weights)
     assert torch.equal(recorded.user_ns["draw"], draw)
     assert "noise" not in recorded.user_ns
+
+
+def test_an_early_stopper_called_by_a_loop_runs_again(recorded):
+    # The common early stopper is an object called once per epoch (``__call__`` in Python):
+    # its counter moves with no method named in the cell's text.
+    cells = [
+        textwrap.dedent(
+            """\
+            class EarlyStopping:
+                def __init__(self, patience):
+                    self.patience, self.counter, self.best = patience, 0, None
+
+                def __call__(self, loss):
+                    if self.best is not None and loss >= self.best:
+                        self.counter += 1
+                    self.best = loss if self.best is None else min(self.best, loss)
+                    return self.counter >= self.patience"""
+        ),
+        "stopper = EarlyStopping(patience=3)",
+        "for loss in [0.5, 0.6, 0.7]:\n    stop = stopper(loss)",
+        "counter = stopper.counter\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    assert recorded.user_ns["counter"] == 2
+    _new_process(recorded, ["EarlyStopping", "stopper", "loss", "stop", "counter"])
+    _replay(recorded, saved)
+    assert recorded.user_ns["counter"] == 2
 
 
 def test_a_global_torch_setting_changed_by_a_cell_is_set_again(recorded):
@@ -231,6 +259,38 @@ def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_p
         assert [fingerprint(model)[0], fingerprint(opt)[0]] != before, change
     bare = torch.nn.Module.__new__(torch.nn.Linear)  # never ran nn.Module.__init__
     assert fingerprint(bare)[1] is False
+
+
+def test_a_fingerprint_sees_state_held_by_what_is_called():
+    class Stopper:  # called, not a method named: ``stopper(val_loss)``
+        def __init__(self) -> None:
+            self.counter = 0
+
+        def __call__(self, loss: float) -> None:
+            self.counter += 1
+
+    class Log:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write(self, line: str) -> None:
+            self.lines.append(line)
+
+    stopper, collect, write = Stopper(), functools.partial(print, []), Log().write
+    model = torch.nn.Linear(2, 2)
+    changes = [
+        (stopper, lambda: stopper(0.5)),
+        (collect, lambda: collect.args[0].append(1)),  # a partial's arguments
+        (write, lambda: write("epoch 1")),  # a bound method's object, named nowhere else
+        (model, lambda: model._register_state_dict_hook(lambda *a: None)),
+        (model, lambda: model.register_load_state_dict_post_hook(lambda *a: None)),
+    ]
+    for value, change in changes:
+        before, whole = fingerprint(value)
+        assert whole and fingerprint(value)[0] == before
+        change()
+        assert fingerprint(value)[0] != before, value
+    assert fingerprint(torch.nn.functional.relu) == fingerprint(torch.nn.functional.relu)
 
 
 @pytest.mark.parametrize(
