@@ -1039,3 +1039,19 @@ def test_a_class_body_and_calls_in_a_comprehension_follow_what_they_read():
     )
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("classes",), ("CFG", "n")),)
+
+
+def test_what_a_method_changes_in_what_it_is_handed_follows_its_object():
+    # ``r.shuffle(order)`` puts ``order`` in an order drawn from ``r``'s state, which lacks the
+    # failed cell's draw; ``val = order[:2]`` in turn.
+    facts = facts_of(
+        [
+            "import random\nr = random.Random(0)\nfiles = ['a', 'b', 'c']",
+            "r.random()\nraise RuntimeError",
+            "order = files[:]\nr.shuffle(order)\nval = order[:2]",
+            "print(order, val)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("r",), ("order", "val")),)
+
