@@ -162,16 +162,22 @@ def module_names(facts: Sequence[CellFacts], own_modules: Collection[str] = ()) 
 
 def with_handed(facts: Sequence[CellFacts], modules: Collection[str]) -> list[CellFacts]:
     """Each cell's facts with what it hands to the methods of objects (``trainer.fit(model)``,
-    ``scaler.step(opt)``) changed, as a call of a notebook function changes its arguments; what
-    it hands to a module's functions (``np.mean(x)``, ``F.cross_entropy(out, y)``) only read."""
+    ``scaler.step(opt)``) changed, as a call of a notebook function changes its arguments, and
+    computed from the object and the rest it is handed: ``r.shuffle(order)`` orders ``order`` by
+    ``r``'s state; what it hands to a module's functions (``np.mean(x)``) only read."""
     out = list(facts)
     for index, cell in enumerate(facts):
         if not cell.handed:
             continue
         changed: set[str] = set()
+        derives = dict(cell.derives)
         for receiver, names in cell.handed.items():
-            if receiver not in modules:
-                changed |= names
+            if receiver in modules:
+                continue
+            changed |= names
+            for name in names:
+                sources = (names | {receiver}) - {name}
+                derives[name] = derives.get(name, frozenset()) | sources
         if changed:
             out[index] = replace(
                 cell,
@@ -179,6 +185,7 @@ def with_handed(facts: Sequence[CellFacts], modules: Collection[str]) -> list[Ce
                 mutates=cell.mutates | changed,
                 uses=cell.uses | changed,
                 filled=cell.filled - changed,
+                derives={n: s for n, s in derives.items() if s},
             )
     return out
 

@@ -1055,3 +1055,17 @@ def test_what_a_method_changes_in_what_it_is_handed_follows_its_object():
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("r",), ("order", "val")),)
 
+
+def test_what_an_objects_method_changes_in_what_it_is_handed_follows_the_object():
+    # ``sh.inject(xs)`` appends the object's ``k`` to ``xs``: a failed cell changed ``k``.
+    facts = facts_of(
+        [
+            "class Sh:\n    k = 1\n    def inject(self, xs):\n        xs.append(self.k)\n"
+            "sh = Sh()\nxs = []",
+            "sh.k = 2\nraise RuntimeError",
+            "sh.inject(xs)",
+            "print(xs)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("sh",), ("xs",)),)
