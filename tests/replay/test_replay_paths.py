@@ -37,8 +37,14 @@ def test_paths_read_and_written_are_found(code, reads, writes, appends):
 
 
 def test_a_name_bound_to_a_path_in_an_earlier_cell_names_it():
-    _, second = _uses("CKPT = 'runs/model.pt'", "torch.save(net, CKPT)\nnet2 = torch.load(CKPT)")
-    assert second.writes == second.reads == {"runs/model.pt"}
+    _, second, third = _uses("CKPT = 'runs/model.pt'", "torch.save(net, CKPT)", "torch.load(CKPT)")
+    assert second.writes == third.reads == {"runs/model.pt"}
+
+
+def test_a_cells_own_write_read_back_is_no_read():
+    # What it finds is what it just wrote, whatever other cells did to the file.
+    (use,) = _uses("torch.save(net, 'm.pt')\nnet2 = torch.load('m.pt')\nx = np.load('x.npy')")
+    assert (use.writes, use.reads) == ({"m.pt"}, {"x.npy"})
 
 
 def _plan(cells: list[str], present: set[str] = frozenset()):
@@ -147,3 +153,9 @@ def test_a_listing_a_later_cell_removed_a_file_from_is_named():
     )
     assert dict(plan.unrepeatable) == {0: "lists d, where a later cell removed d/a.txt since"}
     assert _uses("shutil.rmtree('d')\nos.remove(p)")[0].removes == {"d"}
+
+
+def test_a_copy_reads_its_source_and_writes_its_target():
+    (use,) = _uses("shutil.copy('run/last.pt', 'run/best.pt')\nos.replace('tmp.pt', 'w.pt')")
+    assert (use.reads, use.writes) == ({"run/last.pt", "tmp.pt"}, {"run/best.pt", "w.pt"})
+
