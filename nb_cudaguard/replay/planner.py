@@ -901,11 +901,18 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
     previous kernel did. A cell reads what the last cell to write the path before it wrote: in
     the replay, the last of the plan's cells before it; where none, the last cell of the
     previous kernel's. What a cell that finds a file otherwise makes may differ, and so does
-    what the plan's later cells build from it. A path appended to by a cell run again holds
-    those lines twice."""
+    what the plan's later cells build from it. So does what a cell makes from a file that a
+    cell run again wrote anew from a name that may differ (``torch.save(w, p)`` after a failed
+    cell changed ``w``, then ``w2 = torch.load(p)``): the file carries the difference. A path
+    appended to by a cell run again holds those lines twice."""
     failing = plan.steps[-1].index
     chosen = {s.index: s for s in plan.steps if not s.failing}
     modules = module_names(facts)
+    differ = {n for _, changed, built in plan.failed_changes for n in (*changed, *built)}
+    differ |= {n for n, _ in (*plan.yours, *plan.overwritten)}
+    differ |= {n for n, _, _ in plan.kept_foreign}
+    differ |= {*plan.from_yours, *plan.twice}
+    carried: dict[str, set[str]] = {}  # path -> the names that may differ it was written from
 
     def writers(path: str, cells: Iterable[int]) -> list[int]:
         return [j for j in cells if path in uses[j].writes | uses[j].appends]
@@ -931,6 +938,9 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
                 why.append(f"reads {path}, which a cell run again appended to again")
             elif writer != (first[-1] if first else None):
                 why.append(f"reads {path}, which a later cell wrote over since it first ran")
+            elif writer in chosen and carried.get(path):
+                written_from = ", ".join(sorted(carried[path]))
+                why.append(f"reads {path}, which a cell run again wrote anew from {written_from}")
         for directory in sorted(uses[index].lists):
             # A listing (``glob``, ``os.listdir``) finds the files later cells added to the
             # directory before the failure: they are on disk when the replay lists it again.
@@ -957,6 +967,13 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
         else:
             made = built_on(cell, names, modules)
         names |= made - set(chosen[index].keeps)
+        # What it writes now is written from what it reads (the names, or another file)
+        read = cell.uses & (differ | names)
+        read |= {n for p in uses[index].reads for n in carried.get(p, ())}
+        for path in uses[index].writes | uses[index].appends:
+            if path in uses[index].writes:
+                carried[path] = set()
+            carried.setdefault(path, set()).update(read)
     changed = []
     for path in sorted({p for j in chosen for p in uses[j].writes | uses[j].appends}):
         writer, appended = left_by(path, failing)
