@@ -792,14 +792,20 @@ def built_on(cell: CellFacts, names: Collection[str], modules: Collection[str] =
     it derives without a link (``n = len(rows)``, ``if rows: ok = True``; not ``modules``,
     whose functions keep nothing of what they are handed: ``torch.save(w, path)``), and the
     containers it stores them in (``runs.append(t0)``)."""
-    made = {n for n, sources in cell.links.items() if not sources.isdisjoint(names)}
-    made |= {
-        n
-        for n, sources in cell.derives.items()
-        if n not in modules and not sources.isdisjoint(names)
-    }
-    made |= {n for n, held in cell.stores.items() if not held.isdisjoint(names)}
-    return made
+    made: set[str] = set()
+    followed = set(names)
+    while True:  # and what it builds from those in turn (``rng.shuffle(perm)``, ``k = perm[0]``)
+        found = {n for n, sources in cell.links.items() if not sources.isdisjoint(followed)}
+        found |= {
+            n
+            for n, sources in cell.derives.items()
+            if n not in modules and not sources.isdisjoint(followed)
+        }
+        found |= {n for n, held in cell.stores.items() if not held.isdisjoint(followed)}
+        if found <= made:
+            return made
+        made |= found
+        followed |= found
 
 
 def with_unrepeatable(

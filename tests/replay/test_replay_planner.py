@@ -1069,3 +1069,19 @@ def test_what_an_objects_method_changes_in_what_it_is_handed_follows_the_object(
     )
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("sh",), ("xs",)),)
+
+
+def test_what_a_cell_builds_from_what_it_changes_follows_the_change():
+    # ``rng.shuffle(perm)`` orders ``perm`` by ``rng``; ``fold``, from ``perm`` in the same
+    # cell, follows it in turn.
+    facts = facts_of(
+        [
+            "import numpy as np\nrng = np.random.default_rng(0)\nperm = np.arange(4)",
+            "rng.random()\nraise RuntimeError",
+            "rng.shuffle(perm)\nfold = perm[:2].tolist()",
+            "print(perm, fold)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("rng",), ("fold", "perm")),)
+
