@@ -832,7 +832,7 @@ class _CellVisitor(ast.NodeVisitor):
                     self.c.untracked.add(root)
                 self._hold(root, stored or set())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
-                self.c.setup.append("sets an environment variable")
+                self.c.setup.append("sets an environment variable, os.environ")
         elif isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
                 self._target(element, stored, fill)

@@ -76,6 +76,10 @@ class Plan:
     # run again (they would fail again), so those names lack what they did; and the names the
     # plan's later cells build from them, which differ with them. (index, names, built from)
     failed_changes: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = ()
+    # Cells that failed when they ran, after setting process state (an environment variable, a
+    # torch setting, the directory): not run again, so this process lacks it, and what the
+    # plan's later cells make may differ with it. (index, what it set, those names)
+    failed_setup: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
     # What the cells it runs read that a new process cannot read the same (replay/unrepeatable.py):
     # (cell, what it reads: a set in its order, the clock...) and the names they, and the
     # cells built on them, make.
@@ -396,6 +400,7 @@ class _Planner:
             ),
             from_yours=self._from_yours(steps),
             failed_changes=self._failed_changes(steps),
+            failed_setup=self._failed_setup(steps),
         )
 
     def _rebuilt(self, steps: Sequence[Step]) -> dict[str, int]:
@@ -438,6 +443,22 @@ class _Planner:
             )
             if names:
                 found.append((index, tuple(names), self._built_from(names, steps, index)))
+        return tuple(found)
+
+    def _failed_setup(self, steps: Sequence[Step]) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+        found = []
+        for index in self.setup_cells:
+            setup = self.facts[index].setup
+            # A seed only: each cell the replay runs that drew starts from the state it had.
+            if index not in self.failed or all("seed" in p for p in setup.split("; ")):
+                continue
+            made: set[str] = set()
+            for step in steps:
+                facts = self.facts[step.index]
+                if not step.failing and step.index > index:
+                    made |= (facts.defines | facts.mutates) - facts.imports - facts.callables
+                    made -= set(step.keeps)
+            found.append((index, setup, tuple(sorted(made))))
         return tuple(found)
 
     def _built_from(

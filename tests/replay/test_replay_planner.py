@@ -1085,3 +1085,25 @@ def test_what_a_cell_builds_from_what_it_changes_follows_the_change():
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("rng",), ("fold", "perm")),)
 
+
+def test_process_state_a_failed_cell_set_is_named_with_what_later_cells_make():
+    # The new process lacks the variable and the dtype the failed cell set before it raised.
+    facts = facts_of(
+        [
+            "import os, torch",
+            "os.environ['MODE'] = 'offline'\ntorch.set_default_dtype(torch.float64)\n"
+            "raise RuntimeError",
+            "mode = os.environ.get('MODE')\nx = torch.zeros(2)",
+            "print(mode, x)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    ((index, setup, made),) = plan.failed_setup
+    assert (index, made) == (1, ("mode", "x"))
+    assert "os.environ" in setup and "set_default_dtype" in setup
+
+
+def test_a_seed_set_by_a_failed_cell_is_not_named():
+    # Each replayed cell that drew starts from the random state it had.
+    facts = facts_of(["import torch", "torch.manual_seed(0)\nraise RuntimeError", "print(1)"])
+    assert plan_replay(facts, 2, set(), {1}).failed_setup == ()
