@@ -2,10 +2,13 @@
 cell changed before it failed, not met by the first six rounds (tests/replay/test_replay_heldout.py,
 whose harness this shares): values written to a file by a later cell and read back by another
 (``torch.save``/``torch.load``, ``json``, ``pickle``, ``np.save``, a text file written in a failed
-``with open`` block, a checkpoint copied by ``shutil``, a log appended to across cells); weights
+``with open`` block, a checkpoint copied by ``shutil``, a log appended to across cells, a user's
+fix dumped again); weights
 copied between models through ``state_dict``, a "best model" deep-copied under an ``if``; a
 config dataclass, a numpy ``Generator``, a ``random.Random``, a ``nonlocal`` counter, a bounded
-``deque`` and a ``defaultdict`` changed by a failed cell (one that fails half-way through a loop);
+``deque``, a ``defaultdict`` and an iterator changed by a failed cell (one that fails half-way
+through a loop), and a generator that then shuffles in place; process state a failed cell set
+(an environment variable, torch's default dtype);
 scikit-learn estimators fitted on an array a failed cell changed; thresholds bound by ``exec``;
 a name deleted by a function's ``global`` statement.
 
@@ -300,3 +303,80 @@ def test_a_cache_deleted_by_a_function_with_global(server, server_kernel, restor
     )
     fp = "{'cache': cache, 'size': size}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@restores("hist")
+def test_a_users_fix_written_to_a_file_that_a_later_cell_reads(server, server_kernel, restore):
+    # The user drops a bad value from the restored history; the cell that dumps it runs again
+    # (for ``best``) and the later cell reads the fixed file.
+    kid, pid = server_kernel
+    cells = (
+        "import json\nhist = [0.9, 0.7, -1.0]",
+        "json.dump(hist, open('fix7.json', 'w'))\nbest = min(hist)",
+        "loaded = json.load(open('fix7.json'))",
+    )
+    out = run_case(
+        server,
+        kid,
+        pid,
+        cells,
+        "{'hist': hist, 'best': best, 'loaded': loaded}",
+        restore=restore,
+        after=("hist.pop()",) if restore is not None else (),
+    )
+    assert_no_silent_difference(out)
+
+
+@restores("perm")
+def test_a_numpy_generator_shuffling_in_place_after_a_failed_draw(server, server_kernel, restore):
+    # ``rng.shuffle(perm)`` orders the array in place by the generator's state, which lacks the
+    # failed cell's draw.
+    kid, pid = server_kernel
+    cells = (
+        "import numpy as np\nrng = np.random.default_rng(3)\nperm = np.arange(6)",
+        f"drop = rng.random(2)\n{OOM}",
+        "rng.shuffle(perm)\nfold = perm[:2].tolist()",
+    )
+    fp = "{'perm': perm.tolist(), 'fold': fold}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_an_environment_variable_set_by_a_failed_cell(server, server_kernel, restore):
+    # ``os.environ`` is the process's: the new one lacks what the failed cell set before it
+    # raised (a tokenizers or W&B switch), and a later cell read it.
+    kid, pid = server_kernel
+    cells = (
+        "import os",
+        f"os.environ['NBCG7_MODE'] = 'offline'\n{OOM}",
+        "mode = os.environ.get('NBCG7_MODE', 'online')",
+    )
+    fp = "{'mode': mode, 'os.environ': os.environ.get('NBCG7_MODE')}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_the_default_dtype_set_by_a_failed_cell(server, server_kernel, restore):
+    # ``torch.set_default_dtype`` is process state too: a later cell's tensor follows it.
+    kid, pid = server_kernel
+    cells = (
+        "import torch",
+        f"torch.set_default_dtype(torch.float64)\n{OOM}",
+        "x = torch.zeros(2)",
+    )
+    fp = "{'x': str(x.dtype), 'torch.default_dtype': str(torch.get_default_dtype())}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@restores("batch")
+def test_an_iterator_advanced_by_a_failed_cell(server, server_kernel, restore):
+    # ``it = iter(loader)``; a cell took a batch and then failed; the next cell's batch is the
+    # one after.
+    kid, pid = server_kernel
+    cells = (
+        "data = list(range(10))\nit = iter([data[i : i + 2] for i in range(0, 10, 2)])",
+        f"batch = next(it)\n{OOM}",
+        "batch = next(it)\nseen = sum(batch)",
+    )
+    fp = "{'batch': batch, 'seen': seen}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
