@@ -411,6 +411,10 @@ def _argument_roots(call: ast.Call) -> set[str]:
     return roots
 
 
+def _loaded_names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
 def _receiver(call: ast.Call) -> tuple[str, bool] | None:
     """For a method call that may change what it is handed (``trainer.fit(model)``,
     ``scaler.step(opt)``, ``get_trainer().fit(model)``): (its object's root name, whether that
@@ -828,7 +832,7 @@ class _CellVisitor(ast.NodeVisitor):
                     self.c.untracked.add(root)
                 self._hold(root, stored or set())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
-                self.c.setup.append("sets an environment variable")
+                self.c.setup.append("sets an environment variable, os.environ")
         elif isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
                 self._target(element, stored, fill)
@@ -1118,8 +1122,12 @@ class _CellVisitor(ast.NodeVisitor):
         if isinstance(func, ast.Name):
             self.c.calls.add(func.id)
         if _changes_arguments(node):
+            # what it leaves in them is computed from all it reads, its object's state included
+            # (``r.shuffle(order)``, ``np.copyto(dst, src)``, ``heappush(heap, item)``)
+            computed = self._built_from(_loaded_names(node))
             for root in _argument_roots(node):
                 self._mutate(root)
+                self._derives(root, computed - {root}, add=True)
         elif node.args or node.keywords:
             self._handed(node)
 

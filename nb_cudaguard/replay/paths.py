@@ -39,9 +39,13 @@ _LISTERS = {
 # Removers (``os.remove(p)``, ``Path(p).unlink()``, ``shutil.rmtree(d)``): a listing run again
 # after them misses what they removed.
 _REMOVERS = {"remove": 0, "unlink": 0, "rmtree": 0, "rmdir": 0}
+# Copiers, by their module: they read their first argument and write their second
+# (``shutil.copy("run/last.pt", "run/best.pt")``, ``os.replace(tmp, path)``).
+_COPIERS = {"copy": "shutil", "copy2": "shutil", "copyfile": "shutil", "copytree": "shutil",
+            "move": "shutil", "rename": "os", "replace": "os"}  # fmt: skip
 # A cell that may read, write, list, remove or name a path: it calls one of the above, or binds
 # a string.
-_CALLS = _WRITERS.keys() | _READERS.keys() | _LISTERS.keys() | _REMOVERS.keys()
+_CALLS = _WRITERS.keys() | _READERS.keys() | _LISTERS.keys() | _REMOVERS.keys() | _COPIERS.keys()
 _MAY_USE_PATHS = re.compile(
     r"\b(?:open|" + "|".join(sorted(_CALLS)) + r")\b"
     r"|\w\s*=\s*(?:[rRbBfF]?['\"]|Path\(|os\.path\.join\()"
@@ -103,6 +107,8 @@ def file_uses(cells: Sequence[PathEvents]) -> list[FileUse]:
         uses: dict[str, set[str]] = {k: set() for k in _KINDS}
         for kind, name, parts in events:
             path = _resolved(parts, strings)
+            if kind == "reads" and path in uses["writes"]:
+                continue  # its own write, read back: what it finds is what it made
             if kind != "bind":
                 if path is not None:
                     uses[kind].add(path)
@@ -153,6 +159,13 @@ class _Finder(ast.NodeVisitor):
             path = None
         if path is not None:
             self.events.append(("removes", "", path))
+            return
+        if name in _COPIERS and _owner_name(owner) == _COPIERS[name]:
+            source, target = self._argument(node, 0), self._argument(node, 1)
+            if source is not None:
+                self.events.append(("reads", "", source))
+            if target is not None:
+                self.events.append(("writes", "", target))
             return
         for table, kind in ((_WRITERS, "writes"), (_READERS, "reads")):
             where = table.get(name)

@@ -76,6 +76,10 @@ class Plan:
     # run again (they would fail again), so those names lack what they did; and the names the
     # plan's later cells build from them, which differ with them. (index, names, built from)
     failed_changes: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...] = ()
+    # Cells that failed when they ran, after setting process state (an environment variable, a
+    # torch setting, the directory): not run again, so this process lacks it, and what the
+    # plan's later cells make may differ with it. (index, what it set, those names)
+    failed_setup: tuple[tuple[int, str, tuple[str, ...]], ...] = ()
     # What the cells it runs read that a new process cannot read the same (replay/unrepeatable.py):
     # (cell, what it reads: a set in its order, the clock...) and the names they, and the
     # cells built on them, make.
@@ -162,16 +166,22 @@ def module_names(facts: Sequence[CellFacts], own_modules: Collection[str] = ()) 
 
 def with_handed(facts: Sequence[CellFacts], modules: Collection[str]) -> list[CellFacts]:
     """Each cell's facts with what it hands to the methods of objects (``trainer.fit(model)``,
-    ``scaler.step(opt)``) changed, as a call of a notebook function changes its arguments; what
-    it hands to a module's functions (``np.mean(x)``, ``F.cross_entropy(out, y)``) only read."""
+    ``scaler.step(opt)``) changed, as a call of a notebook function changes its arguments, and
+    computed from the object and the rest it is handed: ``r.shuffle(order)`` orders ``order`` by
+    ``r``'s state; what it hands to a module's functions (``np.mean(x)``) only read."""
     out = list(facts)
     for index, cell in enumerate(facts):
         if not cell.handed:
             continue
         changed: set[str] = set()
+        derives = dict(cell.derives)
         for receiver, names in cell.handed.items():
-            if receiver not in modules:
-                changed |= names
+            if receiver in modules:
+                continue
+            changed |= names
+            for name in names:
+                sources = (names | {receiver}) - {name}
+                derives[name] = derives.get(name, frozenset()) | sources
         if changed:
             out[index] = replace(
                 cell,
@@ -179,6 +189,7 @@ def with_handed(facts: Sequence[CellFacts], modules: Collection[str]) -> list[Ce
                 mutates=cell.mutates | changed,
                 uses=cell.uses | changed,
                 filled=cell.filled - changed,
+                derives={n: s for n, s in derives.items() if s},
             )
     return out
 
@@ -389,6 +400,7 @@ class _Planner:
             ),
             from_yours=self._from_yours(steps),
             failed_changes=self._failed_changes(steps),
+            failed_setup=self._failed_setup(steps),
         )
 
     def _rebuilt(self, steps: Sequence[Step]) -> dict[str, int]:
@@ -431,6 +443,22 @@ class _Planner:
             )
             if names:
                 found.append((index, tuple(names), self._built_from(names, steps, index)))
+        return tuple(found)
+
+    def _failed_setup(self, steps: Sequence[Step]) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+        found = []
+        for index in self.setup_cells:
+            setup = self.facts[index].setup
+            # A seed only: each cell the replay runs that drew starts from the state it had.
+            if index not in self.failed or all("seed" in p for p in setup.split("; ")):
+                continue
+            made: set[str] = set()
+            for step in steps:
+                facts = self.facts[step.index]
+                if not step.failing and step.index > index:
+                    made |= (facts.defines | facts.mutates) - facts.imports - facts.callables
+                    made -= set(step.keeps)
+            found.append((index, setup, tuple(sorted(made))))
         return tuple(found)
 
     def _built_from(
@@ -785,14 +813,20 @@ def built_on(cell: CellFacts, names: Collection[str], modules: Collection[str] =
     it derives without a link (``n = len(rows)``, ``if rows: ok = True``; not ``modules``,
     whose functions keep nothing of what they are handed: ``torch.save(w, path)``), and the
     containers it stores them in (``runs.append(t0)``)."""
-    made = {n for n, sources in cell.links.items() if not sources.isdisjoint(names)}
-    made |= {
-        n
-        for n, sources in cell.derives.items()
-        if n not in modules and not sources.isdisjoint(names)
-    }
-    made |= {n for n, held in cell.stores.items() if not held.isdisjoint(names)}
-    return made
+    made: set[str] = set()
+    followed = set(names)
+    while True:  # and what it builds from those in turn (``rng.shuffle(perm)``, ``k = perm[0]``)
+        found = {n for n, sources in cell.links.items() if not sources.isdisjoint(followed)}
+        found |= {
+            n
+            for n, sources in cell.derives.items()
+            if n not in modules and not sources.isdisjoint(followed)
+        }
+        found |= {n for n, held in cell.stores.items() if not held.isdisjoint(followed)}
+        if found <= made:
+            return made
+        made |= found
+        followed |= found
 
 
 def with_unrepeatable(
@@ -894,11 +928,18 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
     previous kernel did. A cell reads what the last cell to write the path before it wrote: in
     the replay, the last of the plan's cells before it; where none, the last cell of the
     previous kernel's. What a cell that finds a file otherwise makes may differ, and so does
-    what the plan's later cells build from it. A path appended to by a cell run again holds
-    those lines twice."""
+    what the plan's later cells build from it. So does what a cell makes from a file that a
+    cell run again wrote anew from a name that may differ (``torch.save(w, p)`` after a failed
+    cell changed ``w``, then ``w2 = torch.load(p)``): the file carries the difference. A path
+    appended to by a cell run again holds those lines twice."""
     failing = plan.steps[-1].index
     chosen = {s.index: s for s in plan.steps if not s.failing}
     modules = module_names(facts)
+    differ = {n for _, changed, built in plan.failed_changes for n in (*changed, *built)}
+    differ |= {n for n, _ in (*plan.yours, *plan.overwritten)}
+    differ |= {n for n, _, _ in plan.kept_foreign}
+    differ |= {*plan.from_yours, *plan.twice}
+    carried: dict[str, set[str]] = {}  # path -> the names that may differ it was written from
 
     def writers(path: str, cells: Iterable[int]) -> list[int]:
         return [j for j in cells if path in uses[j].writes | uses[j].appends]
@@ -924,6 +965,9 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
                 why.append(f"reads {path}, which a cell run again appended to again")
             elif writer != (first[-1] if first else None):
                 why.append(f"reads {path}, which a later cell wrote over since it first ran")
+            elif writer in chosen and carried.get(path):
+                written_from = ", ".join(sorted(carried[path]))
+                why.append(f"reads {path}, which a cell run again wrote anew from {written_from}")
         for directory in sorted(uses[index].lists):
             # A listing (``glob``, ``os.listdir``) finds the files later cells added to the
             # directory before the failure: they are on disk when the replay lists it again.
@@ -950,6 +994,13 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
         else:
             made = built_on(cell, names, modules)
         names |= made - set(chosen[index].keeps)
+        # What it writes now is written from what it reads (the names, or another file)
+        read = cell.uses & (differ | names)
+        read |= {n for p in uses[index].reads for n in carried.get(p, ())}
+        for path in uses[index].writes | uses[index].appends:
+            if path in uses[index].writes:
+                carried[path] = set()
+            carried.setdefault(path, set()).update(read)
     changed = []
     for path in sorted({p for j in chosen for p in uses[j].writes | uses[j].appends}):
         writer, appended = left_by(path, failing)

@@ -109,6 +109,15 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
                 for i, names, built in plan.failed_changes
             )
         )
+    if plan.failed_setup:
+        notes.append(
+            "; ".join(
+                f"{cell_label(cells[i])} failed when it ran, after it set process state "
+                f"({setup}): it is not run again, so this process lacks it"
+                + (f", and these may differ with it: {', '.join(made[:12])}" if made else "")
+                for i, setup, made in plan.failed_setup
+            )
+        )
     if plan.overwritten:
         notes.append(
             "built again though you changed them after the restore (your change is lost): "

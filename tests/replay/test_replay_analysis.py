@@ -291,6 +291,14 @@ def test_copies_name_what_a_value_was_computed_from_through_a_copy(shell):
     assert "k" not in facts.derives  # bound again to a constant
 
 
+def test_what_a_call_changes_in_its_arguments_derives_from_all_it_reads(shell):
+    # The order ``r.shuffle`` leaves is drawn from ``r``; ``copyto`` writes ``src`` into ``dst``.
+    facts = _facts(shell, "r.shuffle(order)\nnp.copyto(dst, src * k)\nheapq.heappush(heap, item)")
+    assert facts.derives["order"] >= {"r"}
+    assert facts.derives["dst"] >= {"src", "k"}
+    assert facts.derives["heap"] >= {"item"}
+
+
 def test_what_is_bound_under_a_test_derives_from_what_the_test_reads(shell):
     facts = _facts(
         shell,

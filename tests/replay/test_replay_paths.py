@@ -37,8 +37,14 @@ def test_paths_read_and_written_are_found(code, reads, writes, appends):
 
 
 def test_a_name_bound_to_a_path_in_an_earlier_cell_names_it():
-    _, second = _uses("CKPT = 'runs/model.pt'", "torch.save(net, CKPT)\nnet2 = torch.load(CKPT)")
-    assert second.writes == second.reads == {"runs/model.pt"}
+    _, second, third = _uses("CKPT = 'runs/model.pt'", "torch.save(net, CKPT)", "torch.load(CKPT)")
+    assert second.writes == third.reads == {"runs/model.pt"}
+
+
+def test_a_cells_own_write_read_back_is_no_read():
+    # What it finds is what it just wrote, whatever other cells did to the file.
+    (use,) = _uses("torch.save(net, 'm.pt')\nnet2 = torch.load('m.pt')\nx = np.load('x.npy')")
+    assert (use.writes, use.reads) == ({"m.pt"}, {"x.npy"})
 
 
 def _plan(cells: list[str], present: set[str] = frozenset()):
@@ -147,3 +153,29 @@ def test_a_listing_a_later_cell_removed_a_file_from_is_named():
     )
     assert dict(plan.unrepeatable) == {0: "lists d, where a later cell removed d/a.txt since"}
     assert _uses("shutil.rmtree('d')\nos.remove(p)")[0].removes == {"d"}
+
+
+def test_a_copy_reads_its_source_and_writes_its_target():
+    (use,) = _uses("shutil.copy('run/last.pt', 'run/best.pt')\nos.replace('tmp.pt', 'w.pt')")
+    assert (use.reads, use.writes) == ({"run/last.pt", "tmp.pt"}, {"run/best.pt", "w.pt"})
+
+
+def test_a_file_written_anew_from_a_failed_cells_change_carries_it_to_its_reader():
+    # The failed cell's change is not made again; the save cell runs again (for ``norm``) and
+    # writes ``w`` without it; what the later cells load from the file, or its copy, lacks it.
+    cells = [
+        "import shutil, torch\nw = torch.zeros(3)",
+        "w.add_(1)\nraise RuntimeError",
+        "torch.save(w, 'w.pt')\nnorm = w.norm().item()\nshutil.copy('w.pt', 'best.pt')",
+        "w2 = torch.load('w.pt')\nbest = torch.nn.Linear(3, 1)",
+        "best.load_state_dict(torch.load('best.pt'))",
+        "print(w2, best, norm)",
+    ]
+    facts = [analyse(c) for c in cells]
+    plan = with_files(plan_replay(facts, 5, set(), {1}), facts, _uses(*cells))
+    assert plan.failed_changes == ((1, ("w",), ("norm",)),)
+    assert dict(plan.unrepeatable) == {
+        3: "reads w.pt, which a cell run again wrote anew from w",
+        4: "reads best.pt, which a cell run again wrote anew from w",
+    }
+    assert {"w2", "best"} <= set(plan.unrepeatable_names)

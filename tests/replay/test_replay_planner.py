@@ -1039,3 +1039,71 @@ def test_a_class_body_and_calls_in_a_comprehension_follow_what_they_read():
     )
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("classes",), ("CFG", "n")),)
+
+
+def test_what_a_method_changes_in_what_it_is_handed_follows_its_object():
+    # ``r.shuffle(order)`` puts ``order`` in an order drawn from ``r``'s state, which lacks the
+    # failed cell's draw; ``val = order[:2]`` in turn.
+    facts = facts_of(
+        [
+            "import random\nr = random.Random(0)\nfiles = ['a', 'b', 'c']",
+            "r.random()\nraise RuntimeError",
+            "order = files[:]\nr.shuffle(order)\nval = order[:2]",
+            "print(order, val)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("r",), ("order", "val")),)
+
+
+def test_what_an_objects_method_changes_in_what_it_is_handed_follows_the_object():
+    # ``sh.inject(xs)`` appends the object's ``k`` to ``xs``: a failed cell changed ``k``.
+    facts = facts_of(
+        [
+            "class Sh:\n    k = 1\n    def inject(self, xs):\n        xs.append(self.k)\n"
+            "sh = Sh()\nxs = []",
+            "sh.k = 2\nraise RuntimeError",
+            "sh.inject(xs)",
+            "print(xs)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("sh",), ("xs",)),)
+
+
+def test_what_a_cell_builds_from_what_it_changes_follows_the_change():
+    # ``rng.shuffle(perm)`` orders ``perm`` by ``rng``; ``fold``, from ``perm`` in the same
+    # cell, follows it in turn.
+    facts = facts_of(
+        [
+            "import numpy as np\nrng = np.random.default_rng(0)\nperm = np.arange(4)",
+            "rng.random()\nraise RuntimeError",
+            "rng.shuffle(perm)\nfold = perm[:2].tolist()",
+            "print(perm, fold)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("rng",), ("fold", "perm")),)
+
+
+def test_process_state_a_failed_cell_set_is_named_with_what_later_cells_make():
+    # The new process lacks the variable and the dtype the failed cell set before it raised.
+    facts = facts_of(
+        [
+            "import os, torch",
+            "os.environ['MODE'] = 'offline'\ntorch.set_default_dtype(torch.float64)\n"
+            "raise RuntimeError",
+            "mode = os.environ.get('MODE')\nx = torch.zeros(2)",
+            "print(mode, x)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    ((index, setup, made),) = plan.failed_setup
+    assert (index, made) == (1, ("mode", "x"))
+    assert "os.environ" in setup and "set_default_dtype" in setup
+
+
+def test_a_seed_set_by_a_failed_cell_is_not_named():
+    # Each replayed cell that drew starts from the random state it had.
+    facts = facts_of(["import torch", "torch.manual_seed(0)\nraise RuntimeError", "print(1)"])
+    assert plan_replay(facts, 2, set(), {1}).failed_setup == ()
