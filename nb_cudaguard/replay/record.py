@@ -16,6 +16,7 @@ Python cannot read) are listed as such.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -751,7 +752,9 @@ class Recorder:
             module = sys.modules.get(name)
             if module is not None:
                 found[name] = tuple(
-                    (k, _see(v)[1]) for k, v in sorted(vars(module).items()) if k[:2] != "__"
+                    (k, _see_global(v, name))
+                    for k, v in sorted(vars(module).items())
+                    if k[:2] != "__"
                 )
         return found
 
@@ -799,6 +802,18 @@ def _see(value: Any) -> _Seen:
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False
     return (id(value), tokens, whole)
+
+
+def _see_global(value: Any, module: str) -> tuple[Any, ...]:
+    """A notebook module's global: as any value, but its own classes and functions with the
+    state they hold (``class Registry: items = []`` filled by ``Registry.add(x)``), as the
+    notebook's own are."""
+    if type(value) in _DEFINITIONS and value.__module__ == module:
+        tokens: list[Any] = [id(value)]
+        with contextlib.suppress(Exception):  # an attribute that raises: what was read
+            _walk(_held_by(value), tokens, {id(value)})
+        return tuple(tokens)
+    return _see(value)[1]
 
 
 _PLAIN = frozenset({list, tuple, dict})

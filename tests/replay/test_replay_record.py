@@ -181,6 +181,29 @@ def test_a_call_into_the_notebooks_own_module_that_changes_its_state_runs_again(
     sys.modules.pop("nbcg_helpers", None)
 
 
+def test_a_call_that_fills_a_class_of_the_notebooks_own_module_runs_again(
+    recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A registry kept on a class (``Registry.items``), filled through a classmethod: no global
+    # of the module is re-bound, the class itself holds the state.
+    (tmp_path / "nbcg_registry.py").write_text(
+        "class Registry:\n    items = []\n\n    @classmethod\n"
+        "    def add(cls, x):\n        cls.items.append(x)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cells = [
+        "from nbcg_registry import Registry",
+        "Registry.add(3)",
+        "seen = list(Registry.items)\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    assert recorded.user_ns["seen"] == [3]
+    _new_process(recorded, ["Registry", "seen"], modules=["nbcg_registry"])
+    _replay(recorded, saved)
+    assert recorded.user_ns["seen"] == [3]
+    sys.modules.pop("nbcg_registry", None)
+
+
 def test_the_record_goes_to_the_next_process_with_the_cells(recorded, tmp_path: Path):
     saved = _run(recorded, TRAINING)
     connection = tmp_path / "kernel-1.json"
