@@ -438,12 +438,28 @@ class _Planner:
             if index in chosen or index >= self.failing:
                 continue
             facts = self.facts[index]
-            names = sorted(
-                n for n in facts.defines - facts.imports if n in rebuilt and rebuilt[n] < index
-            )
+            changed = (facts.defines - facts.imports) | self._sharing(facts.defines, index)
+            names = sorted(n for n in changed if n in rebuilt and rebuilt[n] < index)
             if names:
                 found.append((index, tuple(names), self._built_from(names, steps, index)))
         return tuple(found)
+
+    def _sharing(self, names: Collection[str], before: int) -> set[str]:
+        """The names the cells before ``before`` linked to ``names``, either way and in turn
+        (``a = t.numpy()``, ``t = torch.from_numpy(a)``): a change to one, in place, is the
+        other's (``a += 1`` moves no version counter of ``t``, which the record would see)."""
+        found: set[str] = set()
+        todo = list(names)
+        while todo:
+            name = todo.pop()
+            for facts in self.facts[:before]:
+                linked = set(facts.links.get(name, ()))
+                linked.update(t for t, sources in facts.links.items() if name in sources)
+                # (not through a module: ``np.arange`` and ``np.random`` share nothing)
+                for other in linked - found - set(names) - facts.imports - self.modules:
+                    found.add(other)
+                    todo.append(other)
+        return found
 
     def _failed_setup(self, steps: Sequence[Step]) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
         found = []
