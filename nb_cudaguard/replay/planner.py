@@ -403,14 +403,17 @@ class _Planner:
             failed_setup=self._failed_setup(steps),
         )
 
-    def _rebuilt(self, steps: Sequence[Step]) -> dict[str, int]:
-        """The names the plan's cells (not the failing one) bind anew, by the first of them."""
+    def _rebuilt(self, steps: Sequence[Step], imports: bool = False) -> dict[str, int]:
+        """The names the plan's cells (not the failing one) bind anew, by the first of them;
+        with ``imports``, those they import too."""
         found: dict[str, int] = {}
         for step in steps:
             if step.failing:
                 continue
             facts = self.facts[step.index]
-            for name in facts.defines - facts.imports - set(step.keeps):
+            for name in (
+                facts.defines - (frozenset() if imports else facts.imports) - set(step.keeps)
+            ):
                 found.setdefault(name, step.index)
         return found
 
@@ -431,7 +434,9 @@ class _Planner:
     def _failed_changes(
         self, steps: Sequence[Step]
     ) -> tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...]:
-        rebuilt = self._rebuilt(steps)
+        # Imports too: a new process imports a class or module afresh, without what a failed
+        # cell set on it (``tqdm.monitor_interval = 0``, ``Registry.add(x)``).
+        rebuilt = self._rebuilt(steps, imports=True)
         chosen = {s.index for s in steps}
         found = []
         for index in sorted(self.failed):

@@ -1122,3 +1122,17 @@ def test_a_failed_cell_changing_a_view_in_place_changes_the_name_it_shares_memor
     )
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("a", "t"), ("s",)),)
+
+
+def test_a_failed_cell_setting_an_imported_class_attribute_is_named():
+    # The new process imports ``tqdm`` afresh, without the failed cell's setting.
+    facts = facts_of(
+        [
+            "from tqdm import tqdm",
+            "tqdm.monitor_interval = 0\nraise RuntimeError",
+            "interval = tqdm.monitor_interval",
+            "print(interval)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("tqdm",), ("interval",)),)
