@@ -444,7 +444,12 @@ class _Planner:
                 continue
             facts = self.facts[index]
             changed = (facts.defines - facts.imports) | self._sharing(facts.defines, index)
-            names = sorted(n for n in changed if n in rebuilt and rebuilt[n] < index)
+            # A class or module put back is one imported afresh (pickled by reference): what
+            # the failed cell set on it is not put back with it.
+            imported = set().union(*(f.imports for f in self.facts[:index])) & self.present
+            names = sorted(
+                n for n in changed if (n in rebuilt and rebuilt[n] < index) or n in imported
+            )
             if names:
                 found.append((index, tuple(names), self._built_from(names, steps, index)))
         return tuple(found)

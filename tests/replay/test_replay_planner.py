@@ -1136,3 +1136,18 @@ def test_a_failed_cell_setting_an_imported_class_attribute_is_named():
     )
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("tqdm",), ("interval",)),)
+
+
+def test_a_failed_cell_setting_a_class_put_back_by_the_restore_is_named():
+    # A class put back is imported afresh (pickled by reference), without the failed cell's
+    # setting: the plan names it though it is here.
+    facts = facts_of(
+        [
+            "from tqdm import tqdm",
+            "tqdm.monitor_interval = 0\nraise RuntimeError",
+            "interval = tqdm.monitor_interval",
+            "print(interval)",
+        ]
+    )
+    plan = plan_replay(facts, 3, {"tqdm", "interval"}, {1})
+    assert plan.failed_changes == ((1, ("tqdm",), ()),)
