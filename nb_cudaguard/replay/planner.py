@@ -403,14 +403,17 @@ class _Planner:
             failed_setup=self._failed_setup(steps),
         )
 
-    def _rebuilt(self, steps: Sequence[Step]) -> dict[str, int]:
-        """The names the plan's cells (not the failing one) bind anew, by the first of them."""
+    def _rebuilt(self, steps: Sequence[Step], imports: bool = False) -> dict[str, int]:
+        """The names the plan's cells (not the failing one) bind anew, by the first of them;
+        with ``imports``, those they import too."""
         found: dict[str, int] = {}
         for step in steps:
             if step.failing:
                 continue
             facts = self.facts[step.index]
-            for name in facts.defines - facts.imports - set(step.keeps):
+            for name in (
+                facts.defines - (frozenset() if imports else facts.imports) - set(step.keeps)
+            ):
                 found.setdefault(name, step.index)
         return found
 
@@ -431,19 +434,42 @@ class _Planner:
     def _failed_changes(
         self, steps: Sequence[Step]
     ) -> tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...]:
-        rebuilt = self._rebuilt(steps)
+        # Imports too: a new process imports a class or module afresh, without what a failed
+        # cell set on it (``tqdm.monitor_interval = 0``, ``Registry.add(x)``).
+        rebuilt = self._rebuilt(steps, imports=True)
         chosen = {s.index for s in steps}
         found = []
         for index in sorted(self.failed):
             if index in chosen or index >= self.failing:
                 continue
             facts = self.facts[index]
+            changed = (facts.defines - facts.imports) | self._sharing(facts.defines, index)
+            # A class or module put back is one imported afresh (pickled by reference): what
+            # the failed cell set on it is not put back with it.
+            imported = set().union(*(f.imports for f in self.facts[:index])) & self.present
             names = sorted(
-                n for n in facts.defines - facts.imports if n in rebuilt and rebuilt[n] < index
+                n for n in changed if (n in rebuilt and rebuilt[n] < index) or n in imported
             )
             if names:
                 found.append((index, tuple(names), self._built_from(names, steps, index)))
         return tuple(found)
+
+    def _sharing(self, names: Collection[str], before: int) -> set[str]:
+        """The names the cells before ``before`` linked to ``names``, either way and in turn
+        (``a = t.numpy()``, ``t = torch.from_numpy(a)``): a change to one, in place, is the
+        other's (``a += 1`` moves no version counter of ``t``, which the record would see)."""
+        found: set[str] = set()
+        todo = list(names)
+        while todo:
+            name = todo.pop()
+            for facts in self.facts[:before]:
+                linked = set(facts.links.get(name, ()))
+                linked.update(t for t, sources in facts.links.items() if name in sources)
+                # (not through a module: ``np.arange`` and ``np.random`` share nothing)
+                for other in linked - found - set(names) - facts.imports - self.modules:
+                    found.add(other)
+                    todo.append(other)
+        return found
 
     def _failed_setup(self, steps: Sequence[Step]) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
         found = []

@@ -169,6 +169,13 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
         elif kind is MethodType:  # ``log = Logger().write``: the object it is bound to
             append(id(obj))
             stack.append(obj.__self__)
+        elif kind is BuiltinFunctionType:  # ``add = [].append``: the object it is bound to
+            append(id(obj))
+            bound = obj.__self__
+            if bound is not None and not isinstance(bound, ModuleType):
+                stack.append(bound)
+        elif isinstance(obj, type):  # a library's class (an ABC's type is ABCMeta): its
+            append(_class_token(obj))  # attributes by identity (``tqdm.monitor_interval = 0``)
         elif isinstance(obj, ModuleType) or (callable(obj) and not _called_in_python(kind)):
             append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
@@ -179,6 +186,12 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             else:
                 stack.extend(attributes)
     return whole
+
+
+def _class_token(kind: type) -> tuple[Any, ...]:
+    """A library class by what its attributes are: setting one (``tqdm.monitor_interval = 0``)
+    changes no object a walk would reach."""
+    return (id(kind), tuple(map(id, vars(kind).values())))
 
 
 def _module_tokens(
@@ -233,7 +246,9 @@ def _module_readers(
     # Its hooks' dicts, each by its count: forward and backward, and those of ``state_dict``
     # and ``load_state_dict`` (``_register_state_dict_hook``), whichever this torch has.
     found = [k for k in keys if k[:1] == "_" and k.endswith("hooks")]
-    public = sorted(k for k in keys if k[:1] != "_")
+    # Own values: its public keys and its private ones that are not torch's own bookkeeping
+    # (``self._calls += 1`` in ``forward``).
+    public = sorted(k for k in keys if k[:1] != "_" or k not in _TORCH_KEYS)
     readers = (
         itemgetter("_parameters", "_buffers", "_modules"),
         _getter(found),
@@ -260,6 +275,7 @@ def _note_types(torch: Any, numpy: Any) -> None:
         return
     if torch is not None:
         _MODULE[:] = [torch.nn.Module]
+        _TORCH_KEYS.update(vars(torch.nn.Module()))
         _TOKENS.update({torch.Tensor: _tensor_seen, torch.nn.Parameter: _tensor_seen})
         fixed = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
         _FIXED_TYPES.update(fixed)
@@ -476,10 +492,18 @@ def _settings_readers(torch: Any) -> tuple[tuple[str, ...], list[Callable[[], An
         ("torch.set_num_threads", torch.get_num_threads),
         ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
         ("torch.set_printoptions", lambda: dict(vars(torch._tensor_str.PRINT_OPTS))),
+        # Hooks on every module (``register_module_forward_hook``): how many of each kind.
+        ("torch.nn.modules.module.register_module_forward_hook", _global_hooks(torch)),
     ]
     names = tuple(name for name, _ in readers)
     _READERS[:] = [(torch, (names, [read for _, read in readers]))]
     return _READERS[0][1]
+
+
+def _global_hooks(torch: Any) -> Callable[[], Any]:
+    module = torch.nn.modules.module
+    found = [v for k, v in vars(module).items() if k.startswith("_global_") and isinstance(v, dict)]
+    return lambda: tuple(map(len, found))
 
 
 # --- the recorder ---------------------------------------------------------------------------------
@@ -763,6 +787,7 @@ class Recorder:
 # function giving their token.
 _TOKENS: dict[type, Callable[[Any], tuple[tuple[Any, ...], bool]]] = {}
 _MODULE: list[type] = []  # torch.nn.Module, once imported
+_TORCH_KEYS: set[str] = set()  # the ``__dict__`` keys of a bare nn.Module, once imported
 
 
 # Seen by identity alone, without walking them: a module, a library's function or a class
@@ -774,7 +799,11 @@ _DEFINITIONS = frozenset({FunctionType, type})  # by identity unless the noteboo
 
 def _see(value: Any) -> _Seen:
     kind = type(value)
-    if kind in _BY_IDENTITY or (kind in _DEFINITIONS and value.__module__ != "__main__"):
+    if kind is type and value.__module__ != "__main__":
+        return (id(value), (_class_token(value),), True)
+    if kind is BuiltinFunctionType and not isinstance(value.__self__, ModuleType | None):
+        kind = MethodType  # ``add = [].append``: walked, for the object it is bound to
+    elif kind in _BY_IDENTITY or (kind in _DEFINITIONS and value.__module__ != "__main__"):
         return (id(value), (id(value),), True)  # a third of a notebook's names: no walk
     try:
         # A plain tensor or array, the bulk of a large namespace: its token at once, as the
@@ -808,7 +837,7 @@ def _see_global(value: Any, module: str) -> tuple[Any, ...]:
     """A notebook module's global: as any value, but its own classes and functions with the
     state they hold (``class Registry: items = []`` filled by ``Registry.add(x)``), as the
     notebook's own are."""
-    if type(value) in _DEFINITIONS and value.__module__ == module:
+    if (type(value) is FunctionType or isinstance(value, type)) and value.__module__ == module:
         tokens: list[Any] = [id(value)]
         with contextlib.suppress(Exception):  # an attribute that raises: what was read
             _walk(_held_by(value), tokens, {id(value)})

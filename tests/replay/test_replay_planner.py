@@ -1107,3 +1107,47 @@ def test_a_seed_set_by_a_failed_cell_is_not_named():
     # Each replayed cell that drew starts from the random state it had.
     facts = facts_of(["import torch", "torch.manual_seed(0)\nraise RuntimeError", "print(1)"])
     assert plan_replay(facts, 2, set(), {1}).failed_setup == ()
+
+
+def test_a_failed_cell_changing_a_view_in_place_changes_the_name_it_shares_memory_with():
+    # ``a = t.numpy()``: ``a += 1`` in a failed cell is ``t``'s change too (no version counter of
+    # ``t`` moves, so the record would not see it); what is built from ``t`` later follows.
+    facts = facts_of(
+        [
+            "import torch\nt = torch.zeros(3)\na = t.numpy()",
+            "a += 1\nraise RuntimeError",
+            "s = t.sum().item()",
+            "print(s)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("a", "t"), ("s",)),)
+
+
+def test_a_failed_cell_setting_an_imported_class_attribute_is_named():
+    # The new process imports ``tqdm`` afresh, without the failed cell's setting.
+    facts = facts_of(
+        [
+            "from tqdm import tqdm",
+            "tqdm.monitor_interval = 0\nraise RuntimeError",
+            "interval = tqdm.monitor_interval",
+            "print(interval)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("tqdm",), ("interval",)),)
+
+
+def test_a_failed_cell_setting_a_class_put_back_by_the_restore_is_named():
+    # A class put back is imported afresh (pickled by reference), without the failed cell's
+    # setting: the plan names it though it is here.
+    facts = facts_of(
+        [
+            "from tqdm import tqdm",
+            "tqdm.monitor_interval = 0\nraise RuntimeError",
+            "interval = tqdm.monitor_interval",
+            "print(interval)",
+        ]
+    )
+    plan = plan_replay(facts, 3, {"tqdm", "interval"}, {1})
+    assert plan.failed_changes == ((1, ("tqdm",), ()),)

@@ -5,7 +5,9 @@ state it had before the failure."""
 
 from __future__ import annotations
 
+import abc
 import functools
+import importlib
 import sys
 import textwrap
 import time
@@ -21,7 +23,15 @@ from nb_cudaguard.notebook import replay_glue
 from nb_cudaguard.notebook.extension import current_state
 from nb_cudaguard.notebook.replay_glue import make_plan, run_plan
 from nb_cudaguard.replay.history import SavedCells, load_cells, save_cells
-from nb_cudaguard.replay.record import CellRecord, Recorder, fingerprint
+from nb_cudaguard.replay.record import (
+    CellRecord,
+    Recorder,
+    _see,
+    _see_global,
+    fingerprint,
+    settings_changed,
+    torch_settings,
+)
 from nb_cudaguard.replay.rng import encode_rng, restore_rng, rng_states
 from nb_cudaguard.replay.text import plan_summary
 
@@ -314,6 +324,66 @@ def test_a_fingerprint_sees_state_held_by_what_is_called():
         change()
         assert fingerprint(value)[0] != before, value
     assert fingerprint(torch.nn.functional.relu) == fingerprint(torch.nn.functional.relu)
+
+
+def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
+    # A model's own private attribute (``self._calls += 1`` in ``forward``), an object held only
+    # by a bound C method (``add = [].append``), a library class's attribute
+    # (``tqdm.monitor_interval = 0``), one of an ABC's (its type is ABCMeta): each changed in
+    # place while the fingerprint, seen whole, stayed the same.
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self._calls = 0
+
+    class Plain:
+        interval = 10
+
+    class Registry(abc.ABC):  # noqa: B024 (a registry, not an interface)
+        items = (0,)
+
+    net, add = Net(), [].append
+    changes = [
+        (net, lambda: setattr(net, "_calls", 1)),
+        (add, lambda: add(1)),
+        (Plain, lambda: setattr(Plain, "interval", 0)),
+        (Registry, lambda: setattr(Registry, "items", (1,))),
+    ]
+    for value, change in changes:
+        before, seen = fingerprint(value), _see(value)
+        assert before[1] and seen[2] and fingerprint(value) == before and _see(value) == seen
+        change()
+        assert fingerprint(value)[0] != before[0], value
+        assert _see(value)[1] != seen[1], value
+
+
+def test_a_global_module_hook_is_a_setting_a_cell_changes():
+    before = torch_settings()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o)
+    try:
+        moved = settings_changed(before, torch_settings())
+    finally:
+        handle.remove()
+    assert moved == ("torch.nn.modules.module.register_module_forward_hook",)
+
+
+def test_an_abc_of_the_notebooks_own_module_is_seen_with_the_state_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # As a plain class's registry (``Registry.items``), where the class is an ABC: its type is
+    # ABCMeta, not type.
+    (tmp_path / "nbcg_abc.py").write_text(
+        "from abc import ABC\n\nclass Callback(ABC):\n    items = []\n\n    @classmethod\n"
+        "    def add(cls, x):\n        cls.items.append(x)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("nbcg_abc")
+    try:
+        before = _see_global(module.Callback, "nbcg_abc")
+        module.Callback.add(3)
+        assert _see_global(module.Callback, "nbcg_abc") != before
+    finally:
+        sys.modules.pop("nbcg_abc", None)
 
 
 @pytest.mark.parametrize(
