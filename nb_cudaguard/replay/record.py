@@ -20,6 +20,7 @@ import contextlib
 import functools
 import gc
 import inspect
+import random
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -166,14 +167,10 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
         elif kind is functools.partial:  # what it was handed (``partial(collect, [])``)
             append(id(obj))
             stack.extend((obj.func, obj.args, obj.keywords))
-        elif kind is MethodType:  # ``log = Logger().write``: the object it is bound to
-            append(id(obj))
-            stack.append(obj.__self__)
-        elif kind is BuiltinFunctionType:  # ``add = [].append``: the object it is bound to
-            append(id(obj))
-            bound = obj.__self__
-            if bound is not None and not isinstance(bound, ModuleType):
-                stack.append(bound)
+        elif kind is MethodType or kind is BuiltinFunctionType:
+            append(id(obj))  # ``log = Logger().write``, ``add = [].append``: the object it is
+            if _bound_state(obj):  # bound to
+                stack.append(obj.__self__)
         elif isinstance(obj, type):  # a library's class (an ABC's type is ABCMeta): its
             append(_class_token(obj))  # attributes by identity (``tqdm.monitor_interval = 0``)
         elif isinstance(obj, ModuleType) or (callable(obj) and not _called_in_python(kind)):
@@ -801,7 +798,7 @@ def _see(value: Any) -> _Seen:
     kind = type(value)
     if kind is type and value.__module__ != "__main__":
         return (id(value), (_class_token(value),), True)
-    if kind is BuiltinFunctionType and not isinstance(value.__self__, ModuleType | None):
+    if kind is BuiltinFunctionType and _bound_state(value):
         kind = MethodType  # ``add = [].append``: walked, for the object it is bound to
     elif kind in _BY_IDENTITY or (kind in _DEFINITIONS and value.__module__ != "__main__"):
         return (id(value), (id(value),), True)  # a third of a notebook's names: no walk
@@ -831,6 +828,16 @@ def _see(value: Any) -> _Seen:
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False
     return (id(value), tokens, whole)
+
+
+def _bound_state(function: Any) -> bool:
+    """Whether a method is bound to an object with state of the namespace's (``[].append``); not
+    to a module (``math.sqrt``) nor to a global generator, whose state the record reads
+    apart (``from random import random``, ``np.random.rand``)."""
+    bound = function.__self__
+    if bound is None or isinstance(bound, ModuleType) or bound is getattr(random, "_inst", None):
+        return False
+    return bound is not getattr(sys.modules.get("numpy.random.mtrand"), "_rand", None)
 
 
 def _see_global(value: Any, module: str) -> tuple[Any, ...]:

@@ -294,6 +294,18 @@ def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_p
     assert fingerprint(bare)[1] is False
 
 
+def test_functions_bound_to_the_global_generators_are_seen_whole():
+    # Their state is the random state the record reads apart at each cell's start: ``from
+    # random import shuffle`` is no name whose change may be missed.
+    import random
+
+    import numpy as np
+
+    for function in (random.random, random.shuffle, np.random.rand, np.random.shuffle):
+        assert fingerprint(function)[1] is True, function
+    assert fingerprint(random.Random(0).random)[1] is False  # a generator of one's own
+
+
 def test_a_fingerprint_sees_state_held_by_what_is_called():
     class Stopper:  # called, not a method named: ``stopper(val_loss)``
         def __init__(self) -> None:
