@@ -443,7 +443,7 @@ class _Planner:
             if index in chosen or index >= self.failing:
                 continue
             facts = self.facts[index]
-            changed = (facts.defines - facts.imports) | self._sharing(facts.defines, index)
+            changed = (facts.defines - facts.imports) | self._sharing(facts.mutates, index)
             # A class or module put back is one imported afresh (pickled by reference): what
             # the failed cell set on it is not put back with it.
             imported = set().union(*(f.imports for f in self.facts[:index])) & self.present

@@ -1124,6 +1124,20 @@ def test_a_failed_cell_changing_a_view_in_place_changes_the_name_it_shares_memor
     assert plan.failed_changes == ((1, ("a", "t"), ("s",)),)
 
 
+def test_a_failed_cell_binding_a_view_anew_leaves_the_name_it_shared_memory_with():
+    # ``a = a + 1`` binds a new array: ``t`` keeps its values, and is not named for it.
+    facts = facts_of(
+        [
+            "import torch\nt = torch.zeros(3)\na = t.numpy()",
+            "a = a + 1\nraise RuntimeError",
+            "s = t.sum().item()",
+            "print(s)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    assert all("t" not in names for _, names, _ in plan.failed_changes)
+
+
 def test_a_failed_cell_setting_an_imported_class_attribute_is_named():
     # The new process imports ``tqdm`` afresh, without the failed cell's setting.
     facts = facts_of(
