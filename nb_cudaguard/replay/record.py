@@ -185,10 +185,31 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
     return whole
 
 
-def _class_token(kind: type) -> tuple[Any, ...]:
-    """A library class by what its attributes are: setting one (``tqdm.monitor_interval = 0``)
-    changes no object a walk would reach."""
-    return (id(kind), tuple(map(id, vars(kind).values())))
+def _class_token(kind: type) -> tuple[int, int]:
+    """A library class by how many times its attributes were seen to change: setting one
+    (``tqdm.monitor_interval = 0``) changes no object a walk would reach. Its values are kept
+    from the last look and compared as a tuple, which compares the same objects by identity
+    alone (a class's hundred attributes: no id built for each, at every cell of a notebook
+    that imported ``Trainer``)."""
+    values = tuple(vars(kind).values())
+    last = _CLASSES.get(id(kind))
+    if last is None or last[0] is not kind:
+        if len(_CLASSES) > 1024:
+            _CLASSES.clear()
+        _CLASSES[id(kind)] = (kind, values, 0)
+        return (id(kind), 0)
+    try:
+        same = values == last[1]
+    except Exception:  # an attribute replaced by one whose ``==`` raises (an array)
+        same = False
+    if same:
+        return (id(kind), last[2])
+    _CLASSES[id(kind)] = (kind, values, last[2] + 1)
+    return (id(kind), last[2] + 1)
+
+
+# id of a class -> (the class, its attributes' values at the last look, changes seen so far)
+_CLASSES: dict[int, tuple[type, tuple[Any, ...], int]] = {}
 
 
 def _module_tokens(
@@ -824,6 +845,8 @@ def _see(value: Any) -> _Seen:
             if rest:
                 whole = _walk(rest, found, seen) and whole
             return (id(value), tuple(found), whole)
+        elif isinstance(value, type) and value.__module__ != "__main__":  # (ABCMeta's, torch's)
+            return (id(value), (_class_token(value),), True)
         tokens, whole = fingerprint(value)
     except Exception:  # an object whose attributes raise: seen by identity only
         tokens, whole = (id(value),), False

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from IPython.utils.capture import capture_output
@@ -299,8 +300,6 @@ def test_functions_bound_to_the_global_generators_are_seen_whole():
     # random import shuffle`` is no name whose change may be missed.
     import random
 
-    import numpy as np
-
     for function in (random.random, random.shuffle, np.random.rand, np.random.shuffle):
         assert fingerprint(function)[1] is True, function
     assert fingerprint(random.Random(0).random)[1] is False  # a generator of one's own
@@ -360,6 +359,9 @@ def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
         (add, lambda: add(1)),
         (Plain, lambda: setattr(Plain, "interval", 0)),
         (Registry, lambda: setattr(Registry, "items", (1,))),
+        # an array among a class's attributes, then another in its place (its ``==`` raises)
+        (Plain, lambda: setattr(Plain, "table", np.zeros(3))),
+        (Plain, lambda: setattr(Plain, "table", np.zeros(3))),
     ]
     for value, change in changes:
         before, seen = fingerprint(value), _see(value)
