@@ -157,6 +157,7 @@ def test_an_abc_registry_in_the_notebooks_module_filled_by_a_classmethod(
 
 @restores("callbacks", "steps")
 def test_a_trainer_callback_counting_steps_in_a_failed_loop(server, server_kernel, restore):
+    pytest.importorskip("transformers")  # (not among the test extras: run where installed)
     # A ``TrainerCallback`` subclass held only in a list, called through a loop variable.
     kid, pid = server_kernel
     cells = (
@@ -203,6 +204,7 @@ def test_a_weighted_sampler_drawing_from_torchs_generator(server, server_kernel,
 
 @restores("tok", "model")
 def test_a_tiny_bert_resized_after_add_tokens_by_a_failed_cell(server, server_kernel, restore):
+    pytest.importorskip("transformers")  # (not among the test extras: run where installed)
     # A tokenizer built from a vocab file a cell wrote, a model from a config with set_seed; a
     # failed cell adds a token and resizes the embeddings.
     kid, pid = server_kernel
