@@ -155,7 +155,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             token, all_read = _array_seen(obj)
             append(token)
             whole = whole and all_read
-        elif (kind is FunctionType or isinstance(obj, type)) and obj.__module__ == "__main__":
+        elif _defined_in(obj, kind, "__main__"):
             held = _held_by(obj)
             append((id(obj), tuple(map(id, held))))
             stack.extend(_mutable(held))
@@ -812,7 +812,6 @@ _TORCH_KEYS: set[str] = set()  # the ``__dict__`` keys of a bare nn.Module, once
 # holds no state of the namespace's (an own module's globals are seen apart, in
 # ``_see_modules``; a notebook function's or class's own state is walked, ``_held_by``).
 _BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, *_IMMUTABLE})
-_DEFINITIONS = frozenset({FunctionType, type})  # by identity unless the notebook's own
 
 
 def _see(value: Any) -> _Seen:
@@ -821,7 +820,7 @@ def _see(value: Any) -> _Seen:
         return (id(value), (_class_token(value),), True)
     if kind is BuiltinFunctionType and _bound_state(value):
         kind = MethodType  # ``add = [].append``: walked, for the object it is bound to
-    elif kind in _BY_IDENTITY or (kind in _DEFINITIONS and value.__module__ != "__main__"):
+    elif kind in _BY_IDENTITY or (kind is FunctionType and value.__module__ != "__main__"):
         return (id(value), (id(value),), True)  # a third of a notebook's names: no walk
     try:
         # A plain tensor or array, the bulk of a large namespace: its token at once, as the
@@ -863,11 +862,17 @@ def _bound_state(function: Any) -> bool:
     return bound is not getattr(sys.modules.get("numpy.random.mtrand"), "_rand", None)
 
 
+def _defined_in(value: Any, kind: type, module: str) -> bool:
+    """Whether ``value`` is a function or class defined in ``module`` (the notebook's, or one
+    of its own modules): walked with the state it holds (``_held_by``)."""
+    return (kind is FunctionType or isinstance(value, type)) and value.__module__ == module
+
+
 def _see_global(value: Any, module: str) -> tuple[Any, ...]:
     """A notebook module's global: as any value, but its own classes and functions with the
     state they hold (``class Registry: items = []`` filled by ``Registry.add(x)``), as the
     notebook's own are."""
-    if (type(value) is FunctionType or isinstance(value, type)) and value.__module__ == module:
+    if _defined_in(value, type(value), module):
         tokens: list[Any] = [id(value)]
         with contextlib.suppress(Exception):  # an attribute that raises: what was read
             _walk(_held_by(value), tokens, {id(value)})
