@@ -287,19 +287,23 @@ def _getter(keys: list[str]) -> _Reader:
 
 
 def _note_types(torch: Any, numpy: Any) -> None:
-    """torch's and numpy's types, once imported: how their values are read (nothing once all
-    three are noted)."""
-    if len(_TOKENS) >= 3:
-        return
-    if torch is not None:
+    """torch's and numpy's types, once imported: how their values are read (each noted once)."""
+    if torch is not None and "torch" not in _NOTED:
         _MODULE[:] = [torch.nn.Module]
         _TORCH_KEYS.update(vars(torch.nn.Module()))
-        _TOKENS.update({torch.Tensor: _tensor_seen, torch.nn.Parameter: _tensor_seen})
+        _TENSORS.update({torch.Tensor, torch.nn.Parameter})
+        _TOKENS.update(dict.fromkeys(_TENSORS, _tensor_seen))
         fixed = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
         _FIXED_TYPES.update(fixed)
-    if numpy is not None:
+        _LEAVES.update(_TENSORS)
+        _NOTED.add("torch")
+    if numpy is not None and "numpy" not in _NOTED:
         _TOKENS[numpy.ndarray] = _array_seen
-    _LEAVES.update(_TOKENS)
+        _LEAVES.add(numpy.ndarray)
+        _NOTED.add("numpy")
+
+
+_NOTED: set[str] = set()  # "torch", "numpy", once their types are noted
 
 
 def _called_in_python(kind: type) -> bool:
@@ -816,39 +820,104 @@ _BY_IDENTITY = frozenset({ModuleType, BuiltinFunctionType, *_IMMUTABLE})
 
 def _see(value: Any) -> _Seen:
     kind = type(value)
-    if kind is type and value.__module__ != "__main__":
-        return (id(value), (_class_token(value),), True)
-    if kind is BuiltinFunctionType and _bound_state(value):
-        kind = MethodType  # ``add = [].append``: walked, for the object it is bound to
-    elif kind in _BY_IDENTITY or (kind is FunctionType and value.__module__ != "__main__"):
-        return (id(value), (id(value),), True)  # a third of a notebook's names: no walk
+    see = _SEE_BY_KIND.get(kind)
+    if see is None:
+        see = _seer(kind)
     try:
-        # A plain tensor or array, the bulk of a large namespace: its token at once, as the
-        # walk would give it, without the walk's setup.
-        read = _TOKENS.get(kind)
-        if read is not None:
-            token, whole = read(value)
-            return (id(value), (token,), whole)
-        if kind in _PLAIN:
-            # Tensors and arrays noted as leaves first, as the walk does: else the first look at
-            # a list of tensors walks it and the next reads it here, in another order, which
-            # reads as a change that never happened.
-            _note_types(sys.modules.get("torch"), sys.modules.get("numpy"))
-            plain = _plain_tokens(value, kind)
-            if plain is not None:
-                return (id(value), *plain)
-        elif _MODULE and isinstance(value, _MODULE[0]):  # a model: no walk unless it holds more
-            found: list[Any] = []
-            seen, rest = {id(value)}, list[Any]()
-            whole = _module_tokens(value, found.append, seen, rest)
-            if rest:
-                whole = _walk(rest, found, seen) and whole
-            return (id(value), tuple(found), whole)
-        elif isinstance(value, type) and value.__module__ != "__main__":  # (ABCMeta's, torch's)
-            return (id(value), (_class_token(value),), True)
-        tokens, whole = fingerprint(value)
+        return see(value)
     except Exception:  # an object whose attributes raise: seen by identity only
-        tokens, whole = (id(value),), False
+        return (id(value), (id(value),), False)
+
+
+def _seer(kind: type) -> Callable[[Any], _Seen]:
+    """How a value of ``kind`` is seen, found once per type (each name's value, at every cell's
+    end: asking the same questions of each value cost a fifth of a large namespace's look)."""
+    # Tensors and arrays noted as leaves first, as the walk does: else the first look at a list
+    # of tensors walks it and the next reads it as a leaf list, in another order, which reads as
+    # a change that never happened.
+    _note_types(sys.modules.get("torch"), sys.modules.get("numpy"))
+    see: Callable[[Any], _Seen]
+    if kind in _TENSORS:
+        see = _see_tensor
+    elif kind in _TOKENS:  # an array
+        see = _see_leaf
+    elif kind is BuiltinFunctionType:
+        see = _see_builtin
+    elif kind in _BY_IDENTITY:  # a third of a notebook's names: no walk
+        see = _see_identity
+    elif kind is FunctionType:
+        see = _see_function
+    elif kind in _PLAIN:
+        see = _see_plain
+    elif _MODULE and issubclass(kind, _MODULE[0]):
+        see = _see_module
+    elif issubclass(kind, type):  # a class (ABCMeta's, torch's)
+        see = _see_class
+    else:
+        see = _see_walked
+    if len(_SEE_BY_KIND) > 1024:  # (classes defined again and again in a long session)
+        _SEE_BY_KIND.clear()
+    _SEE_BY_KIND[kind] = see
+    return see
+
+
+_SEE_BY_KIND: dict[type, Callable[[Any], _Seen]] = {}
+_TENSORS: set[type] = set()  # torch.Tensor and nn.Parameter, once imported
+
+
+def _see_tensor(value: Any) -> _Seen:
+    # A plain tensor, the bulk of a large namespace: its token at once, as the walk gives it.
+    return (id(value), (_tensor_token(value),), True)
+
+
+def _see_leaf(value: Any) -> _Seen:
+    token, whole = _TOKENS[type(value)](value)
+    return (id(value), (token,), whole)
+
+
+def _see_identity(value: Any) -> _Seen:
+    return (id(value), (id(value),), True)
+
+
+def _see_function(value: Any) -> _Seen:
+    if value.__module__ != "__main__":  # a library's: by identity
+        return (id(value), (id(value),), True)
+    return _see_walked(value)  # the notebook's: with the state it holds
+
+
+def _see_builtin(value: Any) -> _Seen:
+    if _bound_state(value):  # ``add = [].append``: walked, for the object it is bound to
+        return _see_walked(value)
+    return (id(value), (id(value),), True)
+
+
+def _see_plain(value: Any) -> _Seen:
+    if len(_NOTED) < 2:  # (torch or numpy imported since: their leaves noted)
+        _note_types(sys.modules.get("torch"), sys.modules.get("numpy"))
+    plain = _plain_tokens(value, type(value))
+    if plain is not None:
+        return (id(value), *plain)
+    return _see_walked(value)
+
+
+def _see_module(value: Any) -> _Seen:
+    # A model: no walk unless it holds more than torch's parts and plain values.
+    found: list[Any] = []
+    seen, rest = {id(value)}, list[Any]()
+    whole = _module_tokens(value, found.append, seen, rest)
+    if rest:
+        whole = _walk(rest, found, seen) and whole
+    return (id(value), tuple(found), whole)
+
+
+def _see_class(value: Any) -> _Seen:
+    if value.__module__ != "__main__":
+        return (id(value), (_class_token(value),), True)
+    return _see_walked(value)  # the notebook's: with the state it holds
+
+
+def _see_walked(value: Any) -> _Seen:
+    tokens, whole = fingerprint(value)
     return (id(value), tokens, whole)
 
 
