@@ -656,7 +656,11 @@ class Recorder:
             # they are looked at one by one.
             fingerprints = list(map(_see, values))
             now = dict(zip(names, fingerprints, strict=True))
-            moved = compress(names, map(ne, fingerprints, map(previous.get, names)))
+            if not self._renamed and len(previous) == len(fingerprints):
+                # the same names in the same order as at the last look: compared in place
+                moved = compress(names, map(ne, fingerprints, previous.values()))
+            else:
+                moved = compress(names, map(ne, fingerprints, map(previous.get, names)))
             unseen = list(compress(names, map(not_, map(_THIRD, fingerprints))))
         else:  # a few names: one pass in Python costs less than setting up the passes in C
             now, moved, unseen = {}, [], []
