@@ -234,7 +234,8 @@ def _module_tokens(
         for tensor in buffers.values():
             if tensor is not None:
                 append(_tensor_token(tensor))
-        append(tuple(map(len, readers[1](state))))  # (register_forward_hook)
+        hooks = readers[1](state)  # (register_forward_hook): most modules have none
+        append(tuple(map(len, hooks)) if any(hooks) else 0)
         own = readers[2](state)
         append(tuple(map(id, own)))
         if not _IMMUTABLE.issuperset(map(type, own)):  # ``self.history = []``: walked
