@@ -564,6 +564,7 @@ class Recorder:
     _rng_kept: list[int] = field(default_factory=list)  # cells whose record holds a state
     _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
     _names: dict[str, None] = field(default_factory=dict)  # of which the user's, in order
+    _read: _Reader | None = None  # their values, in one call (None: to be made for new names)
     _ids: tuple[int, ...] = ()  # the user's values' ids at the last cell's end, in order
     _renamed: bool = False  # the user's names changed since ``_ids`` was taken
     _depth: int = 0
@@ -613,11 +614,15 @@ class Recorder:
         if not self._primed:
             self.prime(namespace)
         else:
-            (names, values), seen = self._user_values(namespace), self._seen
             # Between cells the namespace rarely changes: one pass in C over the values' ids
             # tells whether any name must be looked at (for the same names only: a freed
             # value's id is often the next one's).
-            if self._renamed or tuple(map(id, values)) != self._ids:
+            try:
+                ids = tuple(map(id, self._values(namespace, self._user(namespace))))
+            except KeyError:  # (names went in a way the count cannot tell: read again below)
+                ids = ()
+            if self._renamed or ids != self._ids:
+                (names, values), seen = self._user_values(namespace), self._seen
                 for name, value in zip(names, values, strict=True):
                     before = seen.get(name)
                     if before is None or before[0] != id(value):
@@ -757,26 +762,33 @@ class Recorder:
             hidden = self.hidden
             count = len(self._names)
             self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
-            self._renamed |= len(self._names) != count
+            if len(self._names) != count:
+                self._renamed, self._read = True, None
         return self._names.keys()
 
     def _forget_names(self) -> None:
         """The next look reads every key of the namespace again."""
         self._keys.clear()
         self._names.clear()
-        self._renamed = True
+        self._renamed, self._read = True, None
 
-    def _user_values(self, namespace: Mapping[str, Any]) -> tuple[Collection[str], list[Any]]:
+    def _user_values(self, namespace: Mapping[str, Any]) -> tuple[Collection[str], tuple[Any, ...]]:
         """The user's names, in order, and their values."""
         names = self._user(namespace)
         try:
-            return names, list(map(namespace.__getitem__, names))
+            return names, self._values(namespace, names)
         except KeyError:
             # Keys went and others came in a way the count cannot tell (the last key and
             # another deleted, a new one and the last bound again): all of them read again.
             self._forget_names()
             names = self._user(namespace)
-            return names, list(map(namespace.__getitem__, names))
+            return names, self._values(namespace, names)
+
+    def _values(self, namespace: Mapping[str, Any], names: Collection[str]) -> tuple[Any, ...]:
+        """The values of ``names`` (``_user``'s), read in one call made once per set of names."""
+        if self._read is None:
+            self._read = _getter(list(names))
+        return self._read(namespace)  # type: ignore[arg-type]
 
     def _note_origin(self, name: str, value: Any) -> None:
         module = _module_of(value)
