@@ -20,7 +20,7 @@ from .errors import GuardError
 from .judge import STATS, _accepts, _host_error, _judged_on_host, _live, _read, first_violation
 from .ops import OpCheck
 from .report import _capture, _changed_since, _dressed, _error, _raise, _violation
-from .requirements import Requirement, Slot
+from .requirements import Requirement, Slot, transforms_active, unwrapped
 from .state import _STATE, _Pending
 
 # Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
@@ -41,7 +41,10 @@ def _defer(
     """Record the call's verdict on the device and return arguments that cannot fault."""
     __tracebackhide__ = True
     try:
-        live, on_host = _live(check.extract(args, kwargs))
+        requirements = check.extract(args, kwargs)
+        if transforms_active():  # inside torch.func.vmap / grad: read the plain tensors
+            requirements = unwrapped(requirements)
+        live, on_host = _live(requirements)
         if not live:
             return args, kwargs
         STATS["calls"] += 1
