@@ -486,7 +486,8 @@ transforms_active = torch._C._are_functorch_transforms_active
 
 def unwrapped(requirements: list[Requirement]) -> list[Requirement]:
     """The requirements of a call made inside ``torch.func`` transforms (``vmap``, ``grad``,
-    ``jacrev``; per-sample gradients), on the plain tensors that hold their values.
+    ``jacrev``, ``functionalize``; per-sample gradients), on the plain tensors that hold their
+    values.
 
     Inside ``vmap`` a checked tensor is a wrapper whose values cannot be read (``tolist()``
     raises), and a summary built from it must not outlive the transform: the deferred mode read
@@ -494,7 +495,9 @@ def unwrapped(requirements: list[Requirement]) -> list[Requirement]:
     The values of a vmapped tensor are those of its physical tensor, one slice per batch entry,
     the batch dimensions moved to the front so that a row is still the last dimension. Offsets
     and repeats are judged as a whole sequence, which a batch of them is not: those are left to
-    PyTorch there. A wrapper of another kind is left unchecked too."""
+    PyTorch there. A wrapper of another kind is left unchecked too. (Under ``functionalize`` a
+    summary of a functional tensor could not be read after it either: "tolist() shouldn't be
+    called on a tensor with unallocated storage".)"""
     kept: list[Requirement] = []
     for requirement in requirements:
         t: torch.Tensor | None = requirement.tensor
@@ -505,6 +508,8 @@ def unwrapped(requirements: list[Requirement]) -> list[Requirement]:
                 t = _functorch.get_unwrapped(t).movedim(_functorch.maybe_get_bdim(t), 0)
             elif _functorch.is_gradtrackingtensor(t):
                 t = _functorch.get_unwrapped(t)
+            elif _functorch.is_functionaltensor(t):  # functionalize: its pending writes applied
+                t = _functorch._unwrap_functional_tensor(t, False)
             else:
                 t = None
         if t is None or (batched and isinstance(requirement, (Offsets, Repeats))):

@@ -1,9 +1,11 @@
-"""Checked calls inside ``torch.func`` transforms (``vmap``, ``grad``): per-sample gradients, a
-vmapped lookup. Inside ``vmap`` a tensor is a wrapper whose values cannot be read: the strict
-guard's check failed there and let every call through unchecked, and the deferred guard kept
-summaries of wrappers past the transform and failed at the end of the block with functorch's
-internal assert (``maybe_level.has_value()``) on valid code. The checks now read the plain
-tensor beneath, batch entries included. The rules run first here, as for a GPU's tensors.
+"""Checked calls inside ``torch.func`` transforms (``vmap``, ``grad``, ``functionalize``):
+per-sample gradients, a vmapped lookup. Inside ``vmap`` a tensor is a wrapper whose values cannot
+be read: the strict guard's check failed there and let every call through unchecked, and the
+deferred guard kept summaries of wrappers past the transform and failed at the end of the block
+with functorch's internal assert (``maybe_level.has_value()``) on valid code (under
+``functionalize``: "tolist() shouldn't be called on a tensor with unallocated storage"). The
+checks now read the plain tensor beneath, batch entries included. The rules run first here, as
+for a GPU's tensors.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, functionalize, grad, vmap
 
 from nb_cudaguard import GuardError, guard
 from nb_cudaguard.input_guard.judge import STATS
@@ -46,6 +48,9 @@ VALID: dict[str, Callable[[], torch.Tensor]] = {
     "vmapped multinomial": lambda: vmap(lambda p: torch.multinomial(p, 2), randomness="different")(
         torch.tensor([[0.0, 1.0, 1.0], [2.0, 0.0, 1.0]])
     ),
+    "functionalized index_put_": lambda: functionalize(
+        lambda z: z.index_put_((torch.tensor([1, -2]),), torch.tensor(5.0))
+    )(torch.zeros(4)),
     "vmapped repeat_interleave of one count": lambda: vmap(
         lambda x: x.repeat_interleave(torch.tensor(2))
     )(torch.ones(2, 3)),
@@ -56,6 +61,9 @@ BAD: dict[str, Callable[[], torch.Tensor]] = {
     "vmapped embedding": lambda: vmap(lambda i: F.embedding(i, WEIGHT))(torch.tensor([[0, 6]])),
     "nested vmap, batch in dim 1": lambda: vmap(vmap(lambda i: X25[:, i]), in_dims=1)(
         torch.tensor([[0, 4, 1], [-5, 2, 5]])
+    ),
+    "functionalized getitem": lambda: functionalize(lambda z: z[torch.tensor([1, 4])])(
+        torch.zeros(4)
     ),
     "vmapped multinomial, a zero row": lambda: vmap(
         lambda p: torch.multinomial(p, 1), randomness="different"
