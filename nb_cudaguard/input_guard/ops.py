@@ -395,7 +395,7 @@ def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
     items = _index_items(args[1]) if len(args) > 1 else None
     if items is None:
         return []
-    whole = not isinstance(args[1], (tuple, list)) or (len(items) == 1 and items[0] is args[1])
+    whole = len(items) == 1 and items[0] is args[1]  # one index, not a tuple of them
     return _indexing(args[0], items, none_is_slice=False, whole=whole)
 
 
