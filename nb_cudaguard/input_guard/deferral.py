@@ -20,7 +20,7 @@ from .errors import GuardError
 from .judge import STATS, _accepts, _host_error, _judged_on_host, _live, _read, first_violation
 from .ops import OpCheck
 from .report import _capture, _changed_since, _dressed, _error, _raise, _violation
-from .requirements import Requirement, Slot
+from .requirements import Requirement, Slot, transforms_active, unwrapped
 from .state import _STATE, _Pending
 
 # Deferred verdicts waiting to be read; past this many the guard reads them (one transfer), so a
@@ -41,7 +41,10 @@ def _defer(
     """Record the call's verdict on the device and return arguments that cannot fault."""
     __tracebackhide__ = True
     try:
-        live, on_host = _live(check.extract(args, kwargs))
+        requirements = check.extract(args, kwargs)
+        if transforms_active():  # inside torch.func.vmap / grad: read the plain tensors
+            requirements = unwrapped(requirements)
+        live, on_host = _live(requirements)
         if not live:
             return args, kwargs
         STATS["calls"] += 1
@@ -60,7 +63,7 @@ def _defer(
         else:
             where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
             summaries = [r.summary() for r in live]
-            versions = [r.tensor._version for r in live]
+            versions = [_version(r.tensor) for r in live]
             ready = _marked(summaries[0][0]) if _STATE.marking and READ_BEHIND else None
             _STATE.pending.append(_Pending(check, func, live, summaries, versions, where, ready))
             if len(_STATE.pending) >= MAX_PENDING:
@@ -76,6 +79,13 @@ def _defer(
     if finding is not None:
         _raise(check, func, finding, args, kwargs)
     return args, kwargs
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter, to tell at the read whether it was written since the call;
+    None for a tensor made under ``torch.inference_mode()``, which has no counter (asking raises,
+    and the guard would have dropped the check)."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _with_safe(
@@ -198,7 +208,7 @@ def _raise_first(entries: list[_Pending], behind: bool) -> None:
             if requirement.holds(next(values)):
                 continue
             finding = requirement.explain()
-            if finding.count == 0 or requirement.tensor._version != version:
+            if finding.count == 0 or _version(requirement.tensor) != version:
                 finding = _changed_since(finding)
             violation = _violation(entry.check, entry.func, finding, entry.where, deferred=True)
             raise _dressed(_error(entry.check)(violation))

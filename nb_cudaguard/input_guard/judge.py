@@ -14,7 +14,7 @@ import torch
 
 from .errors import Finding
 from .ops import OpCheck
-from .requirements import Requirement, Summary
+from .requirements import Requirement, Summary, transforms_active, unwrapped
 
 # How often the guard read verdicts back to the host (on a GPU each is a synchronisation: the cost
 # the deferred mode removes; on CPU a read of host memory, counted alike).
@@ -112,6 +112,8 @@ def _on_meta(value: Any) -> Any:
 def _inspect(check: OpCheck, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Finding | None:
     try:
         requirements = check.extract(args, kwargs)
+        if transforms_active():  # inside torch.func.vmap / grad: read the plain tensors
+            requirements = unwrapped(requirements)
         return first_violation(requirements)
     except Exception:  # a check must never break a call PyTorch itself would accept
         STATS["check_failed"] += 1

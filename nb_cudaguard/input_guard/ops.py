@@ -9,6 +9,7 @@ checks, which the tests compare against call by call; where CUDA checks nothing 
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -273,9 +274,7 @@ def _index_items(idx: Any) -> tuple[Any, ...] | None:
         return None  # the fast path: PyTorch checks plain ints on the host
     if isinstance(idx, tuple):
         items = idx
-    elif isinstance(idx, list) and any(
-        isinstance(i, (torch.Tensor, slice, list, tuple)) or i is None or i is Ellipsis for i in idx
-    ):
+    elif _sequence_as_tuple(idx):
         items = tuple(idx)  # NumPy's legacy rule: such a list is a tuple of indices
     else:
         items = (idx,)
@@ -284,6 +283,36 @@ def _index_items(idx: Any) -> tuple[Any, ...] | None:
     ):
         return None
     return items
+
+
+_is_sequence = ctypes.pythonapi.PySequence_Check
+_is_sequence.argtypes = [ctypes.py_object]
+_is_sequence.restype = ctypes.c_int
+
+
+def _sequence_as_tuple(idx: Any) -> bool:
+    """PyTorch's ``treatSequenceAsTuple`` (``python_variable_indexing.h``), NumPy's legacy rule
+    for an index that is neither a tuple, a tensor nor an ndarray: a sequence of fewer than 32
+    items is a tuple of indices when one of them is a tensor, a slice, ``None``, ``...`` or itself
+    a sequence (a list, a NumPy array, 0-d included); otherwise it is one index, made a tensor
+    whole (so a list of 32 or more lists indexes dimension 0 only)."""
+    kind = type(idx)
+    if isinstance(idx, torch.Tensor) or (kind.__name__ == "ndarray" and kind.__module__ == "numpy"):
+        return False  # PyArray_CheckExact: an ndarray is one index
+    if not _is_sequence(idx):
+        return False
+    try:
+        if len(idx) >= 32:
+            return False
+        items = list(idx)
+    except Exception:
+        return False
+    for item in items:
+        if isinstance(item, (torch.Tensor, slice, list, tuple)) or item is None:
+            return True
+        if item is Ellipsis or (not isinstance(item, (int, float)) and _is_sequence(item)):
+            return True
+    return False
 
 
 def _consumed(item: Any) -> int:
@@ -366,7 +395,7 @@ def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
     items = _index_items(args[1]) if len(args) > 1 else None
     if items is None:
         return []
-    whole = not isinstance(args[1], (tuple, list)) or (len(items) == 1 and items[0] is args[1])
+    whole = len(items) == 1 and items[0] is args[1]  # one index, not a tuple of them
     return _indexing(args[0], items, none_is_slice=False, whole=whole)
 
 

@@ -479,3 +479,41 @@ class Repeats:
 
 
 Requirement = IntRange | FloatRange | ProbabilityRows | Offsets | Repeats
+
+_functorch = torch._C._functorch
+transforms_active = torch._C._are_functorch_transforms_active
+
+
+def unwrapped(requirements: list[Requirement]) -> list[Requirement]:
+    """The requirements of a call made inside ``torch.func`` transforms (``vmap``, ``grad``,
+    ``jacrev``, ``functionalize``; per-sample gradients), on the plain tensors that hold their
+    values.
+
+    Inside ``vmap`` a checked tensor is a wrapper whose values cannot be read (``tolist()``
+    raises), and a summary built from it must not outlive the transform: the deferred mode read
+    one at the end of the block and failed with an internal assert of functorch on valid code.
+    The values of a vmapped tensor are those of its physical tensor, one slice per batch entry,
+    the batch dimensions moved to the front so that a row is still the last dimension. Offsets
+    and repeats are judged as a whole sequence, which a batch of them is not: those are left to
+    PyTorch there. A wrapper of another kind is left unchecked too. (Under ``functionalize`` a
+    summary of a functional tensor could not be read after it either: "tolist() shouldn't be
+    called on a tensor with unallocated storage".)"""
+    kept: list[Requirement] = []
+    for requirement in requirements:
+        t: torch.Tensor | None = requirement.tensor
+        batched = False
+        while t is not None and _functorch.is_functorch_wrapped_tensor(t):
+            if _functorch.is_batchedtensor(t):
+                batched = True
+                t = _functorch.get_unwrapped(t).movedim(_functorch.maybe_get_bdim(t), 0)
+            elif _functorch.is_gradtrackingtensor(t):
+                t = _functorch.get_unwrapped(t)
+            elif _functorch.is_functionaltensor(t):  # functionalize: its pending writes applied
+                t = _functorch._unwrap_functional_tensor(t, False)
+            else:
+                t = None
+        if t is None or (batched and isinstance(requirement, (Offsets, Repeats))):
+            continue
+        requirement.tensor = t
+        kept.append(requirement)
+    return kept

@@ -70,6 +70,6 @@ class _Pending:
     func: Any
     requirements: list[Requirement]
     summaries: list[Summary]
-    versions: list[int]
+    versions: list[int | None]
     where: _Where
     ready: Any = None  # its stream's event, recorded after the summaries (deferral._marked)

@@ -10,6 +10,8 @@ its own error there (the last tests, on both host paths).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -242,6 +244,23 @@ def test_a_tensor_changed_in_place_after_the_call_is_said_so() -> None:
         F.cross_entropy(torch.randn(2, 3), labels)
         labels[1] = 1  # the buffer is reused before the verdict is read
     assert "modified in place" in str(caught.value)
+
+
+def test_a_call_under_inference_mode_is_checked_too() -> None:
+    # tensors made under torch.inference_mode() have no version counter: asking for it raised
+    # inside the guard, which then let the call through unchecked (a device-side assert on a GPU)
+    STATS.clear()
+    weight = torch.arange(12.0).reshape(4, 3)
+    with pytest.raises(GuardIndexError, match="0 <= value < 4"), deferred():
+        with torch.inference_mode():
+            out = F.embedding(torch.tensor([1, 7]), weight)
+        assert torch.equal(out[0], weight[1])
+    with pytest.raises(GuardError, match="class index"), deferred(), torch.inference_mode():
+        F.cross_entropy(torch.randn(2, 3), torch.tensor([0, 3]))
+    with deferred(), torch.inference_mode():
+        loss = F.cross_entropy(torch.zeros(2, 3), torch.tensor([0, -100]))
+    assert loss.item() == pytest.approx(math.log(3))
+    assert STATS["check_failed"] == 0
 
 
 def test_an_unknown_mode_is_refused() -> None:
