@@ -480,8 +480,9 @@ class Repeats:
 
 Requirement = IntRange | FloatRange | ProbabilityRows | Offsets | Repeats
 
-_functorch = torch._C._functorch
-transforms_active = torch._C._are_functorch_transforms_active
+# (torch.func's C parts: in torch 2.0 and later; before, no call runs inside a transform)
+_functorch: Any = getattr(torch._C, "_functorch", None)
+transforms_active: Any = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def unwrapped(requirements: list[Requirement]) -> list[Requirement]:
