@@ -77,7 +77,9 @@ SETUP_CALLS = frozenset(
         "manual_seed", "manual_seed_all", "seed", "set_seed", "seed_everything", "chdir",
         "set_default_dtype", "set_default_device", "use_deterministic_algorithms", "putenv",
         "set_float32_matmul_precision", "seterr", "set_printoptions", "setrecursionlimit",
-        "set_option", "setswitchinterval",
+        "set_option", "setswitchinterval", "simplefilter", "filterwarnings", "resetwarnings",
+        "set_num_threads", "set_num_interop_threads", "set_sharing_strategy",
+        "set_flush_denormal", "set_warn_always",
     }
 )  # fmt: skip
 # Calls that draw from a random generator (torch's, NumPy's, ``random``'s), by function name: a
@@ -316,6 +318,17 @@ def _through_attribute(target: ast.expr) -> bool:
             return True
         node = node.func if isinstance(node, ast.Call) else node.value
     return False
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
 
 
 def _root_name(node: ast.expr) -> str | None:
@@ -1090,7 +1103,9 @@ class _CellVisitor(ast.NodeVisitor):
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
         if name in SETUP_CALLS:
-            self.c.setup.append(f"calls {name}()")
+            # by its dotted name where it has one (``sys.setrecursionlimit()``): the plan's
+            # note then names the module whose state the new process lacks
+            self.c.setup.append(f"calls {_dotted(func) or name}()")
         if name in RANDOM_CALLS:
             self.c.draws.append(f"calls {name}()")
         drawn = _drawn_from(node)

@@ -248,6 +248,8 @@ ROWS = [
     ),
     Row("exec-is-opaque", "exec(code)", opaque=True),
     Row("seed-is-setup", "torch.manual_seed(0)", setup=True),
+    Row("a-warnings-filter-is-setup", "warnings.simplefilter('ignore')", setup=True),
+    Row("a-thread-count-is-setup", "torch.set_num_threads(1)", setup=True),
 ]
 
 
@@ -267,6 +269,13 @@ def test_a_cell_s_facts_through_ipython_s_own_transform(shell, row: Row):
     assert set(row.deletes) <= facts.deletes, facts
     assert bool(facts.opaque) is row.opaque, facts
     assert bool(facts.setup) is row.setup, facts
+
+
+def test_a_setup_call_is_named_with_its_module(shell):
+    # A failed cell's note says what this process lacks: ``sys``'s limit, not a bare function.
+    facts = _facts(shell, "import sys\nsys.setrecursionlimit(5000)\nfrom torch import manual_seed")
+    assert facts.setup == "calls sys.setrecursionlimit()"
+    assert _facts(shell, "manual_seed(0)").setup == "calls manual_seed()"
 
 
 def test_links_name_what_a_value_was_built_from(shell):
