@@ -546,8 +546,12 @@ class _Planner:
         return set(bound & self.present - self.stale.keys())
 
     def _step(self, index: int, reasons: list[str]) -> Step:
-        keeps = tuple(sorted(self._rebound(self.facts[index])))
-        defs = tuple(n for n in keeps if n in self.facts[index].callables)
+        facts = self.facts[index]
+        keeps = tuple(sorted(self._rebound(facts)))
+        # Put back from its class/def on, unless the cell sets attributes on it after
+        # (``log_step.n = 0``, ``CFG.lr = 1``): those would reset the kept one's; it is put
+        # back after the cell, as it is.
+        defs = tuple(n for n in keeps if n in facts.callables and n not in facts.patches)
         return Step(index, tuple(dict.fromkeys(reasons)), keeps=keeps, defs=defs)
 
     def _draws(self) -> None:

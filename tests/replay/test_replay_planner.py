@@ -1165,3 +1165,17 @@ def test_a_failed_cell_setting_a_class_put_back_by_the_restore_is_named():
     )
     plan = plan_replay(facts, 3, {"tqdm", "interval"}, {1})
     assert plan.failed_changes == ((1, ("tqdm",), ()),)
+
+
+def test_a_kept_function_or_class_the_cell_sets_attributes_on_is_put_back_after_it():
+    # ``log_step.n = 0`` after the def would reset the kept one's count, were it put back at
+    # the def: it is put back after the cell, as it was (``Tok`` alone stays from its class on).
+    cells = [
+        "def log_step(loss):\n    log_step.n += 1\nlog_step.n = 0\nclass CFG:\n    lr = 1\n"
+        "CFG.lr = 2\nclass Tok:\n    pass\nbuilt = 1",
+        "print(built, log_step, CFG, Tok)",
+    ]
+    plan = plan_replay(facts_of(cells), 1, {"log_step", "CFG", "Tok"})
+    step = plan.steps[0]
+    assert set(step.keeps) == {"log_step", "CFG", "Tok"}
+    assert step.defs == ("Tok",)
