@@ -205,3 +205,37 @@ def test_a_model_cast_to_float64_and_put_in_eval_by_a_failed_cell(server, server
     )
     fp = "{'model': [str(model[0].weight.dtype), model.training], 'preds': round(preds, 5)}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_function_attributes_counting_calls_in_a_failed_cell(server, server_kernel, restore):
+    # A call-counting decorator (``wrapper.calls += 1``) and a function's own static counter
+    # (``log_step.n += 1``): state on function objects, changed by calls in a failed cell.
+    kid, pid = server_kernel
+    cells = (
+        "import functools\ndef counted(f):\n    @functools.wraps(f)\n    def wrapper(*a):\n"
+        "        wrapper.calls += 1\n        return f(*a)\n    wrapper.calls = 0\n"
+        "    return wrapper\n@counted\ndef train_step(x):\n    return x * 2\n"
+        "def log_step(loss):\n    log_step.n += 1\nlog_step.n = 0",
+        f"for i in range(3):\n    log_step(train_step(i))\n{OOM}",
+        "done = train_step.calls",
+    )
+    fp = "{'train_step': train_step.calls, 'log_step': log_step.n, 'done': done}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_slotted_meter_updated_by_a_forward_hook_in_a_failed_cell(server, server_kernel, restore):
+    # ``@dataclass(slots=True)``: no ``__dict__``; the hook updates it during the forward pass.
+    kid, pid = server_kernel
+    cells = (
+        "import torch\nfrom dataclasses import dataclass\n@dataclass(slots=True)\n"
+        "class Meter:\n    n: int = 0\n    total: float = 0.0\n"
+        "    def update(self, v):\n        self.n += 1\n        self.total += v\n"
+        "meter = Meter()\ntorch.manual_seed(0)\nnet = torch.nn.Linear(2, 1)\n"
+        "net.register_forward_hook(lambda m, i, o: meter.update(o.sum().item()))",
+        f"out = net(torch.ones(4, 2))\n{OOM}",
+        "mean = meter.total / max(meter.n, 1)",
+    )
+    fp = "{'meter': [meter.n, round(meter.total, 5)], 'mean': round(mean, 5)}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
