@@ -1179,3 +1179,19 @@ def test_a_kept_function_or_class_the_cell_sets_attributes_on_is_put_back_after_
     step = plan.steps[0]
     assert set(step.keeps) == {"log_step", "CFG", "Tok"}
     assert step.defs == ("Tok",)
+
+
+def test_a_class_patched_through_an_instance_here_is_patched_again_or_named():
+    # ``type(model).forward = f``: the kept model's class is imported afresh, without it.
+    cells = [
+        "import torch\nmodel = torch.nn.Linear(2, 2)",
+        "def fwd(self, t):\n    return t\ntype(model).forward = fwd",
+        "print(model)",
+    ]
+    plan = plan_replay(facts_of(cells), 2, {"torch", "model", "fwd"})
+    assert [s.index for s in plan.steps] == [1, 2]
+    assert "patches model" in " ".join(plan.steps[0].reasons)
+    # by a cell that failed: not run again, so named
+    plan = plan_replay(facts_of(cells), 2, {"torch", "model", "fwd"}, {1})
+    assert [s.index for s in plan.steps] == [2]
+    assert [(i, names) for i, names, _ in plan.failed_changes] == [(1, ("model",))]
