@@ -239,3 +239,18 @@ def test_a_slotted_meter_updated_by_a_forward_hook_in_a_failed_cell(server, serv
     )
     fp = "{'meter': [meter.n, round(meter.total, 5)], 'mean': round(mean, 5)}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_models_class_patched_through_type_by_a_failed_cell(server, server_kernel, restore):
+    # ``type(model).forward = ...`` (gradient checkpointing or a fix patched onto the class a
+    # checkpoint's model came with): the cell names the instance only inside ``type()``.
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(2, 2)\nx = torch.ones(1, 2)",
+        "def forward_scaled(self, t):\n    return torch.nn.functional.linear(t, self.weight) * 0\n"
+        f"type(model).forward = forward_scaled\n{OOM}",
+        "pred = model(x).sum().item()",
+    )
+    fp = "{'model': model(x).sum().item(), 'pred': pred}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
