@@ -9,7 +9,10 @@ failed cell; a ``functools.cached_property`` filled by a failed cell before the 
 ``SimpleNamespace``, ``UserDict`` and ``OrderedDict``-subclass configs changed by a helper in a
 failed cell; a metrics dict keyed by an ``Enum``; an exception kept by an out-of-memory retry
 loop; gradients accumulated by a failed cell's ``loss.backward()`` into a model it never names,
-then stepped; a model cast to ``float64`` and put in eval mode by a failed cell.
+then stepped; a model cast to ``float64`` and put in eval mode by a failed cell; counters kept
+as a function's attributes (``log_step.n += 1``, a decorator's ``wrapper.calls``) bumped by a
+failed cell; a ``@dataclass(slots=True)`` meter updated by a forward hook in a failed cell; a
+model's class patched through ``type(model).forward = ...`` by a failed cell.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
