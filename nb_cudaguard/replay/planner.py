@@ -448,11 +448,15 @@ class _Planner:
             # A class or module put back is one imported afresh (pickled by reference): what
             # the failed cell set on it is not put back with it.
             imported = set().union(*(f.imports for f in self.facts[:index])) & self.present
-            # so is the class of an instance put back (``type(model).forward = f``)
-            imported |= facts.class_patches & self.present
+            # So is the class of an instance put back (``type(model).forward = f``), and of what
+            # was made from a library's module the cell patched (``torch.nn.GELU.forward = f``,
+            # then ``act``, a ``GELU``): a module the record sees by identity alone.
+            patched = facts.patches & self.modules
+            through = patched | self._sharing(patched, index)
+            imported |= (facts.class_patches | through) & self.present
             names = sorted(
                 n
-                for n in changed | facts.class_patches
+                for n in changed | facts.class_patches | through
                 if (n in rebuilt and rebuilt[n] < index) or n in imported
             )
             if names:

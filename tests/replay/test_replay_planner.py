@@ -12,7 +12,8 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from nb_cudaguard.replay.analysis import SKIPPED, analyse, runnable_source
-from nb_cudaguard.replay.planner import plan_replay
+from nb_cudaguard.replay.planner import joined, plan_replay
+from nb_cudaguard.replay.record import CellRecord
 
 _transform = TransformerManager().transform_cell
 
@@ -1195,3 +1196,20 @@ def test_a_class_patched_through_an_instance_here_is_patched_again_or_named():
     plan = plan_replay(facts_of(cells), 2, {"torch", "model", "fwd"}, {1})
     assert [s.index for s in plan.steps] == [2]
     assert [(i, names) for i, names, _ in plan.failed_changes] == [(1, ("model",))]
+
+
+@pytest.mark.parametrize("present", [(), ("torch", "act", "x", "y")], ids=["rebuilt", "kept"])
+def test_a_library_class_a_failed_cell_patched_names_what_was_made_from_its_module(present):
+    # ``torch.nn.GELU.forward = f``: the record sees ``torch`` by identity alone (unchanged),
+    # and ``act``, a ``GELU``, comes back (or is made again) with the class imported afresh.
+    cells = [
+        "import torch\nact = torch.nn.GELU()\nx = torch.linspace(-2, 2, 5)",
+        "torch.nn.GELU.forward = lambda self, t: torch.relu(t)\nraise RuntimeError('oom')",
+        "y = act(x).tolist()",
+        "print(act, x, y)",
+    ]
+    records = [None, CellRecord(), None, None]
+    facts = [joined(f, r) for f, r in zip(facts_of(cells), records, strict=True)]
+    plan = plan_replay(facts, 3, set(present), {1})
+    ((index, names, _),) = plan.failed_changes
+    assert index == 1 and {"torch", "act"} <= set(names)
