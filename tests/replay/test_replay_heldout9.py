@@ -80,7 +80,7 @@ def test_a_library_method_patched_by_a_failed_cell_reached_through_an_instance(
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
 
 
-@restores("n_fwd")
+@ALL
 def test_a_forward_hook_bumping_a_global_in_a_failed_forward(server, server_kernel, restore):
     # The hook counts forward passes through ``global``; the failed cell never names ``n_fwd``.
     kid, pid = server_kernel
@@ -95,7 +95,7 @@ def test_a_forward_hook_bumping_a_global_in_a_failed_forward(server, server_kern
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
 
 
-@restores("dec")
+@ALL
 def test_weights_tied_by_a_failed_cell(server, server_kernel, restore):
     # ``dec.weight = enc.weight`` (a language model's tied embeddings), then an optimizer over
     # the unique parameters.
@@ -132,7 +132,7 @@ def test_a_cached_property_filled_by_a_failed_cell_before_the_labels_changed(
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
 
 
-@restores("cfg")
+@ALL
 def test_namespace_userdict_and_ordereddict_configs_changed_by_a_failed_helper(
     server, server_kernel, restore
 ):
