@@ -250,7 +250,7 @@ def make_plan(
         return unrepeatable(tree) if tree is not None else facts[index].unrepeatable
 
     plan = with_unrepeatable(plan, facts, sets_here, _orders_vary(), walk)
-    return with_files(plan, facts, file_uses([f.paths for f in facts]))
+    return with_files(plan, facts, file_uses([f.paths for f in facts], [f.mutates for f in facts]))
 
 
 def _orders_vary() -> bool:

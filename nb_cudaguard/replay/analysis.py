@@ -77,7 +77,9 @@ SETUP_CALLS = frozenset(
         "manual_seed", "manual_seed_all", "seed", "set_seed", "seed_everything", "chdir",
         "set_default_dtype", "set_default_device", "use_deterministic_algorithms", "putenv",
         "set_float32_matmul_precision", "seterr", "set_printoptions", "setrecursionlimit",
-        "set_option", "setswitchinterval",
+        "set_option", "setswitchinterval", "simplefilter", "filterwarnings", "resetwarnings",
+        "set_num_threads", "set_num_interop_threads", "set_sharing_strategy",
+        "set_flush_denormal", "set_warn_always",
     }
 )  # fmt: skip
 # Calls that draw from a random generator (torch's, NumPy's, ``random``'s), by function name: a
@@ -229,6 +231,10 @@ class CellFacts:
     # ...)``): where one is a library's module, the change lives in that module, which a new
     # process imports afresh and a restore imports again: only running the cell brings it back.
     patches: frozenset[str] = frozenset()
+    # The names whose class it sets attributes on (``type(model).forward = f``,
+    # ``model.__class__.f = g``): the class a restored instance comes back with is imported
+    # afresh, without the change, which no fingerprint of the instance reads.
+    class_patches: frozenset[str] = frozenset()
     # Each name it binds or changes -> the names (from before the cell) its value was computed
     # from without sharing an object with them: through a call that copies (``n = len(log)``,
     # ``c = cfg.copy()``, ``norms.append(g.item())``), or under an ``if``, a loop or a ``match``
@@ -271,6 +277,7 @@ class _Collect:
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     patches: set[str] = field(default_factory=set)
+    class_patches: set[str] = field(default_factory=set)
     derives: dict[str, set[str]] = field(default_factory=dict)
 
     def facts(self) -> CellFacts:
@@ -299,6 +306,7 @@ class _Collect:
             "; ".join(dict.fromkeys(self.draws)),
             frozenset(self.untracked & mutates),
             patches=frozenset(self.patches),
+            class_patches=frozenset(self.class_patches),
             derives={n: frozenset(r - {n}) for n, r in self.derives.items() if r - {n}},
         )
 
@@ -318,11 +326,38 @@ def _through_attribute(target: ast.expr) -> bool:
     return False
 
 
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
 def _root_name(node: ast.expr) -> str | None:
-    """``x`` for ``x``, ``x.a.b``, ``x[i].c``, ``x.f(...).g``; None for anything else."""
+    """``x`` for ``x``, ``x.a.b``, ``x[i].c``, ``x.f(...).g``, ``type(x).g`` (its class, as
+    ``x.__class__.g``: ``type(model).forward = f`` patches what ``model`` does); None for
+    anything else."""
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if _is_type_of(node):
+            node = node.args[0]  # type: ignore[union-attr]
+            continue
         node = node.func if isinstance(node, ast.Call) else node.value
     return node.id if isinstance(node, ast.Name) else None
+
+
+def _is_type_of(node: ast.expr) -> bool:
+    """``type(x)``: one argument, the builtin's name."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "type"
+        and len(node.args) == 1
+        and not node.keywords
+    )
 
 
 def _const_str(node: ast.expr) -> str | None:
@@ -468,17 +503,34 @@ def _storing(call: ast.Call) -> tuple[ast.expr, list[ast.expr], list[ast.expr]] 
     return container, values[:keys], values[keys:]
 
 
+def _through_class(node: ast.expr) -> bool:
+    """Whether a path reaches its root through the root's class: ``type(x).f``, ``x.__class__``
+    (and what lies under them)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if _is_type_of(node) or (isinstance(node, ast.Attribute) and node.attr == "__class__"):
+            return True
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return False
+
+
 def _untracked_root(node: ast.expr) -> str | None:
     """``t`` for ``t.numpy()[i]``, ``w.data``, ``w.data.mul_``: a path through a view whose
-    writes the tensor's version counter does not count; None for any other."""
+    writes the tensor's version counter does not count; ``model`` for ``type(model).f``,
+    ``model.__class__.f``: through its class, which no fingerprint of it reads; None for any
+    other."""
     through = False
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if _is_type_of(node):
+            through, node = True, node.args[0]  # type: ignore[union-attr]
+            continue
         if isinstance(node, ast.Call):
             func = node.func
             through = through or (isinstance(func, ast.Attribute) and func.attr == "numpy")
             node = func
             continue
-        through = through or (isinstance(node, ast.Attribute) and node.attr == "data")
+        through = through or (
+            isinstance(node, ast.Attribute) and node.attr in ("data", "__class__")
+        )
         node = node.value
     return node.id if through and isinstance(node, ast.Name) else None
 
@@ -826,6 +878,8 @@ class _CellVisitor(ast.NodeVisitor):
             root = _root_name(target)
             if root is not None and _through_attribute(target):
                 self.c.patches.add(root)  # ``np.float = v``, ``sys.modules["m"] = v``
+                if _through_class(target):
+                    self.c.class_patches.add(root)  # ``type(model).forward = f``
             if root is not None:
                 self._mutate(root, fill=fill and isinstance(target.value, ast.Name))
                 if _untracked_root(target) == root:
@@ -1087,10 +1141,16 @@ class _CellVisitor(ast.NodeVisitor):
             patched = _root_name(node.args[0])
             if patched is not None:
                 self.c.patches.add(patched)
+                if _untracked_root(node.args[0]) == patched:  # ``setattr(type(m), "f", g)``
+                    self.c.untracked.add(patched)
+                if _through_class(node.args[0]):
+                    self.c.class_patches.add(patched)
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
         if name in SETUP_CALLS:
-            self.c.setup.append(f"calls {name}()")
+            # by its dotted name where it has one (``sys.setrecursionlimit()``): the plan's
+            # note then names the module whose state the new process lacks
+            self.c.setup.append(f"calls {_dotted(func) or name}()")
         if name in RANDOM_CALLS:
             self.c.draws.append(f"calls {name}()")
         drawn = _drawn_from(node)

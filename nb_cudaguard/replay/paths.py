@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 # Writers by their name's end, and where the path is among their arguments.
@@ -43,9 +43,16 @@ _REMOVERS = {"remove": 0, "unlink": 0, "rmtree": 0, "rmdir": 0}
 # (``shutil.copy("run/last.pt", "run/best.pt")``, ``os.replace(tmp, path)``).
 _COPIERS = {"copy": "shutil", "copy2": "shutil", "copyfile": "shutil", "copytree": "shutil",
             "move": "shutil", "rename": "os", "replace": "os"}  # fmt: skip
+# Memory maps of a file, by their name: the keyword of their mode, its position, its default.
+_MAPPERS = {
+    "load": ("mmap_mode", 1, None), "memmap": ("mode", 2, "r+"), "open_memmap": ("mode", 1, "r+"),
+}  # fmt: skip
+_WRITABLE_MAPS = frozenset({"r+", "w+", "readwrite", "write"})
 # A cell that may read, write, list, remove or name a path: it calls one of the above, or binds
 # a string.
-_CALLS = _WRITERS.keys() | _READERS.keys() | _LISTERS.keys() | _REMOVERS.keys() | _COPIERS.keys()
+_CALLS = (
+    _WRITERS.keys() | _READERS.keys() | _LISTERS.keys() | _REMOVERS.keys() | _COPIERS.keys()
+) | _MAPPERS.keys()
 _MAY_USE_PATHS = re.compile(
     r"\b(?:open|" + "|".join(sorted(_CALLS)) + r")\b"
     r"|\w\s*=\s*(?:[rRbBfF]?['\"]|Path\(|os\.path\.join\()"
@@ -79,8 +86,9 @@ _KINDS = ("reads", "writes", "appends", "lists", "removes")  # FileUse's fields,
 # an earlier statement or cell gives.
 _Path = tuple[str, ...]
 _NAME = "\x00"
-# One cell's path events in order: ("bind", name, path or None) or ("reads" | "writes" |
-# "appends" | "lists" | "removes", "", path). Kept with the cell's facts; ``file_uses``
+# One cell's path events in order: ("bind", name, path or None), ("maps", name, path): the name
+# is a writable memory map of the file, or ("reads" | "writes" | "appends" | "lists" |
+# "removes", "", path). Kept with the cell's facts; ``file_uses``
 # resolves them across cells.
 PathEvents = tuple[tuple[str, str, _Path | None], ...]
 
@@ -95,27 +103,41 @@ def path_events(tree: ast.AST, source: str | None = None) -> PathEvents:
     return tuple(finder.events)
 
 
-def file_uses(cells: Sequence[PathEvents]) -> list[FileUse]:
+def file_uses(
+    cells: Sequence[PathEvents], changes: Sequence[Collection[str]] | None = None
+) -> list[FileUse]:
     """Each cell's ``FileUse``, in order: a name bound to a path in one cell names it in the
-    later ones."""
+    later ones. ``changes``, each cell's names changed in place where given: a change to an
+    array mapped writable from a file (``np.load(p, mmap_mode="r+")``, ``np.memmap(p)``) is
+    a write of that file, which a cell run again that maps it finds."""
     strings: dict[str, str] = {}
+    mapped: dict[str, str] = {}  # name -> the file it is a writable memory map of
     found = []
-    for events in cells:
-        if not events:
+    for i, events in enumerate(cells):
+        changed = [n for n in changes[i] if n in mapped] if changes and mapped else ()
+        if not events and not changed:
             found.append(_NONE)
             continue
         uses: dict[str, set[str]] = {k: set() for k in _KINDS}
         for kind, name, parts in events:
             path = _resolved(parts, strings)
+            if kind == "maps":
+                if path is not None:
+                    mapped[name] = path
+                continue
             if kind == "reads" and path in uses["writes"]:
                 continue  # its own write, read back: what it finds is what it made
             if kind != "bind":
                 if path is not None:
                     uses[kind].add(path)
-            elif path is None:
+                continue
+            mapped.pop(name, None)
+            if path is None:
                 strings.pop(name, None)
             else:
                 strings[name] = path
+        if changes:
+            uses["writes"].update(mapped[n] for n in changes[i] if n in mapped)
         found.append(FileUse(*(frozenset(uses[k]) for k in _KINDS)))
     return found
 
@@ -136,9 +158,31 @@ class _Finder(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         self.generic_visit(node)
         path = self._path(node.value)
+        mapped = self._mapped(node.value)
         for target in node.targets:
             if isinstance(target, ast.Name):
                 self.events.append(("bind", target.id, path))
+                if mapped is not None:
+                    self.events.append(("maps", target.id, mapped))
+
+    def _mapped(self, node: ast.expr) -> _Path | None:
+        """The file ``node`` maps writable into memory, where it does: ``np.load(p,
+        mmap_mode="r+")``, ``np.memmap(p)`` (``r+`` unless told), ``open_memmap(p, "r+")``;
+        a change in place of the array is then a change of the file."""
+        if not isinstance(node, ast.Call):
+            return None
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name not in _MAPPERS:
+            return None
+        keyword, at, default = _MAPPERS[name]
+        mode = _keyword(node, keyword)
+        if mode is None and len(node.args) > at:
+            given = node.args[at]
+            mode = given.value if isinstance(given, ast.Constant) else "?"  # type: ignore
+        if (mode or default) not in _WRITABLE_MAPS:
+            return None
+        return self._argument(node, 0)
 
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
@@ -166,6 +210,16 @@ class _Finder(ast.NodeVisitor):
                 self.events.append(("reads", "", source))
             if target is not None:
                 self.events.append(("writes", "", target))
+            return
+        if name in ("memmap", "open_memmap"):  # reads the file, or makes it anew (``w+``)
+            path = self._argument(node, 0)
+            keyword, at, _ = _MAPPERS[name]
+            given = node.args[at] if len(node.args) > at else None
+            mode = _keyword(node, keyword) or (
+                given.value if isinstance(given, ast.Constant) else ""
+            )
+            if path is not None:
+                self.events.append(("writes" if mode in ("w+", "write") else "reads", "", path))
             return
         for table, kind in ((_WRITERS, "writes"), (_READERS, "reads")):
             where = table.get(name)

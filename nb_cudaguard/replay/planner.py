@@ -321,10 +321,11 @@ class _Planner:
         # Cells that set attributes of a library's module (``np.float = float``): the patch is
         # process state, gone with the old process and not restorable (modules come back as
         # imports), so the cell runs again, as a setup cell does.
+        # (and cells that patch the class of an instance we have: ``type(model).forward = f``)
         self.patch_cells = {
-            i: sorted(f.patches & modules)
+            i: sorted(f.patches & modules | f.class_patches & present)
             for i, f in enumerate(facts[:failing])
-            if f.patches and f.patches & modules
+            if f.patches and (f.patches & modules or f.class_patches & present)
         }
         self.unseeded: set[int] = set()
 
@@ -373,8 +374,8 @@ class _Planner:
                 if index not in self.failed and index not in self.reasons:
                     self._include(
                         index,
-                        f"patches {', '.join(patched)} (a library's module: imported afresh "
-                        "here, without the patch)",
+                        f"patches {', '.join(patched)} (a library's module or the class of "
+                        "an instance here: imported afresh here, without the patch)",
                         index,
                     )
             self.drain()
@@ -447,8 +448,16 @@ class _Planner:
             # A class or module put back is one imported afresh (pickled by reference): what
             # the failed cell set on it is not put back with it.
             imported = set().union(*(f.imports for f in self.facts[:index])) & self.present
+            # So is the class of an instance put back (``type(model).forward = f``), and of what
+            # was made from a library's module the cell patched (``torch.nn.GELU.forward = f``,
+            # then ``act``, a ``GELU``): a module the record sees by identity alone.
+            patched = facts.patches & self.modules
+            through = patched | self._sharing(patched, index)
+            imported |= (facts.class_patches | through) & self.present
             names = sorted(
-                n for n in changed if (n in rebuilt and rebuilt[n] < index) or n in imported
+                n
+                for n in changed | facts.class_patches | through
+                if (n in rebuilt and rebuilt[n] < index) or n in imported
             )
             if names:
                 found.append((index, tuple(names), self._built_from(names, steps, index)))
@@ -546,8 +555,12 @@ class _Planner:
         return set(bound & self.present - self.stale.keys())
 
     def _step(self, index: int, reasons: list[str]) -> Step:
-        keeps = tuple(sorted(self._rebound(self.facts[index])))
-        defs = tuple(n for n in keeps if n in self.facts[index].callables)
+        facts = self.facts[index]
+        keeps = tuple(sorted(self._rebound(facts)))
+        # Put back from its class/def on, unless the cell sets attributes on it after
+        # (``log_step.n = 0``, ``CFG.lr = 1``): those would reset the kept one's; it is put
+        # back after the cell, as it is.
+        defs = tuple(n for n in keeps if n in facts.callables and n not in facts.patches)
         return Step(index, tuple(dict.fromkeys(reasons)), keeps=keeps, defs=defs)
 
     def _draws(self) -> None:

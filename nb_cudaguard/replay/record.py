@@ -326,13 +326,18 @@ _CALLED_IN_PYTHON: dict[type, bool] = {}
 
 def _held_by(definition: Any) -> list[Any]:
     """The state a notebook function or class holds: a function's closure (a counter ``tick()``
-    advances) and defaults (``def collect(x, seen=[])``); a class's own attributes
+    advances), defaults (``def collect(x, seen=[])``) and attributes (``log_step.n += 1``, a
+    decorator's ``wrapper.calls += 1``: by name, so a new one counts); a class's own attributes
     (``Registry.items``), not its methods' code."""
     if isinstance(definition, type):
         return [v for k, v in vars(definition).items() if k[:2] != "__"]
     closure = [_cell_contents(c) for c in definition.__closure__ or ()]
     defaults = definition.__defaults__ or ()
-    return [*closure, *defaults, *(definition.__kwdefaults__ or {}).values()]
+    held = [*closure, *defaults, *(definition.__kwdefaults__ or {}).values()]
+    attributes = definition.__dict__
+    if attributes:  # (most functions have none: no tuple built for them)
+        held += [*attributes, *attributes.values()]  # (its keys: the dict's own strings)
+    return held
 
 
 def _cell_contents(cell: Any) -> Any:
@@ -398,6 +403,11 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
     kind = type(obj)
     if kind.__module__ in _FIXED_MODULES or kind in _FIXED_TYPES:
         return []
+    slots = _slots(kind)
+    if slots is not None:  # ``__slots__`` of Python classes (``@dataclass(slots=True)``)
+        values: list[Any] = [getattr(obj, name, _UNSET) for name in slots]
+        values += vars(obj).values() if hasattr(obj, "__dict__") else ()
+        return values
     try:
         attributes = vars(obj)
     except TypeError:
@@ -412,6 +422,37 @@ def _c_state(kind: type) -> bool:
     or a base written in C with fields of its own (``random.Random``'s generator state): then
     an instance is larger than one of a plain class."""
     return bool(kind.__basicsize__ > _PLAIN_SIZE)
+
+
+def _slots(kind: type) -> tuple[str, ...] | None:
+    """The slot names of a class whose instances hold all their state in ``__slots__`` (and
+    maybe a ``__dict__``): every class of its MRO but ``object`` written in Python. None for
+    any other class (no slots, or a base written in C: its state Python cannot read)."""
+    found = _SLOTS.get(kind, False)
+    if found is not False:
+        return found  # type: ignore[return-value]
+    names: list[str] | None = []
+    for base in kind.__mro__[:-1]:
+        if not base.__flags__ & _HEAP_TYPE:
+            names = None
+            break
+        declared = vars(base).get("__slots__", ())
+        for name in (declared,) if isinstance(declared, str) else declared:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            private = name[:2] == "__" and name[-2:] != "__"
+            assert names is not None
+            names.append(f"_{base.__name__.lstrip('_')}{name}" if private else name)
+    result = tuple(names) if names else None
+    if len(_SLOTS) > 256:
+        _SLOTS.clear()
+    _SLOTS[kind] = result
+    return result
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class written in Python
+_SLOTS: dict[type, tuple[str, ...] | None] = {}
+_UNSET = ...  # a slot not set yet (a value that needs no walk)
 
 
 class _Plain:

@@ -248,6 +248,14 @@ ROWS = [
     ),
     Row("exec-is-opaque", "exec(code)", opaque=True),
     Row("seed-is-setup", "torch.manual_seed(0)", setup=True),
+    Row("a-warnings-filter-is-setup", "warnings.simplefilter('ignore')", setup=True),
+    Row("a-thread-count-is-setup", "torch.set_num_threads(1)", setup=True),
+    Row(
+        "a-class-patched-through-type-of-an-instance-changes-the-instance",
+        "type(model).forward = fwd\nsetattr(type(net), 'forward', fwd)\nn = type(x).__name__",
+        mutates=("model", "net"),
+        not_mutates=("type", "x"),
+    ),
 ]
 
 
@@ -267,6 +275,25 @@ def test_a_cell_s_facts_through_ipython_s_own_transform(shell, row: Row):
     assert set(row.deletes) <= facts.deletes, facts
     assert bool(facts.opaque) is row.opaque, facts
     assert bool(facts.setup) is row.setup, facts
+
+
+def test_a_class_patched_through_an_instance_is_a_change_no_record_sees(shell):
+    # The record reads the instance, not its class: the text's change stands (``untracked``).
+    for cell in (
+        "type(model).forward = fwd",
+        "setattr(type(model), 'f', g)",
+        "model.__class__.f = g",
+    ):
+        facts = _facts(shell, cell)
+        assert "model" in facts.mutates and "model" in facts.untracked, (cell, facts)
+    assert not _facts(shell, "model.fc.bias = b").untracked
+
+
+def test_a_setup_call_is_named_with_its_module(shell):
+    # A failed cell's note says what this process lacks: ``sys``'s limit, not a bare function.
+    facts = _facts(shell, "import sys\nsys.setrecursionlimit(5000)\nfrom torch import manual_seed")
+    assert facts.setup == "calls sys.setrecursionlimit()"
+    assert _facts(shell, "manual_seed(0)").setup == "calls manual_seed()"
 
 
 def test_links_name_what_a_value_was_built_from(shell):

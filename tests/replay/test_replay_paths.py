@@ -179,3 +179,41 @@ def test_a_file_written_anew_from_a_failed_cells_change_carries_it_to_its_reader
         4: "reads best.pt, which a cell run again wrote anew from w",
     }
     assert {"w2", "best"} <= set(plan.unrepeatable_names)
+
+
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        "emb = np.load('emb.npy', mmap_mode='r+')",
+        "emb = np.memmap('emb.npy', dtype='float32')",  # ``r+`` unless told
+        "emb = np.lib.format.open_memmap('emb.npy', 'r+')",
+    ],
+)
+def test_a_change_in_place_of_a_writable_memory_map_writes_its_file(mapping):
+    # Scaled in place, the array's file holds the change: the mapping cell run again finds it
+    # (and the change run again applies it twice), so what it and the later cells make may differ.
+    cells = [f"import numpy as np\n{mapping}", "emb /= 255.0", "total = float(emb.sum())", "total"]
+    facts = [analyse(c) for c in cells]
+    uses = file_uses([f.paths for f in facts], [f.mutates for f in facts])
+    assert uses[1].writes == {"emb.npy"}
+    plan = with_files(plan_replay(facts, 3, set()), facts, uses)
+    assert dict(plan.unrepeatable) == {
+        0: "reads emb.npy, which a later cell wrote over since it first ran"
+    }
+    assert {"emb", "total"} <= set(plan.unrepeatable_names)
+
+
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        "emb = np.load('emb.npy', mmap_mode='r')",
+        "emb = np.load('emb.npy', mmap_mode='c')",  # copy-on-write: the file stays
+        "emb = np.load('emb.npy')",
+        "emb = np.memmap('emb.npy', dtype='float32', mode='r')",
+    ],
+)
+def test_a_change_in_place_of_an_array_not_mapped_writable_writes_no_file(mapping):
+    cells = [f"import numpy as np\n{mapping}", "emb /= 255.0", "emb = emb * 2\nemb += 1"]
+    facts = [analyse(c) for c in cells]
+    uses = file_uses([f.paths for f in facts], [f.mutates for f in facts])
+    assert not uses[1].writes and not uses[2].writes

@@ -12,7 +12,8 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from nb_cudaguard.replay.analysis import SKIPPED, analyse, runnable_source
-from nb_cudaguard.replay.planner import plan_replay
+from nb_cudaguard.replay.planner import joined, plan_replay
+from nb_cudaguard.replay.record import CellRecord
 
 _transform = TransformerManager().transform_cell
 
@@ -1165,3 +1166,50 @@ def test_a_failed_cell_setting_a_class_put_back_by_the_restore_is_named():
     )
     plan = plan_replay(facts, 3, {"tqdm", "interval"}, {1})
     assert plan.failed_changes == ((1, ("tqdm",), ()),)
+
+
+def test_a_kept_function_or_class_the_cell_sets_attributes_on_is_put_back_after_it():
+    # ``log_step.n = 0`` after the def would reset the kept one's count, were it put back at
+    # the def: it is put back after the cell, as it was (``Tok`` alone stays from its class on).
+    cells = [
+        "def log_step(loss):\n    log_step.n += 1\nlog_step.n = 0\nclass CFG:\n    lr = 1\n"
+        "CFG.lr = 2\nclass Tok:\n    pass\nbuilt = 1",
+        "print(built, log_step, CFG, Tok)",
+    ]
+    plan = plan_replay(facts_of(cells), 1, {"log_step", "CFG", "Tok"})
+    step = plan.steps[0]
+    assert set(step.keeps) == {"log_step", "CFG", "Tok"}
+    assert step.defs == ("Tok",)
+
+
+def test_a_class_patched_through_an_instance_here_is_patched_again_or_named():
+    # ``type(model).forward = f``: the kept model's class is imported afresh, without it.
+    cells = [
+        "import torch\nmodel = torch.nn.Linear(2, 2)",
+        "def fwd(self, t):\n    return t\ntype(model).forward = fwd",
+        "print(model)",
+    ]
+    plan = plan_replay(facts_of(cells), 2, {"torch", "model", "fwd"})
+    assert [s.index for s in plan.steps] == [1, 2]
+    assert "patches model" in " ".join(plan.steps[0].reasons)
+    # by a cell that failed: not run again, so named
+    plan = plan_replay(facts_of(cells), 2, {"torch", "model", "fwd"}, {1})
+    assert [s.index for s in plan.steps] == [2]
+    assert [(i, names) for i, names, _ in plan.failed_changes] == [(1, ("model",))]
+
+
+@pytest.mark.parametrize("present", [(), ("torch", "act", "x", "y")], ids=["rebuilt", "kept"])
+def test_a_library_class_a_failed_cell_patched_names_what_was_made_from_its_module(present):
+    # ``torch.nn.GELU.forward = f``: the record sees ``torch`` by identity alone (unchanged),
+    # and ``act``, a ``GELU``, comes back (or is made again) with the class imported afresh.
+    cells = [
+        "import torch\nact = torch.nn.GELU()\nx = torch.linspace(-2, 2, 5)",
+        "torch.nn.GELU.forward = lambda self, t: torch.relu(t)\nraise RuntimeError('oom')",
+        "y = act(x).tolist()",
+        "print(act, x, y)",
+    ]
+    records = [None, CellRecord(), None, None]
+    facts = [joined(f, r) for f, r in zip(facts_of(cells), records, strict=True)]
+    plan = plan_replay(facts, 3, set(present), {1})
+    ((index, names, _),) = plan.failed_changes
+    assert index == 1 and {"torch", "act"} <= set(names)

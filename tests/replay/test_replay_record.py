@@ -6,8 +6,10 @@ state it had before the failure."""
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import importlib
+import random
 import sys
 import textwrap
 import time
@@ -335,6 +337,37 @@ def test_a_fingerprint_sees_state_held_by_what_is_called():
         change()
         assert fingerprint(value)[0] != before, value
     assert fingerprint(torch.nn.functional.relu) == fingerprint(torch.nn.functional.relu)
+
+
+def test_a_fingerprint_sees_a_functions_attributes_and_a_slotted_objects_fields():
+    # A call counter kept on a function (``log_step.n += 1``, a decorator's ``wrapper.calls``)
+    # and ``@dataclass(slots=True)`` fields, private slots too: no ``__dict__`` holds them.
+    def log_step() -> None:
+        pass
+
+    log_step.__module__ = "__main__"  # a notebook function
+    log_step.n = 0  # type: ignore[attr-defined]
+
+    @dataclasses.dataclass(slots=True)
+    class Meter:
+        n: int = 0
+
+    class Private:
+        __slots__ = ("__seen",)
+
+    meter, private = Meter(), Private()
+    changes = [
+        (log_step, lambda: setattr(log_step, "n", 1)),
+        (log_step, lambda: setattr(log_step, "calls", 0)),  # a new one
+        (meter, lambda: setattr(meter, "n", 1)),
+        (private, lambda: setattr(private, "_Private__seen", [])),
+    ]
+    for value, change in changes:
+        before = fingerprint(value)
+        assert before[1] and fingerprint(value) == before, value
+        change()
+        assert fingerprint(value)[0] != before[0], value
+    assert not fingerprint(random.Random(0))[1]  # a C base's state: still not seen whole
 
 
 def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
