@@ -888,8 +888,8 @@ def _see(value: Any) -> _Seen:
 
 
 def _seer(kind: type) -> Callable[[Any], _Seen]:
-    """How a value of ``kind`` is seen, found once per type (each name's value, at every cell's
-    end: asking the same questions of each value cost a fifth of a large namespace's look)."""
+    """How a value of ``kind`` is seen, found once per type rather than asked of each name's
+    value at every cell's end."""
     # Tensors and arrays noted as leaves first, as the walk does: else the first look at a list
     # of tensors walks it and the next reads it as a leaf list, in another order, which reads as
     # a change that never happened.
