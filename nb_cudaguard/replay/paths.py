@@ -16,6 +16,7 @@ import posixpath
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Writers by their name's end, and where the path is among their arguments.
 _WRITERS = {
@@ -175,12 +176,7 @@ class _Finder(ast.NodeVisitor):
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
         if name not in _MAPPERS:
             return None
-        keyword, at, default = _MAPPERS[name]
-        mode = _keyword(node, keyword)
-        if mode is None and len(node.args) > at:
-            given = node.args[at]
-            mode = given.value if isinstance(given, ast.Constant) else "?"  # type: ignore
-        if (mode or default) not in _WRITABLE_MAPS:
+        if (_map_mode(node, name) or _MAPPERS[name][2]) not in _WRITABLE_MAPS:
             return None
         return self._argument(node, 0)
 
@@ -213,11 +209,7 @@ class _Finder(ast.NodeVisitor):
             return
         if name in ("memmap", "open_memmap"):  # reads the file, or makes it anew (``w+``)
             path = self._argument(node, 0)
-            keyword, at, _ = _MAPPERS[name]
-            given = node.args[at] if len(node.args) > at else None
-            mode = _keyword(node, keyword) or (
-                given.value if isinstance(given, ast.Constant) else ""
-            )
+            mode = _map_mode(node, name)
             if path is not None:
                 self.events.append(("writes" if mode in ("w+", "write") else "reads", "", path))
             return
@@ -314,6 +306,17 @@ def _owner_name(node: ast.AST | None) -> str:
     while isinstance(node, ast.Attribute):
         node = node.value
     return node.id if isinstance(node, ast.Name) else ""
+
+
+def _map_mode(node: ast.Call, name: str) -> Any:
+    """The mode a memory map (``name``, one of ``_MAPPERS``) is given, by keyword or by
+    position: the constant, "?" where it is not one, None where none is given."""
+    keyword, at, _ = _MAPPERS[name]
+    mode: Any = _keyword(node, keyword)
+    if mode is None and len(node.args) > at:
+        given = node.args[at]
+        mode = given.value if isinstance(given, ast.Constant) else "?"
+    return mode
 
 
 def _keyword(node: ast.Call, name: str) -> str | None:
