@@ -431,18 +431,16 @@ def _slots(kind: type) -> tuple[str, ...] | None:
     found = _SLOTS.get(kind, False)
     if found is not False:
         return found  # type: ignore[return-value]
-    names: list[str] | None = []
-    for base in kind.__mro__[:-1]:
-        if not base.__flags__ & _HEAP_TYPE:
-            names = None
-            break
-        declared = vars(base).get("__slots__", ())
-        for name in (declared,) if isinstance(declared, str) else declared:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            private = name[:2] == "__" and name[-2:] != "__"
-            assert names is not None
-            names.append(f"_{base.__name__.lstrip('_')}{name}" if private else name)
+    bases = kind.__mro__[:-1]
+    names: list[str] = []
+    if all(base.__flags__ & _HEAP_TYPE for base in bases):
+        for base in bases:
+            declared = vars(base).get("__slots__", ())
+            for name in (declared,) if isinstance(declared, str) else declared:
+                if name in ("__dict__", "__weakref__"):
+                    continue
+                private = name[:2] == "__" and name[-2:] != "__"
+                names.append(f"_{base.__name__.lstrip('_')}{name}" if private else name)
     result = tuple(names) if names else None
     if len(_SLOTS) > 256:
         _SLOTS.clear()
