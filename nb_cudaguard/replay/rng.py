@@ -46,7 +46,9 @@ class RngReader:
     _random_view: Any = None
     _numpy: Any = None  # numpy's bit generator, a view of its state, and that state decoded
     _numpy_view: Any = None
-    _numpy_raw: bytes = b""
+    _numpy_legacy: Any = None  # ``np.random``'s RandomState, and a view of its cached sample
+    _numpy_gauss: Any = None
+    _numpy_raw: Any = None  # (the generator's words, the cached sample) at the last read
     _numpy_state: Any = None
     _torch: Any = None  # torch's default generator, a view of its engine, and its state
     _torch_view: Any = None
@@ -93,19 +95,25 @@ class RngReader:
         return (self._random_view.raw, instance.gauss_next)  # gauss() keeps one, undrawn
 
     def _read_numpy(self, numpy: Any) -> Any:
-        """numpy's ``get_state()`` (30 us), read again only where its generator's words moved:
-        most cells never draw from numpy."""
+        """numpy's ``get_state()`` (30 us), read again only where its generator's words or its
+        cached normal sample moved: most cells never draw from numpy."""
         try:
-            generator = numpy.random.mtrand._rand._bit_generator
-            if generator is not self._numpy:
+            legacy = numpy.random.mtrand._rand
+            generator = legacy._bit_generator
+            if generator is not self._numpy or legacy is not self._numpy_legacy:
                 address = generator.ctypes.state_address
                 self._numpy_view = (ctypes.c_char * _MT_BYTES).from_address(address)
-                self._numpy, self._numpy_state = generator, None
-            raw = self._numpy_view.raw
+                self._numpy_gauss = _gauss_view(numpy, legacy)
+                self._numpy, self._numpy_legacy, self._numpy_state = generator, legacy, None
+            key = (self._numpy_view.raw, self._numpy_gauss and self._numpy_gauss.raw)
         except Exception:  # another numpy layout: read it whole
             return numpy.random.get_state()
-        if raw != self._numpy_raw or self._numpy_state is None:
-            self._numpy_raw, self._numpy_state = raw, numpy.random.get_state()
+        if self._numpy_gauss is None and self._numpy_state is not None and self._numpy_state[3]:
+            # A normal sample is cached where this reader cannot see it: taking it moves no
+            # word of the generator, so the state is read whole until it is taken.
+            self._numpy_state = None
+        if key != self._numpy_raw or self._numpy_state is None:
+            self._numpy_raw, self._numpy_state = key, numpy.random.get_state()
         return self._numpy_state
 
     def _read_torch(self, generator: Any) -> bytes:
@@ -186,6 +194,52 @@ def _engine_offset(torch: Any) -> int | None:
         if not (valid and has and cached == normal_y and _engine_matches(view.raw, generator)):
             return None
         return offset
+    except Exception:
+        return None
+
+
+# numpy's legacy RandomState (``numpy/random/_mtrand.pyx``) keeps the second of each pair of
+# normal samples in ``_aug_state`` (``aug_bitgen_t``: ``int has_gauss; double gauss``, in
+# ``numpy/random/src/legacy/legacy-distributions.h``); the next ``randn()`` returns it and moves
+# no word of the generator. Where it lies in the object is found once per numpy.
+_GAUSS_LAYOUT: list[tuple[Any, int | None]] = []  # (numpy, the offset of ``has_gauss``)
+_GAUSS_BYTES = 16  # has_gauss, padding, gauss
+
+
+def _gauss_view(numpy: Any, legacy: Any) -> Any:
+    """A view of ``legacy``'s cached normal sample, or None where it is not laid out as read
+    here (checked against its ``get_state()``)."""
+    if not _GAUSS_LAYOUT or _GAUSS_LAYOUT[0][0] is not numpy:
+        _GAUSS_LAYOUT[:] = [(numpy, _gauss_offset(numpy))]
+    offset = _GAUSS_LAYOUT[0][1]
+    try:
+        if offset is None or type(legacy) is not numpy.random.RandomState:
+            return None
+        view = (ctypes.c_char * _GAUSS_BYTES).from_address(id(legacy) + offset)
+        has, cached = struct.unpack("=i4xd", view.raw)
+        state = legacy.get_state()
+        return view if (has, cached) == (state[3], state[4]) else None
+    except Exception:
+        return None
+
+
+def _gauss_offset(numpy: Any) -> int | None:
+    """Where a RandomState keeps ``has_gauss`` and ``gauss``, found in a private one: a sample
+    cached, looked for, then taken and seen to clear the flag."""
+    try:
+        private = numpy.random.RandomState(0x5EED)
+        size = type(private).__basicsize__
+        private.standard_normal()  # draws two, returns one, caches the other
+        has, cached = private.get_state()[3:5]
+        memory = ctypes.string_at(id(private), size)
+        for at in range(object.__basicsize__, size - _GAUSS_BYTES + 1, 4):
+            if has == 1 and struct.unpack_from("=i4xd", memory, at) == (1, cached):
+                break
+        else:
+            return None
+        private.standard_normal()  # takes the cached one
+        taken = struct.unpack("=i", ctypes.string_at(id(private) + at, 4))[0]
+        return at if taken == 0 and private.get_state()[3] == 0 else None
     except Exception:
         return None
 

@@ -671,6 +671,29 @@ def test_a_cached_normal_sample_taken_alone_is_a_draw():
     assert drawn_from(before, reader.read()) == ("torch",)
 
 
+@pytest.mark.parametrize("layout", ["read in memory", "unknown"])
+def test_numpys_cached_normal_sample_taken_alone_is_a_draw(layout, monkeypatch):
+    # numpy's legacy randn() draws two samples and caches one; the next randn() returns it and
+    # moves no word of the generator, only the RandomState's cached-sample flag.
+    from nb_cudaguard.replay import rng
+    from nb_cudaguard.replay.rng import RngReader, drawn_from, encode_rng, restore_rng
+
+    if layout == "unknown":  # as where numpy lays its RandomState out otherwise
+        monkeypatch.setattr(rng, "_GAUSS_LAYOUT", [(np, None)])
+    np.random.seed(4)
+    np.random.randn()
+    reader = RngReader()
+    before = reader.read()
+    assert (reader._numpy_gauss is None) == (layout == "unknown")
+    np.random.randn()  # takes the cached sample
+    after = reader.read()
+    assert drawn_from(before, after) == ("numpy",)
+    assert after["numpy"][3] == np.random.get_state()[3] == 0
+    expected = np.random.randn(3).tolist()
+    restore_rng(encode_rng(after))  # the state a failed cell started from, set again
+    assert np.random.randn(3).tolist() == expected
+
+
 def test_torch_random_state_comes_back_whatever_default_device_a_cell_set():
     encoded = encode_rng(rng_states())
     expected = torch.rand(3)
