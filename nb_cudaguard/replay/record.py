@@ -29,7 +29,7 @@ from operator import itemgetter, ne, not_
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
-from .rng import RngReader, drawn_from, encode_rng, rng_states
+from .rng import RngReader, drawn_from, encode_rng
 
 _CACHED_FUNCTION = getattr(functools, "_lru_cache_wrapper", None)
 MAX_NODES = 2000  # objects visited per name
@@ -609,6 +609,7 @@ class Recorder:
     _depth: int = 0
     _primed: bool = False
     _put_back: dict[str, _Seen] = field(default_factory=dict)  # restored names, as restored
+    _quiet: CellRecord = CellRecord()  # the last record of a cell that changed nothing
 
     def put_back(self, names: Iterable[str], namespace: Mapping[str, Any]) -> None:
         """``names`` were put into ``namespace`` just now (a restore, a replay's rebuild): what
@@ -671,7 +672,7 @@ class Recorder:
                     for name in seen.keys() - names:
                         del seen[name]
                         self._forget_origin(name)
-        self._rng = self._settle_rng(rng_states(self._reader))
+        self._rng = self._settle_rng(self._reader.read())
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
@@ -742,22 +743,30 @@ class Recorder:
         self._rng_cell = cell
         if cell is None:
             return
-        self.records[cell] = CellRecord(
-            frozenset(bound) if bound else _NONE,
-            frozenset(changed) if changed else _NONE,
-            frozenset(deleted) if deleted else _NONE,
-            changed_settings,
-            (),
-            frozenset(unseen) if unseen else _NONE,
-            encode_rng(self._rng) if failed and self._rng else "",
-        )
+        hidden_from_view = frozenset(unseen) if unseen else _NONE
+        if bound or changed or deleted or changed_settings or (failed and self._rng):
+            record = CellRecord(
+                frozenset(bound) if bound else _NONE,
+                frozenset(changed) if changed else _NONE,
+                frozenset(deleted) if deleted else _NONE,
+                changed_settings,
+                (),
+                hidden_from_view,
+                encode_rng(self._rng) if failed and self._rng else "",
+            )
+        else:  # most cells change nothing: one record, immutable, shared while the same
+            record = self._quiet
+            if record.unseen != hidden_from_view:
+                record = self._quiet = CellRecord(unseen=hidden_from_view)
+        self.records[cell] = record
         if failed and self._rng:
             self._rng_kept.append(cell)
-        self._forget_old()
+        if len(self.records) > 2 * _KEEP or len(self._rng_kept) > _KEEP_RNG:
+            self._forget_old()
 
     def settle(self) -> dict[int, CellRecord]:
         """The records, the last cell's draws included (known at the next cell's start)."""
-        self._settle_rng(rng_states(self._reader))
+        self._settle_rng(self._reader.read())
         return self.records
 
     def _settle_rng(self, now: dict[str, Any]) -> dict[str, Any]:

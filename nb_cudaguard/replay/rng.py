@@ -17,6 +17,7 @@ import sys
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import is_
 from typing import Any
 
 _MT_BYTES = 624 * 4 + 4  # numpy's mt19937_state: the key and its position
@@ -44,6 +45,7 @@ class RngReader:
 
     _random: Any = None  # random's instance, and a view of its state where the layout is known
     _random_view: Any = None
+    _random_state: Any = None
     _numpy: Any = None  # numpy's bit generator, a view of its state, and that state decoded
     _numpy_view: Any = None
     _numpy_legacy: Any = None  # ``np.random``'s RandomState, and a view of its cached sample
@@ -92,7 +94,10 @@ class RngReader:
             self._random, self._random_view = instance, _random_view(instance)
         if self._random_view is None:
             return random.getstate()
-        return (self._random_view.raw, instance.gauss_next)  # gauss() keeps one, undrawn
+        state = (self._random_view.raw, instance.gauss_next)  # gauss() keeps one, undrawn
+        if state != self._random_state:
+            self._random_state = state
+        return self._random_state  # (the same object while it does not move: see drawn_from)
 
     def _read_numpy(self, numpy: Any) -> Any:
         """numpy's ``get_state()`` (30 us), read again only where its generator's words or its
@@ -278,6 +283,9 @@ def _random_decoded(raw: bytes, gauss: Any) -> tuple[int, tuple[int, ...], Any]:
 
 def drawn_from(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[str, ...]:
     """The generators whose state moved between ``before`` and ``after``."""
+    # A state that did not move is the very object read before (each read keeps the last).
+    if before.keys() == after.keys() and all(map(is_, before.values(), after.values())):
+        return ()
     moved = [n for n, state in before.items() if not _same_state(n, state, after.get(n))]
     return tuple(sorted(moved))
 
