@@ -79,7 +79,9 @@ SETUP_CALLS = frozenset(
         "set_float32_matmul_precision", "seterr", "set_printoptions", "setrecursionlimit",
         "set_option", "setswitchinterval", "simplefilter", "filterwarnings", "resetwarnings",
         "set_num_threads", "set_num_interop_threads", "set_sharing_strategy",
-        "set_flush_denormal", "set_warn_always",
+        "set_flush_denormal", "set_warn_always", "enable_flash_sdp", "enable_mem_efficient_sdp",
+        "enable_math_sdp", "enable_cudnn_sdp", "set_default_tensor_type", "set_anomaly_enabled",
+        "set_detect_anomaly",
     }
 )  # fmt: skip
 # Calls that draw from a random generator (torch's, NumPy's, ``random``'s), by function name: a

@@ -505,7 +505,7 @@ def settings_changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> tuple[s
         for name, was, now in zip(names, before, after, strict=True)
         if was != now and was is not _UNREADABLE and now is not _UNREADABLE
     )
-    return tuple(sorted(moved))
+    return tuple(sorted(set(moved)))
 
 
 # (torch, (the settings' names, their readers)), found once
@@ -557,6 +557,36 @@ def _settings_readers(torch: Any) -> tuple[tuple[str, ...], list[Callable[[], An
         # Hooks on every module (``register_module_forward_hook``): how many of each kind.
         ("torch.nn.modules.module.register_module_forward_hook", _global_hooks(torch)),
     ]
+    # Settings with a C getter only (torch/csrc/Module.cpp), where this torch has them: which
+    # attention kernels and reduced-precision paths run, ``use_deterministic_algorithms``'
+    # ``warn_only``.
+    for name, private in (
+        ("torch.use_deterministic_algorithms", "_get_deterministic_algorithms_warn_only"),
+        ("torch.backends.cudnn.allow_tf32", "_get_cudnn_allow_tf32"),
+        ("torch.backends.cuda.enable_flash_sdp", "_get_flash_sdp_enabled"),
+        ("torch.backends.cuda.enable_mem_efficient_sdp", "_get_mem_efficient_sdp_enabled"),
+        ("torch.backends.cuda.enable_math_sdp", "_get_math_sdp_enabled"),
+        ("torch.backends.cuda.enable_cudnn_sdp", "_get_cudnn_sdp_enabled"),
+        (
+            "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+            "_get_cublas_allow_fp16_reduced_precision_reduction",
+        ),
+        (
+            "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+            "_get_cublas_allow_bf16_reduced_precision_reduction",
+        ),
+        ("torch.backends.mkldnn.enabled", "_get_mkldnn_enabled"),
+    ):
+        getter = getattr(c, private, None)
+        if callable(getter):
+            readers.append((name, getter))
+    # ``set_default_device`` keeps a DeviceContext in a thread-local (torch/__init__.py): read
+    # there, where ``get_default_device()`` walks the mode stack (2 us).
+    context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if context is not None:
+        readers.append(
+            ("torch.set_default_device", lambda: getattr(context, "device_context", None))
+        )
     names = tuple(name for name, _ in readers)
     _READERS[:] = [(torch, (names, [read for _, read in readers]))]
     return _READERS[0][1]

@@ -414,6 +414,62 @@ def test_a_global_module_hook_is_a_setting_a_cell_changes():
     assert moved == ("torch.nn.modules.module.register_module_forward_hook",)
 
 
+# (how a cell sets it, how a new process has it, what it reads now)
+_C_SETTINGS = {
+    "flash_sdp": (
+        "torch.backends.cuda.enable_flash_sdp(False)",
+        "torch.backends.cuda.enable_flash_sdp(True)",
+        "torch.backends.cuda.flash_sdp_enabled()",
+    ),
+    "mem_efficient_sdp": (
+        "torch.backends.cuda.enable_mem_efficient_sdp(False)",
+        "torch.backends.cuda.enable_mem_efficient_sdp(True)",
+        "torch.backends.cuda.mem_efficient_sdp_enabled()",
+    ),
+    "warn_only": (
+        "torch.use_deterministic_algorithms(False, warn_only=True)",
+        "torch.use_deterministic_algorithms(False)",
+        "torch.is_deterministic_algorithms_warn_only_enabled()",
+    ),
+    "cudnn_allow_tf32": (
+        "torch.backends.cudnn.allow_tf32 = False",
+        "torch.backends.cudnn.allow_tf32 = True",
+        "torch.backends.cudnn.allow_tf32",
+    ),
+    "default_device": (
+        "torch.set_default_device('meta')",
+        "torch.set_default_device(None)",
+        "str(torch.get_default_device())",
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", list(_C_SETTINGS))
+@pytest.mark.parametrize("through", ["a call in the cell", "a notebook function"])
+def test_a_setting_a_cell_changed_is_set_again_by_the_replay(recorded, setting, through):
+    # Where the cell's text shows nothing (a function defined earlier sets it), only what the
+    # record read at the cell's end tells that the cell must run again.
+    change, default, read = _C_SETTINGS[setting]
+    cells = ["import torch", "y = 1", f"seen = {read}\n[][0]"]
+    if through == "a call in the cell":
+        cells.insert(1, change)
+    else:
+        cells[1:1] = [f"def configure():\n    {change}", "configure()"]
+    try:
+        saved = _run(recorded, cells)
+        # only this test's cells (the shell's history holds other tests' cells too)
+        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+        before = recorded.user_ns["seen"]
+        recorded.run_cell(default)  # as a new process has it
+        assert eval(read, recorded.user_ns) != before
+        _new_process(recorded, ["y", "seen", "configure"])
+        summary = _replay(recorded, saved)
+        assert eval(read, recorded.user_ns) == before, summary
+    finally:
+        recorded.run_cell(default)
+
+
 def test_an_abc_of_the_notebooks_own_module_is_seen_with_the_state_it_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -503,6 +559,9 @@ def test_cells_run_before_the_extension_loaded_are_named_as_planned_from_text(sh
     shell.run_line_magic("load_ext", "nb_cudaguard")
     try:
         saved = _run(shell, ["early_total = sum(early_base)", "early_out = early_total\n[][0]"])
+        # only this test's cells (the shell's history holds other tests' cells too)
+        mine = tuple(c for c in saved.cells if c.count >= early)
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
         _new_process(shell, ["early_base", "early_total", "early_out"])
         summary = plan_summary(make_plan(shell, saved), saved.cells)
         assert f"[{early}] ran before nb_cudaguard was loaded: planned from their text" in summary
