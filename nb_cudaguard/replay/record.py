@@ -30,6 +30,7 @@ from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 from .rng import RngReader, drawn_from, encode_rng
+from .settings import process_settings, settings_changed
 
 _CACHED_FUNCTION = getattr(functools, "_lru_cache_wrapper", None)
 MAX_NODES = 2000  # objects visited per name
@@ -468,136 +469,6 @@ _FIXED_MODULES = frozenset(
 _FIXED_TYPES: set[type] = set()
 
 
-# --- process state --------------------------------------------------------------------------------
-
-
-def torch_settings() -> tuple[Any, ...]:
-    """The values of torch's process-wide settings a cell may change, in ``_settings_readers``'
-    order (only where torch is imported); ``_UNREADABLE`` for one this torch cannot read."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return ()
-    readers = _settings_readers(torch)[1]
-    try:
-        return tuple([read() for read in readers])  # one pass, where every reader answers
-    except Exception:
-        pass
-    found = []
-    for read in readers:
-        try:
-            found.append(read())
-        except Exception:
-            found.append(_UNREADABLE)
-    return tuple(found)
-
-
-_UNREADABLE = object()
-
-
-def settings_changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> tuple[str, ...]:
-    """The settings whose value moved from ``before`` to ``after`` (``torch_settings``), by the
-    call that sets them; none where torch was imported in between (nothing was set before)."""
-    if len(before) != len(after) or not _READERS:
-        return ()
-    names = _READERS[0][1][0]
-    moved = (
-        name
-        for name, was, now in zip(names, before, after, strict=True)
-        if was != now and was is not _UNREADABLE and now is not _UNREADABLE
-    )
-    return tuple(sorted(set(moved)))
-
-
-# (torch, (the settings' names, their readers)), found once
-_READERS: list[tuple[Any, tuple[tuple[str, ...], list[Callable[[], Any]]]]] = []
-
-
-def _settings_readers(torch: Any) -> tuple[tuple[str, ...], list[Callable[[], Any]]]:
-    """How to read each setting, found once per torch: the C getter where this torch has it
-    (one call, where ``torch.backends``' module properties cost a Python frame each), else the
-    public reader."""
-    if _READERS and _READERS[0][0] is torch:
-        return _READERS[0][1]
-    c = torch._C
-
-    def direct(private: str, public: Callable[[], Any]) -> Callable[[], Any]:
-        found = getattr(c, private, None)
-        return found if callable(found) else public
-
-    readers: list[tuple[str, Callable[[], Any]]] = [
-        ("torch.set_grad_enabled", torch.is_grad_enabled),
-        ("torch.set_default_dtype", torch.get_default_dtype),
-        (
-            "torch.use_deterministic_algorithms",
-            direct("_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
-        ),
-        (
-            "torch.set_float32_matmul_precision",
-            direct("_get_float32_matmul_precision", torch.get_float32_matmul_precision),
-        ),
-        (
-            "torch.backends.cudnn.deterministic",
-            direct("_get_cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
-        ),
-        (
-            "torch.backends.cudnn.benchmark",
-            direct("_get_cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
-        ),
-        (
-            "torch.backends.cudnn.enabled",
-            direct("_get_cudnn_enabled", lambda: torch.backends.cudnn.enabled),
-        ),
-        (
-            "torch.backends.cuda.matmul.allow_tf32",
-            direct("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
-        ),
-        ("torch.set_num_threads", torch.get_num_threads),
-        ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
-        ("torch.set_printoptions", lambda: dict(vars(torch._tensor_str.PRINT_OPTS))),
-        # Hooks on every module (``register_module_forward_hook``): how many of each kind.
-        ("torch.nn.modules.module.register_module_forward_hook", _global_hooks(torch)),
-    ]
-    # Settings with a C getter only (torch/csrc/Module.cpp), where this torch has them: which
-    # attention kernels and reduced-precision paths run, ``use_deterministic_algorithms``'
-    # ``warn_only``.
-    for name, private in (
-        ("torch.use_deterministic_algorithms", "_get_deterministic_algorithms_warn_only"),
-        ("torch.backends.cudnn.allow_tf32", "_get_cudnn_allow_tf32"),
-        ("torch.backends.cuda.enable_flash_sdp", "_get_flash_sdp_enabled"),
-        ("torch.backends.cuda.enable_mem_efficient_sdp", "_get_mem_efficient_sdp_enabled"),
-        ("torch.backends.cuda.enable_math_sdp", "_get_math_sdp_enabled"),
-        ("torch.backends.cuda.enable_cudnn_sdp", "_get_cudnn_sdp_enabled"),
-        (
-            "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-            "_get_cublas_allow_fp16_reduced_precision_reduction",
-        ),
-        (
-            "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-            "_get_cublas_allow_bf16_reduced_precision_reduction",
-        ),
-        ("torch.backends.mkldnn.enabled", "_get_mkldnn_enabled"),
-    ):
-        getter = getattr(c, private, None)
-        if callable(getter):
-            readers.append((name, getter))
-    # ``set_default_device`` keeps a DeviceContext in a thread-local (torch/__init__.py): read
-    # there, where ``get_default_device()`` walks the mode stack (2 us).
-    context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
-    if context is not None:
-        readers.append(
-            ("torch.set_default_device", lambda: getattr(context, "device_context", None))
-        )
-    names = tuple(name for name, _ in readers)
-    _READERS[:] = [(torch, (names, [read for _, read in readers]))]
-    return _READERS[0][1]
-
-
-def _global_hooks(torch: Any) -> Callable[[], Any]:
-    module = torch.nn.modules.module
-    found = [v for k, v in vars(module).items() if k.startswith("_global_") and isinstance(v, dict)]
-    return lambda: tuple(map(len, found))
-
-
 # --- the recorder ---------------------------------------------------------------------------------
 
 
@@ -626,7 +497,7 @@ class Recorder:
     _own: dict[str, bool] = field(default_factory=dict)  # module name -> the notebook's own
     _origin: dict[str, str] = field(default_factory=dict)  # name -> its value's module
     _own_used: list[str] | None = None  # the own modules among them (None: to be found)
-    _settings: tuple[Any, ...] = ()  # torch_settings()
+    _settings: tuple[Any, ...] = ()  # process_settings()
     _rng: dict[str, Any] = field(default_factory=dict)  # at the start of the last cell
     _reader: RngReader = field(default_factory=RngReader)
     _rng_cell: int | None = None  # that cell, once it finished
@@ -672,7 +543,7 @@ class Recorder:
         self._origin = dict(zip(names, map(_module_of, values), strict=True))
         self._own_used = None
         self._modules = self._see_modules()
-        self._settings = torch_settings()
+        self._settings = process_settings()
         self._primed = True
 
     def start(self, namespace: Mapping[str, Any]) -> None:
@@ -764,7 +635,7 @@ class Recorder:
         if modules != self._modules:  # a module's global re-bound (``cfg.LR = 0.5``)
             shifted = {m for m, v in modules.items() if self._modules.get(m, v) != v}
             changed += [n for n, m in self._origin.items() if m in shifted and n not in bound]
-        settings = torch_settings()
+        settings = process_settings()
         changed_settings: tuple[str, ...] = ()
         if settings != self._settings:
             changed_settings = settings_changed(self._settings, settings)

@@ -9,6 +9,7 @@ import abc
 import dataclasses
 import functools
 import importlib
+import os
 import random
 import sys
 import textwrap
@@ -26,16 +27,9 @@ from nb_cudaguard.notebook import replay_glue
 from nb_cudaguard.notebook.extension import current_state
 from nb_cudaguard.notebook.replay_glue import make_plan, run_plan
 from nb_cudaguard.replay.history import SavedCells, load_cells, save_cells
-from nb_cudaguard.replay.record import (
-    CellRecord,
-    Recorder,
-    _see,
-    _see_global,
-    fingerprint,
-    settings_changed,
-    torch_settings,
-)
+from nb_cudaguard.replay.record import CellRecord, Recorder, _see, _see_global, fingerprint
 from nb_cudaguard.replay.rng import encode_rng, restore_rng, rng_states
+from nb_cudaguard.replay.settings import process_settings, settings_changed
 from nb_cudaguard.replay.text import plan_summary
 
 
@@ -405,17 +399,49 @@ def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
 
 
 def test_a_global_module_hook_is_a_setting_a_cell_changes():
-    before = torch_settings()
+    before = process_settings()
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o)
     try:
-        moved = settings_changed(before, torch_settings())
+        moved = settings_changed(before, process_settings())
     finally:
         handle.remove()
     assert moved == ("torch.nn.modules.module.register_module_forward_hook",)
 
 
+_CWD = os.getcwd()
 # (how a cell sets it, how a new process has it, what it reads now)
-_C_SETTINGS = {
+_SETTINGS = {
+    "environ": (
+        "os.environ['NBCG_SEED'] = '7'",
+        "os.environ.pop('NBCG_SEED', None)",
+        "os.environ.get('NBCG_SEED')",
+    ),
+    "chdir": ("os.chdir('/')", f"os.chdir({_CWD!r})", "os.getcwd()"),
+    "sys_path": (
+        "sys.path.append('/nbcg-lib')",
+        "sys.path[:] = [p for p in sys.path if p != '/nbcg-lib']",
+        "'/nbcg-lib' in sys.path",
+    ),
+    "warnings": (
+        "warnings.filterwarnings('error', message='nbcg')",
+        "warnings.filters[:] = [f for f in warnings.filters if (f[1] and f[1].pattern) != 'nbcg']",
+        "[f[1] and f[1].pattern for f in warnings.filters].count('nbcg')",
+    ),
+    "recursion": (
+        "sys.setrecursionlimit(4321)",
+        f"sys.setrecursionlimit({sys.getrecursionlimit()})",
+        "sys.getrecursionlimit()",
+    ),
+    "seterr": (
+        "np.seterr(divide='raise')",
+        f"np.seterr(divide={np.geterr()['divide']!r})",
+        "np.geterr()['divide']",
+    ),
+    "printoptions": (
+        "np.set_printoptions(precision=3)",
+        f"np.set_printoptions(precision={np.get_printoptions()['precision']})",
+        "np.get_printoptions()['precision']",
+    ),
     "flash_sdp": (
         "torch.backends.cuda.enable_flash_sdp(False)",
         "torch.backends.cuda.enable_flash_sdp(True)",
@@ -444,13 +470,13 @@ _C_SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("setting", list(_C_SETTINGS))
+@pytest.mark.parametrize("setting", list(_SETTINGS))
 @pytest.mark.parametrize("through", ["a call in the cell", "a notebook function"])
 def test_a_setting_a_cell_changed_is_set_again_by_the_replay(recorded, setting, through):
     # Where the cell's text shows nothing (a function defined earlier sets it), only what the
     # record read at the cell's end tells that the cell must run again.
-    change, default, read = _C_SETTINGS[setting]
-    cells = ["import torch", "y = 1", f"seen = {read}\n[][0]"]
+    change, default, read = _SETTINGS[setting]
+    cells = ["import os, sys, warnings, torch, numpy as np", "y = 1", f"seen = {read}\n[][0]"]
     if through == "a call in the cell":
         cells.insert(1, change)
     else:

@@ -1,0 +1,179 @@
+"""The process-wide settings a cell may change without binding a name: the process's own (its
+environment, working directory, import path, warnings filters, recursion limit), numpy's and
+torch's where imported. Read at every cell's end by the recorder (``record.py``): a cell that
+moved one runs again, as a seed does, even where it set it through a notebook function
+(``def seed_everything(s): os.environ["PYTHONHASHSEED"] = str(s); ...``).
+
+Each is read by the cheapest reader that sees every change: a C getter, or the object a setter
+replaces (numpy keeps its error handling and print options in context variables), never a
+public getter that builds a new value at each call where another exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+Settings = tuple[tuple[str, ...], tuple[Any, ...]]  # (the settings' names, their values)
+_Readers = tuple[tuple[str, ...], list[Callable[[], Any]]]
+_UNREADABLE = object()
+
+
+def process_settings() -> Settings:
+    """The settings' names and values now; ``_UNREADABLE`` for one that cannot be read."""
+    names, readers = _settings_readers(sys.modules.get("torch"), sys.modules.get("numpy"))
+    try:
+        return names, tuple([read() for read in readers])  # one pass, where every reader answers
+    except Exception:
+        pass
+    found = []
+    for read in readers:
+        try:
+            found.append(read())
+        except Exception:
+            found.append(_UNREADABLE)
+    return names, tuple(found)
+
+
+def settings_changed(before: Settings | tuple[()], after: Settings) -> tuple[str, ...]:
+    """The settings whose value moved from ``before`` to ``after``, by the call that sets them;
+    those read at both ends only (torch imported in between: nothing of it was set before)."""
+    if not before:
+        return ()
+    if before[0] is after[0]:
+        pairs: Any = zip(before[0], before[1], after[1], strict=True)
+    else:
+        now = dict(zip(*after, strict=True))
+        pairs = ((n, was, now[n]) for n, was in zip(*before, strict=True) if n in now)
+    moved = {
+        name
+        for name, was, now in pairs
+        if was is not _UNREADABLE and now is not _UNREADABLE and was != now
+    }
+    return tuple(sorted(moved))
+
+
+# ((torch, numpy), the readers), found once per pair of modules
+_READERS: list[tuple[tuple[Any, Any], _Readers]] = []
+
+
+def _settings_readers(torch: Any, numpy: Any) -> _Readers:
+    if _READERS and _READERS[0][0][0] is torch and _READERS[0][0][1] is numpy:
+        return _READERS[0][1]
+    readers = _process_readers()
+    if numpy is not None:
+        readers += _numpy_readers(numpy)
+    if torch is not None:
+        readers += _torch_readers(torch)
+    found = (tuple(name for name, _ in readers), [read for _, read in readers])
+    _READERS[:] = [((torch, numpy), found)]
+    return found
+
+
+def _process_readers() -> list[tuple[str, Callable[[], Any]]]:
+    # ``os.environ`` keeps its values in a dict (``os._Environ._data``): copied in C.
+    data = getattr(os.environ, "_data", None)
+    environ = data.copy if isinstance(data, dict) else (lambda: dict(os.environ))
+    return [
+        ("os.environ", environ),
+        ("os.chdir", os.getcwd),
+        ("sys.path", lambda: tuple(sys.path)),  # (``sys.path = [...]`` binds another list)
+        ("warnings.filterwarnings", lambda: tuple(warnings.filters)),
+        ("sys.setrecursionlimit", sys.getrecursionlimit),
+    ]
+
+
+def _numpy_readers(numpy: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """``np.seterr`` and ``np.set_printoptions``: numpy 2 keeps each in a context variable
+    (``numpy/_core/_ufunc_config.py``, ``arrayprint.py``), set to a new object by each call;
+    else the public getters."""
+    core = getattr(numpy, "_core", None)
+    errors = getattr(getattr(core, "_ufunc_config", None), "_extobj_contextvar", None)
+    printing = getattr(getattr(core, "arrayprint", None), "format_options", None)
+    error_reader = errors.get if errors is not None else numpy.geterr
+    print_reader = printing.get if printing is not None else numpy.get_printoptions
+    return [("numpy.seterr", error_reader), ("numpy.set_printoptions", print_reader)]
+
+
+def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """Each by its C getter where this torch has it (one call, where ``torch.backends``' module
+    properties cost a Python frame each), else the public reader."""
+    c = torch._C
+
+    def direct(private: str, public: Callable[[], Any]) -> Callable[[], Any]:
+        found = getattr(c, private, None)
+        return found if callable(found) else public
+
+    readers: list[tuple[str, Callable[[], Any]]] = [
+        ("torch.set_grad_enabled", torch.is_grad_enabled),
+        ("torch.set_default_dtype", torch.get_default_dtype),
+        (
+            "torch.use_deterministic_algorithms",
+            direct("_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+        ),
+        (
+            "torch.set_float32_matmul_precision",
+            direct("_get_float32_matmul_precision", torch.get_float32_matmul_precision),
+        ),
+        (
+            "torch.backends.cudnn.deterministic",
+            direct("_get_cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
+        ),
+        (
+            "torch.backends.cudnn.benchmark",
+            direct("_get_cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
+        ),
+        (
+            "torch.backends.cudnn.enabled",
+            direct("_get_cudnn_enabled", lambda: torch.backends.cudnn.enabled),
+        ),
+        (
+            "torch.backends.cuda.matmul.allow_tf32",
+            direct("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+        ),
+        ("torch.set_num_threads", torch.get_num_threads),
+        ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
+        ("torch.set_printoptions", lambda: dict(vars(torch._tensor_str.PRINT_OPTS))),
+        # Hooks on every module (``register_module_forward_hook``): how many of each kind.
+        ("torch.nn.modules.module.register_module_forward_hook", _global_hooks(torch)),
+    ]
+    # Settings with a C getter only (torch/csrc/Module.cpp), where this torch has them: which
+    # attention kernels and reduced-precision paths run, ``use_deterministic_algorithms``'
+    # ``warn_only``.
+    for name, private in (
+        ("torch.use_deterministic_algorithms", "_get_deterministic_algorithms_warn_only"),
+        ("torch.backends.cudnn.allow_tf32", "_get_cudnn_allow_tf32"),
+        ("torch.backends.cuda.enable_flash_sdp", "_get_flash_sdp_enabled"),
+        ("torch.backends.cuda.enable_mem_efficient_sdp", "_get_mem_efficient_sdp_enabled"),
+        ("torch.backends.cuda.enable_math_sdp", "_get_math_sdp_enabled"),
+        ("torch.backends.cuda.enable_cudnn_sdp", "_get_cudnn_sdp_enabled"),
+        (
+            "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+            "_get_cublas_allow_fp16_reduced_precision_reduction",
+        ),
+        (
+            "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+            "_get_cublas_allow_bf16_reduced_precision_reduction",
+        ),
+        ("torch.backends.mkldnn.enabled", "_get_mkldnn_enabled"),
+    ):
+        getter = getattr(c, private, None)
+        if callable(getter):
+            readers.append((name, getter))
+    # ``set_default_device`` keeps a DeviceContext in a thread-local (torch/__init__.py): read
+    # there, where ``get_default_device()`` walks the mode stack (2 us).
+    context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if context is not None:
+        readers.append(
+            ("torch.set_default_device", lambda: getattr(context, "device_context", None))
+        )
+    return readers
+
+
+def _global_hooks(torch: Any) -> Callable[[], Any]:
+    module = torch.nn.modules.module
+    found = [v for k, v in vars(module).items() if k.startswith("_global_") and isinstance(v, dict)]
+    return lambda: tuple(map(len, found))
