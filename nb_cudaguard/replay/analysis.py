@@ -254,6 +254,10 @@ class Effects:
     calls: frozenset[str] = frozenset()  # other functions it calls (their effects too)
     # Each global whose methods it hands outside objects to -> those objects (as a cell's).
     handed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # The globals whose attributes it sets (``F.gelu = g``, ``torch.nn.GELU.forward = f``),
+    # and those whose class it sets them on (``type(model).forward = f``): as a cell's.
+    patches: frozenset[str] = frozenset()
+    class_patches: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -618,6 +622,16 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             mutates.update(objects_of(root))
 
     handed: dict[str, set[str]] = {}
+    patches: set[str] = set()
+    class_patches: set[str] = set()
+
+    def patched(target: ast.expr, through: bool) -> None:
+        root = _root_name(target)
+        if root is not None and root not in local and through:
+            patches.add(root)
+            if _through_class(target):
+                class_patches.add(root)
+
     for each in nodes:
         if (
             isinstance(each, ast.Name)
@@ -632,6 +646,14 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             )
             if inplace:
                 changed(root)
+                patched(target, _through_attribute(target))
+        if (
+            isinstance(each, ast.Call)
+            and isinstance(each.func, ast.Name)
+            and each.func.id in ("setattr", "delattr")
+            and each.args
+        ):
+            patched(each.args[0], True)
         changed(_method_call_root(each))
         if isinstance(each, ast.Call):
             if isinstance(each.func, ast.Name):
@@ -653,6 +675,8 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
         frozenset(mutates),
         frozenset(calls - local),
         {r: frozenset(n) for r, n in handed.items() if n},
+        frozenset(patches),
+        frozenset(class_patches),
     )
     return loaded - local, effects
 

@@ -215,7 +215,7 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
         if not called:
             out.append(cell)
             continue
-        assigns, mutates = _closure(called, table, modules)
+        assigns, mutates, patches, class_patches = _closure(called, table, modules)
         bound = cell.defines - cell.mutates  # its own new objects: not a change
         changed = mutates - bound
         for name in mutates & bound:  # built here from older objects: those change
@@ -235,6 +235,10 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
             mutates=cell.mutates | changed,
             uses=cell.uses | changed,
             derives=derives,
+            # (what a notebook function patches: a module's attribute, a class's, which the
+            # record sees by identity alone)
+            patches=cell.patches | patches,
+            class_patches=cell.class_patches | class_patches,
         )
         if cell.filled:  # a function changed them: not only filled
             new = replace(new, filled=cell.filled - mutates - changed)
@@ -258,9 +262,14 @@ def _with_returns(cell: CellFacts, reads: Mapping[str, frozenset[str]]) -> CellF
 
 def _closure(
     called: set[str] | frozenset[str], table: dict[str, Effects], modules: Collection[str]
-) -> tuple[set[str], set[str]]:
+) -> tuple[set[str], set[str], frozenset[str], frozenset[str]]:
+    """What calling ``called`` does, with the functions they call in turn: (the globals they
+    bind, those they change, those whose attributes they set, those whose class they set
+    attributes on)."""
     assigns: set[str] = set()
     mutates: set[str] = set()
+    patches: set[str] = set()
+    class_patches: set[str] = set()
     seen: set[str] = set()
     stack = list(called)
     while stack:
@@ -271,11 +280,13 @@ def _closure(
         effects = table[name]
         assigns |= effects.assigns
         mutates |= effects.mutates
+        patches |= effects.patches
+        class_patches |= effects.class_patches
         for receiver, handed in effects.handed.items():
             if receiver not in modules:
                 mutates |= handed
         stack.extend(effects.calls)
-    return assigns - mutates, mutates
+    return assigns - mutates, mutates, frozenset(patches), frozenset(class_patches)
 
 
 class _Planner:

@@ -16,6 +16,7 @@ Python cannot read) are listed as such.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -27,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from operator import itemgetter, ne, not_
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
-from typing import Any
+from typing import Any, Literal
 
-from .rng import RngReader, drawn_from, encode_rng
+from .rng import RngReader, drawn_from, encode_rng, random_state
 from .settings import process_settings, settings_changed
 
 _CACHED_FUNCTION = getattr(functools, "_lru_cache_wrapper", None)
@@ -39,7 +40,7 @@ _KEEP = 500  # records kept in a long session (as runtime.cells)
 _KEEP_RNG = 200  # of which with a random state (a few KiB each)
 _IMMUTABLE = frozenset({str, bytes, int, float, complex, bool, type(None), range, type(...)})
 _CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
-_CONTAINER_BASES = (list, tuple, dict, set, frozenset)
+_CONTAINER_BASES = (list, tuple, dict, set, frozenset, collections.deque)  # (deque: as a list)
 _MAY_CHANGE = dict.fromkeys(_IMMUTABLE, False)
 _NOT_MODULES = frozenset({"", "__main__", "builtins", "__mp_main__"})
 
@@ -163,6 +164,11 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
         elif torch is not None and isinstance(obj, torch.Generator):
             # A generator of one's own (``torch.Generator().manual_seed(0)``): where it stands.
             append((id(obj), obj.get_state().numpy().tobytes()))
+        elif where := _GENERATORS[kind] if kind in _GENERATORS else _generator(kind):
+            # A random generator of one's own (``random.Random(1)``, ``np.random.default_rng()``):
+            # where it stands, as the global generators' states are read.
+            append((id(obj), where(obj)))
+            stack.extend(getattr(obj, "__dict__", {}).values())  # (a subclass's attributes)
         elif kind is _CACHED_FUNCTION:  # functools.lru_cache's: its cache fills as it is called
             append((id(obj), obj.cache_info()))
         elif kind is functools.partial:  # what it was handed (``partial(collect, [])``)
@@ -184,6 +190,49 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             else:
                 stack.extend(attributes)
     return whole
+
+
+def _generator(kind: type) -> Callable[[Any], Any] | Literal[False]:
+    """How to read where a random generator of type ``kind`` stands, or False for any other type
+    (found once per type)."""
+    read: Callable[[Any], Any] | Literal[False] = False
+    numpy = sys.modules.get("numpy")
+    if issubclass(kind, random.Random):
+        if not issubclass(kind, random.SystemRandom):  # (which keeps no state)
+            read = random_state
+    elif numpy is not None and issubclass(kind, numpy.random.Generator):
+        read = _numpy_generator_state
+    elif numpy is not None and issubclass(kind, numpy.random.RandomState):
+        read = _numpy_legacy_state
+    elif numpy is not None and issubclass(kind, numpy.random.BitGenerator):
+        read = _bit_generator_state
+    if len(_GENERATORS) > 1024:
+        _GENERATORS.clear()
+    _GENERATORS[kind] = read
+    return read
+
+
+_GENERATORS: dict[type, Callable[[Any], Any] | Literal[False]] = {}
+
+
+def _numpy_generator_state(generator: Any) -> Any:
+    return _frozen(generator.bit_generator.state)  # (PCG64's: 1 us)
+
+
+def _numpy_legacy_state(legacy: Any) -> Any:
+    return _frozen(legacy.get_state(legacy=False))  # (with its cached normal sample)
+
+
+def _bit_generator_state(bit_generator: Any) -> Any:
+    return _frozen(bit_generator.state)
+
+
+def _frozen(state: Any) -> Any:
+    """A generator's state as values ``==`` compares: its dicts as items, its arrays as bytes."""
+    if isinstance(state, dict):
+        return tuple((k, _frozen(v)) for k, v in state.items())
+    tobytes = getattr(state, "tobytes", None)
+    return tobytes() if tobytes is not None else state
 
 
 def _class_token(kind: type) -> tuple[int, int]:

@@ -275,6 +275,21 @@ def _random_view(instance: Any) -> Any:
     return None
 
 
+def random_state(instance: Any) -> Any:
+    """Where a ``random.Random`` of one's own stands (``rng = random.Random(1)``): its state read
+    through its memory where ``random``'s is laid out as read here (checked once, on a private
+    one), else ``getstate()`` (8 us)."""
+    if not _RANDOM_LAYOUT:
+        _RANDOM_LAYOUT.append(_random_view(random.Random(0x5EED)) is not None)
+    if not _RANDOM_LAYOUT[0]:
+        return instance.getstate()
+    view = (ctypes.c_char * _RANDOM_BYTES).from_address(id(instance) + _RANDOM_HEAD)
+    return (view.raw, instance.gauss_next)
+
+
+_RANDOM_LAYOUT: list[bool] = []  # whether ``random_state`` reads memory, found once
+
+
 def _random_decoded(raw: bytes, gauss: Any) -> tuple[int, tuple[int, ...], Any]:
     """``random.getstate()``'s tuple from the raw state: (version, 624 words + index, gauss)."""
     (index,) = struct.unpack_from("=i", raw)

@@ -6,6 +6,8 @@ state it had before the failure."""
 from __future__ import annotations
 
 import abc
+import array
+import collections
 import dataclasses
 import functools
 import importlib
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from IPython.utils.capture import capture_output
 
 from nb_cudaguard.notebook import replay_glue
@@ -294,11 +297,14 @@ def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_p
 def test_functions_bound_to_the_global_generators_are_seen_whole():
     # Their state is the random state the record reads apart at each cell's start: ``from
     # random import shuffle`` is no name whose change may be missed.
-    import random
 
     for function in (random.random, random.shuffle, np.random.rand, np.random.shuffle):
         assert fingerprint(function)[1] is True, function
-    assert fingerprint(random.Random(0).random)[1] is False  # a generator of one's own
+    own = random.Random(0)  # a generator of one's own: where it stands is read
+    before = fingerprint(own.random)
+    assert before[1] is True
+    own.random()
+    assert fingerprint(own.random) != before
 
 
 def test_a_fingerprint_sees_state_held_by_what_is_called():
@@ -361,7 +367,7 @@ def test_a_fingerprint_sees_a_functions_attributes_and_a_slotted_objects_fields(
         assert before[1] and fingerprint(value) == before, value
         change()
         assert fingerprint(value)[0] != before[0], value
-    assert not fingerprint(random.Random(0))[1]  # a C base's state: still not seen whole
+    assert not fingerprint(array.array("i", [1]))[1]  # a C type's state: still not seen whole
 
 
 def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
@@ -381,7 +387,9 @@ def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
         items = (0,)
 
     net, add = Net(), [].append
+    recent = collections.deque([0.5, 0.4], maxlen=2)  # the last losses: full, so each drops one
     changes = [
+        (recent, lambda: recent.append(0.4)),
         (net, lambda: setattr(net, "_calls", 1)),
         (add, lambda: add(1)),
         (Plain, lambda: setattr(Plain, "interval", 0)),
@@ -494,6 +502,73 @@ def test_a_setting_a_cell_changed_is_set_again_by_the_replay(recorded, setting, 
         assert eval(read, recorded.user_ns) == before, summary
     finally:
         recorded.run_cell(default)
+
+
+# (the cells before the failing one, after the imports; what the failing cell reads)
+_THROUGH_FUNCTIONS = {
+    "a module's function patched": (
+        ["x = torch.tensor([1.0, -1.0])", "def patch():\n    F.gelu = lambda t: t * 2", "patch()"],
+        "F.gelu(x).tolist()",
+    ),
+    "a module's function patched two calls deep": (
+        [
+            "x = torch.tensor([1.0, -1.0])",
+            "def inner():\n    F.gelu = lambda t: t * 2\n\ndef patch():\n    inner()",
+            "patch()",
+        ],
+        "F.gelu(x).tolist()",
+    ),
+    "a library class's method patched": (
+        [
+            "act = torch.nn.GELU()\nx = torch.tensor([1.0, -1.0])",
+            "def patch():\n    torch.nn.GELU.forward = lambda self, t: t * 3",
+            "patch()",
+        ],
+        "act(x).tolist()",
+    ),
+    "random.Random": (
+        ["rng = random.Random(1)", "def draw():\n    return rng.random()", "draw()"],
+        "rng.random()",
+    ),
+    "np.random.default_rng": (
+        ["rng = np.random.default_rng(0)", "def draw():\n    return rng.random()", "draw()"],
+        "rng.random()",
+    ),
+    "np.random.Generator(MT19937)": (
+        [
+            "rng = np.random.Generator(np.random.MT19937(0))",
+            "def draw():\n    return rng.random()",
+            "draw()",
+        ],
+        "rng.random()",
+    ),
+    "np.random.RandomState": (
+        ["rng = np.random.RandomState(0)", "def draw():\n    return rng.randn()", "draw()"],
+        "rng.randn()",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_THROUGH_FUNCTIONS))
+def test_what_a_notebook_function_did_outside_the_names_is_done_again(recorded, case):
+    # A library patched, a generator of one's own advanced, by a function defined in the
+    # notebook: the calling cell binds nothing, and its record alone would skip it.
+    body, read = _THROUGH_FUNCTIONS[case]
+    imports = "import random, torch, numpy as np\nimport torch.nn.functional as F"
+    cells = [imports, *body, "y = 1", f"seen = {read}\n[][0]"]
+    gelu, forward = F.gelu, torch.nn.GELU.forward
+    try:
+        saved = _run(recorded, cells)
+        # only this test's cells (the shell's history holds other tests' cells too)
+        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+        before = recorded.user_ns["seen"]
+        F.gelu, torch.nn.GELU.forward = gelu, forward  # as a new process imports them
+        _new_process(recorded, ["x", "act", "rng", "patch", "inner", "draw", "y", "seen"])
+        summary = _replay(recorded, saved)
+        assert recorded.user_ns["seen"] == before, summary
+    finally:
+        F.gelu, torch.nn.GELU.forward = gelu, forward
 
 
 def test_an_abc_of_the_notebooks_own_module_is_seen_with_the_state_it_holds(
@@ -691,7 +766,6 @@ def test_plain_containers_of_tensors_and_histories_see_changes_in_place():
 
 
 def test_the_random_states_read_at_a_cells_start_bring_its_draws_back_exactly():
-    import random
 
     import numpy as np
 
