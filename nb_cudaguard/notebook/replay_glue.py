@@ -42,6 +42,7 @@ from ..replay.planner import (
     with_files,
     with_records,
     with_unrepeatable,
+    with_unseen_handed,
 )
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
@@ -216,12 +217,13 @@ def make_plan(
     def transform(source: str) -> str:
         return str(shell.transform_cell(source))
 
-    facts = []
+    texts = []
     for cell in cells:
         found = known.get(cell.source)
         if found is None:
             found = known[cell.source] = analyse_cell(runnable_source(cell.source), transform)
-        facts.append(joined(found, cell.record))
+        texts.append(found)
+    facts = [joined(f, c.record) for f, c in zip(with_unseen_handed(texts), cells, strict=True)]
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     from .keep_glue import restored_names
 

@@ -258,6 +258,10 @@ class Effects:
     # and those whose class it sets them on (``type(model).forward = f``): as a cell's.
     patches: frozenset[str] = frozenset()
     class_patches: frozenset[str] = frozenset()
+    # Whether it changes what it is handed through ``.data`` or ``.numpy()`` (``m.weight.data
+    # *= 0.5`` in ``shrink(m)``), which no version counter counts. (The globals it so changes
+    # are among ``mutates``: a cell's calls change them whatever its record says.)
+    untracked_handed: bool = False
 
 
 @dataclass
@@ -624,6 +628,7 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
     handed: dict[str, set[str]] = {}
     patches: set[str] = set()
     class_patches: set[str] = set()
+    untracked_handed = False
 
     def patched(target: ast.expr, through: bool) -> None:
         root = _root_name(target)
@@ -631,6 +636,14 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             patches.add(root)
             if _through_class(target):
                 class_patches.add(root)
+
+    def unseen_change(path: ast.expr) -> None:
+        """``path`` changed through a view no version counter counts (``m.weight.data``): of a
+        parameter, or of a local that may come from one (``for layer in m.layers``)? (A
+        global's change is among ``mutates``.)"""
+        nonlocal untracked_handed
+        root = _untracked_root(path)
+        untracked_handed |= root is not None and root in local
 
     for each in nodes:
         if (
@@ -647,6 +660,11 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             if inplace:
                 changed(root)
                 patched(target, _through_attribute(target))
+                unseen_change(target)
+        if isinstance(each, ast.Expr) and _method_call_root(each) is not None:
+            call = each.value.value if isinstance(each.value, ast.Await) else each.value
+            if isinstance(call, ast.Call):  # (``[await] x.a.method(...)``)
+                unseen_change(call.func)
         if (
             isinstance(each, ast.Call)
             and isinstance(each.func, ast.Name)
@@ -677,6 +695,7 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
         {r: frozenset(n) for r, n in handed.items() if n},
         frozenset(patches),
         frozenset(class_patches),
+        untracked_handed,
     )
     return loaded - local, effects
 

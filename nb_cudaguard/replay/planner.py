@@ -246,6 +246,32 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     return out
 
 
+def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
+    """``facts`` (from the cells' text, before their records join them), where a cell calls a
+    notebook function that changes what it is handed through ``.data`` or ``.numpy()``
+    (``def shrink(m): m.weight.data *= 0.5``): what the cell hands its calls, which the text
+    takes for changed, is changed where no version counter counts, so the record cannot
+    overrule it."""
+    table: dict[str, Effects] = {}
+    out = []
+    for cell in facts:
+        for name in cell.defines - cell.mutates:
+            table.pop(name, None)
+        table.update(cell.effects)
+        stack, seen = list(cell.calls & table.keys()), set()
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in table:
+                continue
+            seen.add(name)
+            if table[name].untracked_handed:
+                cell = replace(cell, untracked=cell.untracked | cell.mutates)
+                break
+            stack.extend(table[name].calls)
+        out.append(cell)
+    return out
+
+
 def _with_returns(cell: CellFacts, reads: Mapping[str, frozenset[str]]) -> CellFacts:
     """``cell``, whose names built from what a notebook function or class returns (``s =
     score()``, ``r = Report()``) derive from the globals it reads (``sum(hist)``)."""

@@ -526,6 +526,14 @@ _THROUGH_FUNCTIONS = {
         ],
         "act(x).tolist()",
     ),
+    "weights scaled through .data by a function they are handed": (
+        [
+            "lin = torch.nn.Linear(2, 2)\nwith torch.no_grad():\n    lin.weight.fill_(1.0)",
+            "def shrink(m):\n    for p in m.parameters():\n        p.data *= 0.5",
+            "shrink(lin)",
+        ],
+        "lin.weight.sum().item()",
+    ),
     "random.Random": (
         ["rng = random.Random(1)", "def draw():\n    return rng.random()", "draw()"],
         "rng.random()",
@@ -564,7 +572,8 @@ def test_what_a_notebook_function_did_outside_the_names_is_done_again(recorded, 
         saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
         before = recorded.user_ns["seen"]
         F.gelu, torch.nn.GELU.forward = gelu, forward  # as a new process imports them
-        _new_process(recorded, ["x", "act", "rng", "patch", "inner", "draw", "y", "seen"])
+        names = ["x", "act", "rng", "lin", "patch", "inner", "draw", "shrink", "y", "seen"]
+        _new_process(recorded, names)
         summary = _replay(recorded, saved)
         assert recorded.user_ns["seen"] == before, summary
     finally:
