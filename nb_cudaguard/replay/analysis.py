@@ -262,6 +262,9 @@ class Effects:
     # *= 0.5`` in ``shrink(m)``), which no version counter counts. (The globals it so changes
     # are among ``mutates``: a cell's calls change them whatever its record says.)
     untracked_handed: bool = False
+    # A class's: what its methods do that the record cannot see (their patches, changes
+    # through ``.data``), for a cell that makes an instance or calls its methods.
+    of_class: bool = False
 
 
 @dataclass
@@ -1089,6 +1092,14 @@ class _CellVisitor(ast.NodeVisitor):
         self._store(node.name)
         self.c.links.pop(node.name, None)
         self.c.effects.pop(node.name, None)
+        summaries = [_function_summary(m)[1] for m in methods]
+        if any(e.patches or e.untracked_handed for e in summaries):
+            self.c.effects[node.name] = Effects(
+                patches=frozenset().union(*(e.patches for e in summaries)),
+                class_patches=frozenset().union(*(e.class_patches for e in summaries)),
+                untracked_handed=any(e.untracked_handed for e in summaries),
+                of_class=True,
+            )
         self.c.callables.add(node.name)
         # Its attributes are computed now from what the body reads (``class CFG: n =
         # len(classes)``), as a function's are not.

@@ -201,6 +201,7 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     and through this cell's links what those were built from. What the cell builds from what
     they return derives from the globals they read."""
     table: dict[str, Effects] = {}
+    instances: dict[str, frozenset[str]] = {}
     # the globals each function, lambda or class reads (those of its cell's)
     reads: dict[str, frozenset[str]] = {}
     out = []
@@ -211,7 +212,7 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
         table.update(cell.effects)
         reads.update(dict.fromkeys(cell.callables | cell.effects.keys(), cell.deferred))
         cell = _with_returns(cell, reads)
-        called = cell.calls & table.keys()
+        called = (cell.calls & table.keys()) | _methods_called(cell, table, instances)
         if not called:
             out.append(cell)
             continue
@@ -253,12 +254,14 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
     takes for changed, is changed where no version counter counts, so the record cannot
     overrule it."""
     table: dict[str, Effects] = {}
+    instances: dict[str, frozenset[str]] = {}
     out = []
     for cell in facts:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
         table.update(cell.effects)
-        stack, seen = list(cell.calls & table.keys()), set()
+        stack = [*(cell.calls & table.keys()), *_methods_called(cell, table, instances)]
+        seen: set[str] = set()
         while stack:
             name = stack.pop()
             if name in seen or name not in table:
@@ -270,6 +273,25 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
             stack.extend(table[name].calls)
         out.append(cell)
     return out
+
+
+def _methods_called(
+    cell: CellFacts, table: Mapping[str, Effects], instances: dict[str, frozenset[str]]
+) -> set[str]:
+    """The notebook classes (with effects the record cannot see) that ``cell`` uses, or whose
+    instances it uses: their methods may be what it calls (``p = Patcher()`` earlier,
+    ``p.apply()`` now).
+    ``instances``, each name made by calling such a class, is brought up to date."""
+    for name in cell.defines - cell.mutates:
+        instances.pop(name, None)
+    for name in cell.defines:
+        made = cell.derives.get(name, frozenset()) & cell.calls
+        classes = frozenset(m for m in made if m in table and table[m].of_class)
+        if classes:
+            instances[name] = classes
+    used = cell.mutates | cell.uses
+    found = {n for n in used if n in table and table[n].of_class}  # (``Patcher.apply()``)
+    return found.union(*(instances[n] for n in used & instances.keys()))
 
 
 def _with_returns(cell: CellFacts, reads: Mapping[str, frozenset[str]]) -> CellFacts:

@@ -534,6 +534,35 @@ _THROUGH_FUNCTIONS = {
         ],
         "lin.weight.sum().item()",
     ),
+    "a module's function patched by a method": (
+        [
+            "x = torch.tensor([1.0, -1.0])",
+            "class Patcher:\n    def apply(self):\n        F.gelu = lambda t: t * 2\n\n"
+            "p = Patcher()",
+            "p.apply()",
+        ],
+        "F.gelu(x).tolist()",
+    ),
+    "a module's function patched by a classmethod": (
+        [
+            "x = torch.tensor([1.0, -1.0])",
+            "class Patcher:\n    @classmethod\n    def apply(cls):\n"
+            "        F.gelu = lambda t: t * 2",
+            "Patcher.apply()",
+        ],
+        "F.gelu(x).tolist()",
+    ),
+    "weights scaled through .data by a method": (
+        [
+            "lin = torch.nn.Linear(2, 2)\nwith torch.no_grad():\n    lin.weight.fill_(1.0)",
+            "class Shrinker:\n    def __init__(self, m):\n        self.m = m\n\n"
+            "    def step(self):\n        for q in self.m.parameters():\n"
+            "            q.data *= 0.5\n\n"
+            "s = Shrinker(lin)",
+            "s.step()",
+        ],
+        "lin.weight.sum().item()",
+    ),
     "random.Random": (
         ["rng = random.Random(1)", "def draw():\n    return rng.random()", "draw()"],
         "rng.random()",
@@ -572,7 +601,8 @@ def test_what_a_notebook_function_did_outside_the_names_is_done_again(recorded, 
         saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
         before = recorded.user_ns["seen"]
         F.gelu, torch.nn.GELU.forward = gelu, forward  # as a new process imports them
-        names = ["x", "act", "rng", "lin", "patch", "inner", "draw", "shrink", "y", "seen"]
+        names = ["x", "act", "rng", "lin", "p", "s", "patch", "inner", "draw", "shrink", "y"]
+        names.append("seen")
         _new_process(recorded, names)
         summary = _replay(recorded, saved)
         assert recorded.user_ns["seen"] == before, summary
