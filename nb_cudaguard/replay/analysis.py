@@ -84,6 +84,15 @@ SETUP_CALLS = frozenset(
         "set_detect_anomaly",
     }
 )  # fmt: skip
+# A library function that sets its library's state, by its name (``set_dir``, ``set_theme``,
+# ``use``, ``enable_progress_bar``): setup where called on a module (``analysis.setters``).
+_SETTER = re.compile(r"(?:set|enable|disable|use)(?:_\w+)?")
+
+
+def _setter(name: str) -> bool:
+    return name not in SETUP_CALLS and _SETTER.fullmatch(name) is not None
+
+
 # Calls that draw from a random generator (torch's, NumPy's, ``random``'s), by function name: a
 # skipped one changes what later draws give after a seed. ``iter``/``next``: a DataLoader draws
 # its workers' seed from torch's generator at each ``iter`` (and shuffles); layers draw their
@@ -243,6 +252,11 @@ class CellFacts:
     # that reads them (``if bad >= 1: stop = True``, ``for v in log: count += 1``). No link, but
     # the value differs where they differ.
     derives: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Each name whose setter it calls (``torch.hub.set_dir(p)``, ``sns.set_theme()``,
+    # ``plt.style.use(s)``, ``transformers.logging.set_verbosity_error()``) -> how: where the
+    # name is a library's module, the state it sets lives in the library, which a new process
+    # imports afresh (the planner knows which names are modules).
+    setters: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -262,6 +276,7 @@ class Effects:
     # *= 0.5`` in ``shrink(m)``), which no version counter counts. (The globals it so changes
     # are among ``mutates``: a cell's calls change them whatever its record says.)
     untracked_handed: bool = False
+    setters: Mapping[str, str] = field(default_factory=dict)  # as a cell's
     # A class's: what its methods do that the record cannot see (their patches, changes
     # through ``.data``), for a cell that makes an instance or calls its methods.
     of_class: bool = False
@@ -292,6 +307,7 @@ class _Collect:
     patches: set[str] = field(default_factory=set)
     class_patches: set[str] = field(default_factory=set)
     derives: dict[str, set[str]] = field(default_factory=dict)
+    setters: dict[str, str] = field(default_factory=dict)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -321,6 +337,7 @@ class _Collect:
             patches=frozenset(self.patches),
             class_patches=frozenset(self.class_patches),
             derives={n: frozenset(r - {n}) for n, r in self.derives.items() if r - {n}},
+            setters=dict(self.setters),
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -632,6 +649,7 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
     patches: set[str] = set()
     class_patches: set[str] = set()
     untracked_handed = False
+    setters: dict[str, str] = {}
 
     def patched(target: ast.expr, through: bool) -> None:
         root = _root_name(target)
@@ -675,6 +693,11 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             and each.args
         ):
             patched(each.args[0], True)
+        if isinstance(each, ast.Call) and isinstance(each.func, ast.Attribute):
+            dotted = _dotted(each.func)
+            root = dotted.partition(".")[0] if dotted is not None else None
+            if root is not None and root not in local and _setter(each.func.attr):
+                setters.setdefault(root, f"calls {dotted}()")
         changed(_method_call_root(each))
         if isinstance(each, ast.Call):
             if isinstance(each.func, ast.Name):
@@ -699,6 +722,7 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
         frozenset(patches),
         frozenset(class_patches),
         untracked_handed,
+        setters,
     )
     return loaded - local, effects
 
@@ -1093,11 +1117,12 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.links.pop(node.name, None)
         self.c.effects.pop(node.name, None)
         summaries = [_function_summary(m)[1] for m in methods]
-        if any(e.patches or e.untracked_handed for e in summaries):
+        if any(e.patches or e.untracked_handed or e.setters for e in summaries):
             self.c.effects[node.name] = Effects(
                 patches=frozenset().union(*(e.patches for e in summaries)),
                 class_patches=frozenset().union(*(e.class_patches for e in summaries)),
                 untracked_handed=any(e.untracked_handed for e in summaries),
+                setters={k: v for e in reversed(summaries) for k, v in e.setters.items()},
                 of_class=True,
             )
         self.c.callables.add(node.name)
@@ -1203,6 +1228,9 @@ class _CellVisitor(ast.NodeVisitor):
                     self.c.class_patches.add(patched)
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
+        dotted = _dotted(func) if isinstance(func, ast.Attribute) else None
+        if dotted is not None and _setter(name or ""):
+            self.c.setters.setdefault(dotted.partition(".")[0], f"calls {dotted}()")
         if name in SETUP_CALLS:
             # by its dotted name where it has one (``sys.setrecursionlimit()``): the plan's
             # note then names the module whose state the new process lacks

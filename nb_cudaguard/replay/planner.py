@@ -130,7 +130,7 @@ def plan_replay(
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
     modules = module_names(facts, own_modules)
-    facts = with_calls(with_handed(facts, modules), modules)
+    facts = with_setters(with_calls(with_handed(facts, modules), modules), modules)
     present = set(present)
     restored = set(restored) & present
     yours = set(changed_here) & restored
@@ -162,6 +162,18 @@ def module_names(facts: Sequence[CellFacts], own_modules: Collection[str] = ()) 
             for effects in cell.effects.values():
                 others |= effects.assigns
     return (imported | _BUILTINS) - others
+
+
+def with_setters(facts: Sequence[CellFacts], modules: Collection[str]) -> list[CellFacts]:
+    """Each cell's facts, setting up what the library setters it calls on ``modules`` set
+    (``torch.hub.set_dir(p)``): that state lives in the library, gone with the old process."""
+    out = []
+    for cell in facts:
+        calls = [how for root, how in cell.setters.items() if root in modules]
+        if calls:
+            cell = replace(cell, setup="; ".join(filter(None, [cell.setup, *calls])))
+        out.append(cell)
+    return out
 
 
 def with_handed(facts: Sequence[CellFacts], modules: Collection[str]) -> list[CellFacts]:
@@ -216,7 +228,7 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
         if not called:
             out.append(cell)
             continue
-        assigns, mutates, patches, class_patches = _closure(called, table, modules)
+        assigns, mutates, patches, class_patches, setters = _closure(called, table, modules)
         bound = cell.defines - cell.mutates  # its own new objects: not a change
         changed = mutates - bound
         for name in mutates & bound:  # built here from older objects: those change
@@ -240,6 +252,7 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
             # record sees by identity alone)
             patches=cell.patches | patches,
             class_patches=cell.class_patches | class_patches,
+            setters={**setters, **cell.setters},
         )
         if cell.filled:  # a function changed them: not only filled
             new = replace(new, filled=cell.filled - mutates - changed)
@@ -310,14 +323,15 @@ def _with_returns(cell: CellFacts, reads: Mapping[str, frozenset[str]]) -> CellF
 
 def _closure(
     called: set[str] | frozenset[str], table: dict[str, Effects], modules: Collection[str]
-) -> tuple[set[str], set[str], frozenset[str], frozenset[str]]:
+) -> tuple[set[str], set[str], frozenset[str], frozenset[str], dict[str, str]]:
     """What calling ``called`` does, with the functions they call in turn: (the globals they
     bind, those they change, those whose attributes they set, those whose class they set
-    attributes on)."""
+    attributes on, the setters they call)."""
     assigns: set[str] = set()
     mutates: set[str] = set()
     patches: set[str] = set()
     class_patches: set[str] = set()
+    setters: dict[str, str] = {}
     seen: set[str] = set()
     stack = list(called)
     while stack:
@@ -330,11 +344,13 @@ def _closure(
         mutates |= effects.mutates
         patches |= effects.patches
         class_patches |= effects.class_patches
+        for root, how in effects.setters.items():
+            setters.setdefault(root, how)
         for receiver, handed in effects.handed.items():
             if receiver not in modules:
                 mutates |= handed
         stack.extend(effects.calls)
-    return assigns - mutates, mutates, frozenset(patches), frozenset(class_patches)
+    return assigns - mutates, mutates, frozenset(patches), frozenset(class_patches), setters
 
 
 class _Planner:

@@ -1213,3 +1213,40 @@ def test_a_library_class_a_failed_cell_patched_names_what_was_made_from_its_modu
     plan = plan_replay(facts, 3, set(present), {1})
     ((index, names, _),) = plan.failed_changes
     assert index == 1 and {"torch", "act"} <= set(names)
+
+
+@pytest.mark.parametrize(
+    "setter",
+    [
+        "torch.hub.set_dir('/data/hub')",
+        "sns.set_theme(style='dark')",
+        "plt.style.use('ggplot')",
+        "transformers.logging.set_verbosity_error()",
+        "datasets.disable_progress_bar()",
+    ],
+)
+def test_a_librarys_setter_sets_up_where_it_is_called_on_a_module(setter):
+    # The state it sets lives in the library, which the new process imports afresh; a setter
+    # of an object of the notebook's (``df.set_index``) is no setup.
+    imports = (
+        "import torch, seaborn as sns, transformers, datasets\nimport matplotlib.pyplot as plt"
+    )
+    plan = _plan([imports, setter, "x = 1", "y = x"])
+    assert any(s.index == 1 and "sets up: calls" in " ".join(s.reasons) for s in plan.steps)
+    plan = _plan([imports, "df = load()", "df.set_index('a')", "y = 1"])
+    assert [s.index for s in plan.steps] == [3]
+
+
+def test_a_librarys_setter_called_by_a_notebook_function_or_method_sets_up():
+    cells = [
+        "import torch",
+        "def configure():\n    torch.hub.set_dir('/data/hub')",
+        "class Env:\n    def apply(self):\n        torch.hub.set_dir('/data/hub')",
+        "configure()",
+        "env = Env()",
+        "env.apply()",
+        "y = 1",
+    ]
+    steps = {s.index: s.reasons for s in _plan(cells).steps}
+    assert "sets up: calls torch.hub.set_dir()" in steps[3]
+    assert "sets up: calls torch.hub.set_dir()" in steps[5]

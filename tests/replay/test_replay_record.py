@@ -445,6 +445,11 @@ _SETTINGS = {
         f"np.seterr(divide={np.geterr()['divide']!r})",
         "np.geterr()['divide']",
     ),
+    "torch.hub.set_dir": (
+        "torch.hub.set_dir('/tmp/nbcg-hub')",
+        f"torch.hub.set_dir({torch.hub.get_dir()!r})",
+        "torch.hub.get_dir()",
+    ),
     "printoptions": (
         "np.set_printoptions(precision=3)",
         f"np.set_printoptions(precision={np.get_printoptions()['precision']})",
