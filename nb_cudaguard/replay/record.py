@@ -435,6 +435,8 @@ def _array_seen(array: Any) -> tuple[tuple[Any, ...], bool]:
         sample: Any = None
     elif size <= _SAMPLE:
         sample, whole = array.tobytes(), True
+    elif array.ndim == 1:  # (the same values as ``ravel()`` gives, one view fewer)
+        sample = array[:: size // _SAMPLE].tobytes()
     elif array.flags.c_contiguous:
         sample = array.ravel()[:: size // _SAMPLE].tobytes()
     else:
