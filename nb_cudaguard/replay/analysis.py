@@ -135,6 +135,9 @@ FRESH_CALLS = frozenset(
         "int",
         "float",
         "bool",
+        "read",  # a stream's text or bytes: a new str (the stream moves on: STREAM_METHODS)
+        "readline",
+        "readlines",
     }
 )
 
@@ -164,6 +167,14 @@ ARGUMENT_READING_METHODS = READ_ONLY_METHODS | {
     "set_description", "set_postfix", "set_title", "set_xlabel", "set_ylabel", "legend",
     "imshow", "scatter", "bar", "text", "annotate",
 } | FRESH_CALLS  # fmt: skip
+
+# Methods that move a stream's position (a file, ``io.StringIO``) in any expression, a result
+# used or not (``first = f.readline()``): the object changes, as a generator's draw does.
+STREAM_METHODS = frozenset(
+    {"read", "readline", "readlines", "readinto", "seek", "truncate", "write", "writelines"}
+)
+# Calls that read the whole namespace when called with no argument.
+NAMESPACE_CALLS = frozenset({"globals", "locals", "vars", "dir"})
 
 # Methods that put their arguments into their object (lists, deques, sets, dicts, queues,
 # ``nn.ModuleList``/``ModuleDict``, ``nn.Module``'s registries, an optimizer's param groups).
@@ -241,6 +252,9 @@ class CellFacts:
     # that reads them (``if bad >= 1: stop = True``, ``for v in log: count += 1``). No link, but
     # the value differs where they differ.
     derives: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Whether it reads the whole namespace (``globals()``, ``locals()``, ``vars()``, ``dir()``
+    # with no argument): then it reads every name, those no other cell names included.
+    reads_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,6 +293,7 @@ class _Collect:
     patches: set[str] = field(default_factory=set)
     class_patches: set[str] = field(default_factory=set)
     derives: dict[str, set[str]] = field(default_factory=dict)
+    reads_all: bool = False
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -308,6 +323,7 @@ class _Collect:
             patches=frozenset(self.patches),
             class_patches=frozenset(self.class_patches),
             derives={n: frozenset(r - {n}) for n, r in self.derives.items() if r - {n}},
+            reads_all=self.reads_all,
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -887,6 +903,9 @@ class _CellVisitor(ast.NodeVisitor):
                 self._hold(root, stored or set())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
                 self.c.setup.append("sets an environment variable, os.environ")
+            path = target.value if isinstance(target, ast.Subscript) else target
+            if _dotted(path) == "sys.path":
+                self.c.setup.append("changes sys.path")
         elif isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
                 self._target(element, stored, fill)
@@ -1147,6 +1166,16 @@ class _CellVisitor(ast.NodeVisitor):
                     self.c.class_patches.add(patched)
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
+        if isinstance(func, ast.Name) and func.id in NAMESPACE_CALLS and not node.args:
+            self.c.reads_all = True
+        if isinstance(func, ast.Attribute) and _dotted(func.value) == "sys.path":
+            if func.attr not in READ_ONLY_METHODS:  # ``sys.path.insert(0, repo)``
+                self.c.setup.append("changes sys.path")
+        elif isinstance(func, ast.Attribute) and func.attr in STREAM_METHODS:
+            stream = func.value.id if isinstance(func.value, ast.Name) else None
+            # (one the cell opened itself is its own new object: nothing from before moved)
+            if stream is not None and stream not in self.imported | self.bound:
+                self._mutate(stream)  # ``line = f.readline()``: ``f`` is further on
         if name in SETUP_CALLS:
             # by its dotted name where it has one (``sys.setrecursionlimit()``): the plan's
             # note then names the module whose state the new process lacks

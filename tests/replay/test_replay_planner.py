@@ -1213,3 +1213,56 @@ def test_a_library_class_a_failed_cell_patched_names_what_was_made_from_its_modu
     plan = plan_replay(facts, 3, set(present), {1})
     ((index, names, _),) = plan.failed_changes
     assert index == 1 and {"torch", "act"} <= set(names)
+
+
+def test_sys_path_changed_by_a_failed_cell_is_named_with_what_later_cells_make():
+    # ``sys.path.insert(0, repo)`` at the top of a cell that then raised: the new process's
+    # path lacks it, as it lacks a directory the cell changed to.
+    facts = facts_of(
+        [
+            "import os, sys",
+            "sys.path.insert(0, os.getcwd())\nraise RuntimeError",
+            "first = sys.path[0]",
+            "print(first)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    ((index, setup, made),) = plan.failed_setup
+    assert (index, made) == (1, ("first",))
+    assert "sys.path" in setup
+
+
+def test_a_file_read_further_by_a_failed_cell_is_named_with_what_later_reads_give():
+    # ``first = f.readline()`` moved the file's position (an open file is not seen whole, so the
+    # text's guess stands): the replay's ``f`` is a line behind, and so is ``second``.
+    facts = facts_of(
+        [
+            "f = open('labels.csv')\nheader = f.readline()",
+            "first = f.readline()\nraise RuntimeError",
+            "second = f.readline()",
+            "print(second)",
+        ]
+    )
+    records = [None, CellRecord(bound=frozenset({"first"}), unseen=frozenset({"f"})), None, None]
+    facts = [joined(f, r) for f, r in zip(facts, records, strict=True)]
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("f",), ("second",)),)
+
+
+def test_names_a_failed_cell_bound_through_globals_are_named_where_a_cell_reads_globals():
+    # The failed sweep bound ``lr_a`` through ``globals()``, which no cell's text names: the
+    # cell listing ``globals()`` and the failing cell reading it find it missing.
+    facts = facts_of(
+        [
+            "base = 1",
+            "for k in 'ab':\n    globals()['lr_' + k] = base\n    raise RuntimeError",
+            "found = sorted(n for n in globals() if n.startswith('lr_'))",
+            "print(found, globals().get('lr_a'))",
+        ]
+    )
+    record = CellRecord(bound=frozenset({"k", "lr_a"}))
+    facts[1] = joined(facts[1], record)
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("k", "lr_a"), ("found",)),)
+    # Here (restored), they are as the failed cell left them: nothing to name.
+    assert plan_replay(facts, 3, {"k", "lr_a", "base", "found"}, {1}).failed_changes == ()
