@@ -173,6 +173,10 @@ ARGUMENT_READING_METHODS = READ_ONLY_METHODS | {
 STREAM_METHODS = frozenset(
     {"read", "readline", "readlines", "readinto", "seek", "truncate", "write", "writelines"}
 )
+# Calls that write into the file or stream they are handed, by name: where it is among their
+# arguments (``torch.save(x, f)``, ``pickle.dump(x, f)``; numpy's: first, ``np.save(f, x)``).
+WRITING_CALLS = {"save": 1, "dump": 1, "savetxt": 0, "savez": 0, "savez_compressed": 0,
+                 "copyfileobj": 1}  # fmt: skip
 # Calls that read the whole namespace when called with no argument.
 NAMESPACE_CALLS = frozenset({"globals", "locals", "vars", "dir"})
 
@@ -255,6 +259,10 @@ class CellFacts:
     # Whether it reads the whole namespace (``globals()``, ``locals()``, ``vars()``, ``dir()``
     # with no argument): then it reads every name, those no other cell names included.
     reads_all: bool = False
+    # The names handed to a call as where it writes (``torch.save(sd, buf)``, ``pickle.dump(x,
+    # f)``, ``print(s, file=log)``): a path, or a stream (``io.BytesIO``, an open file) that the
+    # call writes into. Which one, only the run-time record tells (a stream is not seen whole).
+    written: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -294,6 +302,7 @@ class _Collect:
     class_patches: set[str] = field(default_factory=set)
     derives: dict[str, set[str]] = field(default_factory=dict)
     reads_all: bool = False
+    written: set[str] = field(default_factory=set)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -324,6 +333,7 @@ class _Collect:
             class_patches=frozenset(self.class_patches),
             derives={n: frozenset(r - {n}) for n, r in self.derives.items() if r - {n}},
             reads_all=self.reads_all,
+            written=frozenset(self.written),
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -1166,6 +1176,14 @@ class _CellVisitor(ast.NodeVisitor):
                     self.c.class_patches.add(patched)
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
+        where = WRITING_CALLS.get(name or "")
+        if where is not None and name in ("save", "dump"):
+            owner = func.value if isinstance(func, ast.Attribute) else None
+            where = 0 if isinstance(owner, ast.Name) and owner.id in ("np", "numpy") else where
+        target = node.args[where] if where is not None and len(node.args) > where else None
+        target = next((k.value for k in node.keywords if k.arg == "file"), target)
+        if isinstance(target, ast.Name) and target.id not in self.bound:
+            self.c.written.add(target.id)
         if isinstance(func, ast.Name) and func.id in NAMESPACE_CALLS and not node.args:
             self.c.reads_all = True
         if isinstance(func, ast.Attribute) and _dotted(func.value) == "sys.path":

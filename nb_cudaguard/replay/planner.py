@@ -816,7 +816,9 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
     where its random state was not kept: a replay starts it from that state."""
     if record is None:
         return facts
-    changed = record.changed
+    # A name a call wrote into that the record could not see whole is a stream it wrote to
+    # (``torch.save(sd, buf)`` into an ``io.BytesIO``); one seen whole is a path, unchanged.
+    changed = record.changed | (facts.written & record.unseen)
     setup = facts.setup
     if record.settings:
         setup = "; ".join(filter(None, [setup, "changes " + ", ".join(record.settings)]))

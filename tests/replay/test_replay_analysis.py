@@ -589,3 +589,18 @@ def test_streams_sys_path_and_whole_namespace_reads(code, mutates, setup, reads_
     facts = analyse(code)
     assert set(facts.mutates) == mutates
     assert (facts.setup, facts.reads_all) == (setup, reads_all)
+
+
+@pytest.mark.parametrize(
+    ("code", "written"),
+    [
+        ("torch.save(net.state_dict(), buf)", {"buf"}),
+        ("np.save(f, x)", {"f"}),
+        ("pickle.dump(stats, f)", {"f"}),
+        ("print(msg, file=log)", {"log"}),
+        ("torch.save(w, 'w.pt')", set()),
+        ("buf = io.BytesIO()\ntorch.save(w, buf)", set()),  # its own new buffer
+    ],
+)
+def test_what_a_call_writes_into(code, written):
+    assert set(analyse(code).written) == written

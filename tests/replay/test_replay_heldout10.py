@@ -229,3 +229,34 @@ def test_names_bound_through_globals_by_a_failed_sweep(server, server_kernel, re
     )
     fp = "{'lr_a': globals().get('lr_a'), 'lr_b': globals().get('lr_b'), 'found': found}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_an_in_memory_checkpoint_saved_into_a_bytesio_by_a_failed_cell(
+    server, server_kernel, restore
+):
+    # ``torch.save`` into an ``io.BytesIO`` (a checkpoint kept in memory, not on disk); the
+    # library function writes into the buffer it is handed.
+    kid, pid = server_kernel
+    cells = (
+        "import io, torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(2, 1)\nbuf = io.BytesIO()",
+        f"torch.save(net.state_dict(), buf)\n{OOM}",
+        "size = buf.tell()",
+    )
+    fp = "{'buf': buf.getbuffer().nbytes > 0, 'size': size > 0}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_csv_reader_advanced_by_a_failed_cell(server, server_kernel, restore):
+    # ``csv.reader`` over an open file, read row by row; a failed cell took one row.
+    kid, pid = server_kernel
+    (server.root / "rows10.csv").write_text("id,label\n1,0\n2,1\n3,1\n")
+    cells = (
+        "import csv\nf = open('rows10.csv', newline='')\nreader = csv.reader(f)\n"
+        "header = next(reader)",
+        f"row1 = next(reader)\n{OOM}",
+        "row2 = next(reader)",
+    )
+    fp = "{'reader': reader.line_num, 'row2': row2}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))

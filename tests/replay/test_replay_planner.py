@@ -1266,3 +1266,25 @@ def test_names_a_failed_cell_bound_through_globals_are_named_where_a_cell_reads_
     assert plan.failed_changes == ((1, ("k", "lr_a"), ("found",)),)
     # Here (restored), they are as the failed cell left them: nothing to name.
     assert plan_replay(facts, 3, {"k", "lr_a", "base", "found"}, {1}).failed_changes == ()
+
+
+def test_a_stream_a_library_call_wrote_into_is_changed_and_a_path_is_not():
+    # ``torch.save(sd, buf)`` writes into an ``io.BytesIO`` (not seen whole: a C object), where
+    # ``torch.save(sd, path)`` leaves the string alone (seen whole, unchanged).
+    facts = facts_of(["torch.save(sd, buf)"])[0]
+    assert "buf" in joined(facts, CellRecord(unseen=frozenset({"buf"}))).mutates
+    assert "buf" not in joined(facts, CellRecord()).mutates
+
+
+def test_a_checkpoint_a_failed_cell_saved_into_a_buffer_is_named_with_what_later_cells_read():
+    facts = facts_of(
+        [
+            "import io, torch\nnet = torch.nn.Linear(2, 1)\nbuf = io.BytesIO()",
+            "torch.save(net.state_dict(), buf)\nraise RuntimeError",
+            "size = buf.tell()",
+            "print(size)",
+        ]
+    )
+    facts[1] = joined(facts[1], CellRecord(unseen=frozenset({"buf"})))
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("buf",), ("size",)),)
