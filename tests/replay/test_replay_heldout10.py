@@ -10,7 +10,14 @@ and an ``array.array`` written by a failed cell; an open file's position advance
 ``readline`` in a failed cell; numpy's and torch's print and error settings set by a failed
 cell; a class attribute bumped through ``type(self)`` by a method in a failed cell; an
 object's ``__dict__`` changed by ``vars(obj).update`` and ``delattr`` with a computed name in a
-failed cell; names bound through ``globals()[...]`` by a failed sweep.
+failed cell; names bound through ``globals()[...]`` by a failed sweep; a checkpoint saved by
+``torch.save`` into an ``io.BytesIO`` by a failed cell; a ``csv.reader`` advanced by a failed cell.
+
+Four found silent differences, fixed with this round: ``sys.path`` changed by a failed cell, a
+file's position moved by ``first = f.readline()``, names a failed cell bound through ``globals()``
+that a later cell lists, a buffer ``torch.save`` wrote into (replay/analysis.py, planner.py); the
+class-attribute case's fingerprint read ``tr.last`` (unset when ``fit`` never ran) and now reads it
+with ``getattr``. The others passed on the code they were written against: regression cases.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
