@@ -146,6 +146,9 @@ FRESH_CALLS = frozenset(
         "int",
         "float",
         "bool",
+        "read",  # a stream's text or bytes: a new str (the stream moves on: STREAM_METHODS)
+        "readline",
+        "readlines",
     }
 )
 
@@ -175,6 +178,18 @@ ARGUMENT_READING_METHODS = READ_ONLY_METHODS | {
     "set_description", "set_postfix", "set_title", "set_xlabel", "set_ylabel", "legend",
     "imshow", "scatter", "bar", "text", "annotate",
 } | FRESH_CALLS  # fmt: skip
+
+# Methods that move a stream's position (a file, ``io.StringIO``) in any expression, a result
+# used or not (``first = f.readline()``): the object changes, as a generator's draw does.
+STREAM_METHODS = frozenset(
+    {"read", "readline", "readlines", "readinto", "seek", "truncate", "write", "writelines"}
+)
+# Calls that write into the file or stream they are handed, by name: where it is among their
+# arguments (``torch.save(x, f)``, ``pickle.dump(x, f)``; numpy's: first, ``np.save(f, x)``).
+WRITING_CALLS = {"save": 1, "dump": 1, "savetxt": 0, "savez": 0, "savez_compressed": 0,
+                 "copyfileobj": 1}  # fmt: skip
+# Calls that read the whole namespace when called with no argument.
+NAMESPACE_CALLS = frozenset({"globals", "locals", "vars", "dir"})
 
 # Methods that put their arguments into their object (lists, deques, sets, dicts, queues,
 # ``nn.ModuleList``/``ModuleDict``, ``nn.Module``'s registries, an optimizer's param groups).
@@ -257,6 +272,13 @@ class CellFacts:
     # name is a library's module, the state it sets lives in the library, which a new process
     # imports afresh (the planner knows which names are modules).
     setters: Mapping[str, str] = field(default_factory=dict)
+    # Whether it reads the whole namespace (``globals()``, ``locals()``, ``vars()``, ``dir()``
+    # with no argument): then it reads every name, those no other cell names included.
+    reads_all: bool = False
+    # The names handed to a call as where it writes (``torch.save(sd, buf)``, ``pickle.dump(x,
+    # f)``, ``print(s, file=log)``): a path, or a stream (``io.BytesIO``, an open file) that the
+    # call writes into. Which one, only the run-time record tells (a stream is not seen whole).
+    written: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -308,6 +330,8 @@ class _Collect:
     class_patches: set[str] = field(default_factory=set)
     derives: dict[str, set[str]] = field(default_factory=dict)
     setters: dict[str, str] = field(default_factory=dict)
+    reads_all: bool = False
+    written: set[str] = field(default_factory=set)
 
     def facts(self) -> CellFacts:
         mutates = self.mutates - self.assigned
@@ -338,6 +362,8 @@ class _Collect:
             class_patches=frozenset(self.class_patches),
             derives={n: frozenset(r - {n}) for n, r in self.derives.items() if r - {n}},
             setters=dict(self.setters),
+            reads_all=self.reads_all,
+            written=frozenset(self.written),
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -959,6 +985,9 @@ class _CellVisitor(ast.NodeVisitor):
                 self._hold(root, stored or set())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
                 self.c.setup.append("sets an environment variable, os.environ")
+            path = target.value if isinstance(target, ast.Subscript) else target
+            if _dotted(path) == "sys.path":
+                self.c.setup.append("changes sys.path")
         elif isinstance(target, (ast.Tuple, ast.List)):
             for element in target.elts:
                 self._target(element, stored, fill)
@@ -1231,6 +1260,24 @@ class _CellVisitor(ast.NodeVisitor):
         dotted = _dotted(func) if isinstance(func, ast.Attribute) else None
         if dotted is not None and _setter(name or ""):
             self.c.setters.setdefault(dotted.partition(".")[0], f"calls {dotted}()")
+        where = WRITING_CALLS.get(name or "")
+        if where is not None and name in ("save", "dump"):
+            owner = func.value if isinstance(func, ast.Attribute) else None
+            where = 0 if isinstance(owner, ast.Name) and owner.id in ("np", "numpy") else where
+        target = node.args[where] if where is not None and len(node.args) > where else None
+        target = next((k.value for k in node.keywords if k.arg == "file"), target)
+        if isinstance(target, ast.Name) and target.id not in self.bound:
+            self.c.written.add(target.id)
+        if isinstance(func, ast.Name) and func.id in NAMESPACE_CALLS and not node.args:
+            self.c.reads_all = True
+        if isinstance(func, ast.Attribute) and _dotted(func.value) == "sys.path":
+            if func.attr not in READ_ONLY_METHODS:  # ``sys.path.insert(0, repo)``
+                self.c.setup.append("changes sys.path")
+        elif isinstance(func, ast.Attribute) and func.attr in STREAM_METHODS:
+            stream = func.value.id if isinstance(func.value, ast.Name) else None
+            # (one the cell opened itself is its own new object: nothing from before moved)
+            if stream is not None and stream not in self.imported | self.bound:
+                self._mutate(stream)  # ``line = f.readline()``: ``f`` is further on
         if name in SETUP_CALLS:
             # by its dotted name where it has one (``sys.setrecursionlimit()``): the plan's
             # note then names the module whose state the new process lacks

@@ -529,10 +529,16 @@ class _Planner:
             patched = facts.patches & self.modules
             through = patched | self._sharing(patched, index)
             imported |= (facts.class_patches | through) & self.present
+            # A name only it bound, missing here, that a later cell of the plan reads through
+            # ``globals()`` (``globals()[f"lr_{k}"] = v``, then ``sorted(globals())``): no text
+            # names it, so no cell is planned for it, and that cell finds it missing.
+            absent: Collection[str] = ()
+            if any(self.facts[s.index].reads_all for s in steps if s.index > index):
+                absent = changed - self.present - rebuilt.keys()
             names = sorted(
                 n
                 for n in changed | facts.class_patches | through
-                if (n in rebuilt and rebuilt[n] < index) or n in imported
+                if (n in rebuilt and rebuilt[n] < index) or n in imported or n in absent
             )
             if names:
                 found.append((index, tuple(names), self._built_from(names, steps, index)))
@@ -582,6 +588,8 @@ class _Planner:
             if step.failing or step.index <= after:
                 continue
             made = built_on(facts, followed, self.modules)
+            if facts.reads_all:  # (``found = sorted(globals())``: from every name)
+                made |= facts.defines
             made -= followed | set(step.keeps) | facts.imports
             made -= facts.callables - facts.derives.keys()  # a class's attributes follow
             followed |= made
@@ -883,7 +891,9 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
     where its random state was not kept: a replay starts it from that state."""
     if record is None:
         return facts
-    changed = record.changed
+    # A name a call wrote into that the record could not see whole is a stream it wrote to
+    # (``torch.save(sd, buf)`` into an ``io.BytesIO``); one seen whole is a path, unchanged.
+    changed = record.changed | (facts.written & record.unseen)
     setup = facts.setup
     if record.settings:
         setup = "; ".join(filter(None, [setup, "changes " + ", ".join(record.settings)]))

@@ -569,3 +569,38 @@ def test_a_plain_change_in_place_is_one_a_version_counter_sees(shell):
 def test_a_cell_that_shows_a_value_binds_underscore(shell, cell: str, shows: bool):
     # IPython's displayhook keeps what a cell shows as ``_``: a replayed cell shows it again.
     assert ("_" in _facts(shell, cell).defines) is shows
+
+
+@pytest.mark.parametrize(
+    ("code", "mutates", "setup", "reads_all"),
+    [
+        # a stream's reads move it on, a result used or not; one the cell opened is its own
+        ("first = f.readline()", {"f"}, "", False),
+        ("n = buf.write('x')", {"buf"}, "", False),
+        ("with open(p) as g:\n    h = g.readline()", set(), "", False),
+        ("x = sys.path.index(p)", set(), "", False),
+        ("sys.path.insert(0, p)", {"sys"}, "changes sys.path", False),
+        ("sys.path += [p]", {"sys"}, "changes sys.path", False),
+        ("found = sorted(globals())", set(), "", True),
+        ("keys = sorted(vars(cfg))", {"cfg"}, "", False),
+    ],
+)
+def test_streams_sys_path_and_whole_namespace_reads(code, mutates, setup, reads_all):
+    facts = analyse(code)
+    assert set(facts.mutates) == mutates
+    assert (facts.setup, facts.reads_all) == (setup, reads_all)
+
+
+@pytest.mark.parametrize(
+    ("code", "written"),
+    [
+        ("torch.save(net.state_dict(), buf)", {"buf"}),
+        ("np.save(f, x)", {"f"}),
+        ("pickle.dump(stats, f)", {"f"}),
+        ("print(msg, file=log)", {"log"}),
+        ("torch.save(w, 'w.pt')", set()),
+        ("buf = io.BytesIO()\ntorch.save(w, buf)", set()),  # its own new buffer
+    ],
+)
+def test_what_a_call_writes_into(code, written):
+    assert set(analyse(code).written) == written

@@ -1250,3 +1250,78 @@ def test_a_librarys_setter_called_by_a_notebook_function_or_method_sets_up():
     steps = {s.index: s.reasons for s in _plan(cells).steps}
     assert "sets up: calls torch.hub.set_dir()" in steps[3]
     assert "sets up: calls torch.hub.set_dir()" in steps[5]
+
+
+def test_sys_path_changed_by_a_failed_cell_is_named_with_what_later_cells_make():
+    # ``sys.path.insert(0, repo)`` at the top of a cell that then raised: the new process's
+    # path lacks it, as it lacks a directory the cell changed to.
+    facts = facts_of(
+        [
+            "import os, sys",
+            "sys.path.insert(0, os.getcwd())\nraise RuntimeError",
+            "first = sys.path[0]",
+            "print(first)",
+        ]
+    )
+    plan = plan_replay(facts, 3, set(), {1})
+    ((index, setup, made),) = plan.failed_setup
+    assert (index, made) == (1, ("first",))
+    assert "sys.path" in setup
+
+
+def test_a_file_read_further_by_a_failed_cell_is_named_with_what_later_reads_give():
+    # ``first = f.readline()`` moved the file's position (an open file is not seen whole, so the
+    # text's guess stands): the replay's ``f`` is a line behind, and so is ``second``.
+    facts = facts_of(
+        [
+            "f = open('labels.csv')\nheader = f.readline()",
+            "first = f.readline()\nraise RuntimeError",
+            "second = f.readline()",
+            "print(second)",
+        ]
+    )
+    records = [None, CellRecord(bound=frozenset({"first"}), unseen=frozenset({"f"})), None, None]
+    facts = [joined(f, r) for f, r in zip(facts, records, strict=True)]
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("f",), ("second",)),)
+
+
+def test_names_a_failed_cell_bound_through_globals_are_named_where_a_cell_reads_globals():
+    # The failed sweep bound ``lr_a`` through ``globals()``, which no cell's text names: the
+    # cell listing ``globals()`` and the failing cell reading it find it missing.
+    facts = facts_of(
+        [
+            "base = 1",
+            "for k in 'ab':\n    globals()['lr_' + k] = base\n    raise RuntimeError",
+            "found = sorted(n for n in globals() if n.startswith('lr_'))",
+            "print(found, globals().get('lr_a'))",
+        ]
+    )
+    record = CellRecord(bound=frozenset({"k", "lr_a"}))
+    facts[1] = joined(facts[1], record)
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("k", "lr_a"), ("found",)),)
+    # Here (restored), they are as the failed cell left them: nothing to name.
+    assert plan_replay(facts, 3, {"k", "lr_a", "base", "found"}, {1}).failed_changes == ()
+
+
+def test_a_stream_a_library_call_wrote_into_is_changed_and_a_path_is_not():
+    # ``torch.save(sd, buf)`` writes into an ``io.BytesIO`` (not seen whole: a C object), where
+    # ``torch.save(sd, path)`` leaves the string alone (seen whole, unchanged).
+    facts = facts_of(["torch.save(sd, buf)"])[0]
+    assert "buf" in joined(facts, CellRecord(unseen=frozenset({"buf"}))).mutates
+    assert "buf" not in joined(facts, CellRecord()).mutates
+
+
+def test_a_checkpoint_a_failed_cell_saved_into_a_buffer_is_named_with_what_later_cells_read():
+    facts = facts_of(
+        [
+            "import io, torch\nnet = torch.nn.Linear(2, 1)\nbuf = io.BytesIO()",
+            "torch.save(net.state_dict(), buf)\nraise RuntimeError",
+            "size = buf.tell()",
+            "print(size)",
+        ]
+    )
+    facts[1] = joined(facts[1], CellRecord(unseen=frozenset({"buf"})))
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("buf",), ("size",)),)
