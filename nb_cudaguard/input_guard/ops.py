@@ -563,6 +563,17 @@ FIX_EMBEDDING = (
     "embedding (added special tokens: `model.resize_token_embeddings(len(tokenizer))`), or ids "
     "were not remapped to a smaller vocabulary."
 )
+FIX_POSITIONS = (
+    "Position ids must be smaller than the position table (max_position_embeddings, "
+    "n_positions): the sequences are longer than the model takes. Truncate them "
+    "(`tokenizer(..., truncation=True, max_length=model.config.max_position_embeddings)`), or "
+    "build position ids from the real length, not a padded one."
+)
+FIX_TOKEN_TYPES = (
+    "Token type (segment) ids must be smaller than type_vocab_size (2 for BERT): use the "
+    "token_type_ids of the model's own tokenizer, or pass none; another tokenizer's, or a third "
+    "segment, are out of range."
+)
 FIX_BCE = (
     "binary_cross_entropy takes probabilities. If the model outputs raw scores (logits), use "
     "nn.BCEWithLogitsLoss (or F.binary_cross_entropy_with_logits) instead, which also avoids "

@@ -26,7 +26,7 @@ from ..diagnosis.bounds import (
 )
 from .caller_frame import _CALL_NAME
 from .errors import Finding, GuardError, GuardIndexError, Violation
-from .ops import OpCheck, display_name
+from .ops import FIX_POSITIONS, FIX_TOKEN_TYPES, OpCheck, display_name
 
 
 @dataclass
@@ -78,6 +78,8 @@ def _violation(
     modules = [item for scope in where.namespaces for item in list(scope.items())]
     owner = parameter_owner(where.params, modules)
     fix = check.fix
+    if check.family == "embedding" and owner is not None:
+        finding, fix = _what_the_table_holds(owner, finding, fix)
     if check.family == "loss":
         owner = owner or _classifier(finding.limit, modules)
         if check.name in _IGNORES and marks_void(finding.distinct):
@@ -93,6 +95,25 @@ def _violation(
         rank=_rank(),
         deferred=deferred,
     )
+
+
+def _what_the_table_holds(owner: str, finding: Finding, fix: str) -> tuple[Finding, str]:
+    """An embedding's ids are tokens unless the table's name says otherwise: positions
+    (``wpe``, ``position_embeddings``, ``embed_positions``) or token types
+    (``token_type_embeddings``), whose bound and fix differ."""
+    name = owner.rpartition(" at ")[2].rpartition(".")[2].lower()
+    words = set(re.split(r"[_\d]+", name))
+    if words & _POSITION_WORDS:
+        problem, fix = "position id out of range", FIX_POSITIONS
+    elif "token_type" in name or words & _TYPE_WORDS:
+        problem, fix = "token type id out of range", FIX_TOKEN_TYPES
+    else:
+        return finding, fix
+    return dataclasses.replace(finding, problem=problem), fix
+
+
+_POSITION_WORDS = {"pos", "position", "positions", "positional", "wpe"}
+_TYPE_WORDS = {"segment", "segments", "tte"}
 
 
 # the losses that take an ignore_index

@@ -394,7 +394,7 @@ BAD: dict[str, tuple[Callable[[], Any], Step, str]] = {
     "gpt2 position ids past n_positions": (
         gpt2,
         lambda m: with_ids(m, ids(), position_ids=torch.arange(30, 30 + L).expand(B, L)),
-        "F.embedding: token id out of range",
+        "F.embedding: position id out of range",
     ),
     "gpt2 sampling from NaN probabilities": (
         lambda: gpt2().eval(),

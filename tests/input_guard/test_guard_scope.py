@@ -246,6 +246,41 @@ def test_an_early_reference_to_f_embedding_is_caught_at_torch_embedding_inside_i
         early_embedding(torch.tensor([10]), torch.randn(10, 2))
 
 
+class _Embeddings(torch.nn.Module):
+    """A model's three tables, named as Hugging Face names them (BERT's, GPT-2's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.word_embeddings = torch.nn.Embedding(50, 4)
+        self.wpe = torch.nn.Embedding(8, 4)
+        self.token_type_embeddings = torch.nn.Embedding(2, 4)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor) -> Any:
+        return self.word_embeddings(ids) + self.wpe(positions) + self.token_type_embeddings(types)
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem", "fix"),
+    [
+        ("ids", "token id out of range", "num_embeddings"),
+        ("positions", "position id out of range", "max_position_embeddings"),
+        ("types", "token type id out of range", "type_vocab_size"),
+    ],
+)
+def test_an_embeddings_ids_are_named_by_what_its_table_holds(bad: str, problem: str, fix: str):
+    # Sequences longer than the position table, a third segment: no token id is wrong there,
+    # and the tokenizer's vocabulary is not what to fix.
+    model = _Embeddings()
+    good = {"ids": torch.tensor([[1, 2, 3]]), "positions": torch.arange(3)[None], "types": None}
+    good["types"] = torch.zeros(1, 3, dtype=torch.long)
+    args = {**good, bad: good[bad] + {"ids": 50, "positions": 6, "types": 2}[bad]}
+    with guard(), pytest.raises(GuardError) as caught:
+        model(**args)
+    message = str(caught.value)
+    assert f"F.embedding: {problem} in input" in message
+    assert fix in message.split("How to fix it")[1]
+
+
 def test_the_innermost_guard_selects_the_checks() -> None:
     with guard():
         with guard(only="loss"), pytest.raises(IndexError) as caught:
