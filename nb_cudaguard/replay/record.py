@@ -31,7 +31,7 @@ from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Literal
 
 from .rng import RngReader, drawn_from, encode_rng, random_state
-from .settings import process_settings, settings_changed
+from .settings import SET_WHILE_IMPORTING, process_settings, settings_changed
 
 _CACHED_FUNCTION = getattr(functools, "_lru_cache_wrapper", None)
 MAX_NODES = 2000  # objects visited per name
@@ -562,6 +562,7 @@ class Recorder:
     _primed: bool = False
     _put_back: dict[str, _Seen] = field(default_factory=dict)  # restored names, as restored
     _quiet: CellRecord = CellRecord()  # the last record of a cell that changed nothing
+    _loaded: int = 0  # how many modules were loaded when the last cell began
 
     def put_back(self, names: Iterable[str], namespace: Mapping[str, Any]) -> None:
         """``names`` were put into ``namespace`` just now (a restore, a replay's rebuild): what
@@ -625,6 +626,7 @@ class Recorder:
                         del seen[name]
                         self._forget_origin(name)
         self._rng = self._settle_rng(self._reader.read())
+        self._loaded = len(sys.modules)
 
     def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
@@ -690,6 +692,14 @@ class Recorder:
         changed_settings: tuple[str, ...] = ()
         if settings != self._settings:
             changed_settings = settings_changed(self._settings, settings)
+            if len(sys.modules) != self._loaded:
+                # Modules loaded during the cell set these as they load (numpy and torch add
+                # warnings filters, some libraries environment variables): a new process's
+                # imports set them again. A cell's own ``os.environ[k] = v``, ``sys.path.
+                # insert(...)``, ``warnings.filterwarnings(...)`` still count by its text.
+                changed_settings = tuple(
+                    n for n in changed_settings if n not in SET_WHILE_IMPORTING
+                )
         self._seen, self._modules, self._settings = now, modules, settings
         self._ids, self._renamed = tuple(map(_FIRST, now.values())), False
         self._rng_cell = cell

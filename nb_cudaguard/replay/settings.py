@@ -20,6 +20,9 @@ from typing import Any
 Settings = tuple[tuple[str, ...], tuple[Any, ...]]  # (the settings' names, their values)
 _Readers = tuple[tuple[str, ...], list[Callable[[], Any]]]
 _UNREADABLE = object()
+# What libraries set as they are imported: a cell that loaded modules is not said to have set
+# them (its new process's imports set them again).
+SET_WHILE_IMPORTING = frozenset({"os.environ", "sys.path", "warnings.filterwarnings"})
 
 
 def process_settings() -> Settings:

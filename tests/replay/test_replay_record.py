@@ -16,6 +16,7 @@ import random
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -613,6 +614,33 @@ def test_what_a_notebook_function_did_outside_the_names_is_done_again(recorded, 
         assert recorded.user_ns["seen"] == before, summary
     finally:
         F.gelu, torch.nn.GELU.forward = gelu, forward
+
+
+def test_what_a_library_sets_as_it_is_imported_is_no_setting_of_the_cell(
+    recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # numpy and torch add warnings filters when first imported, some libraries environment
+    # variables: the import cell is not setup for that (the new process imports them again),
+    # while a cell's own change of the same settings still is.
+    (tmp_path / "nbcg_loud.py").write_text(
+        "import os, warnings\nwarnings.filterwarnings('ignore', message='nbcg-loud')\n"
+        "os.environ['NBCG_LOUD'] = '1'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    state = current_state(recorded)
+    assert state is not None and state.recorder is not None
+    filters = list(warnings.filters)
+    try:
+        recorded.run_cell("import nbcg_loud", store_history=True)
+        loaded = state.recorder.records[recorded.execution_count - 1]
+        recorded.run_cell("import warnings as w\nw.filterwarnings('ignore', message='mine')", True)
+        own = state.recorder.records[recorded.execution_count - 1]
+    finally:
+        warnings.filters[:] = filters
+        os.environ.pop("NBCG_LOUD", None)
+        sys.modules.pop("nbcg_loud", None)
+    assert loaded.settings == ()
+    assert own.settings == ("warnings.filterwarnings",)
 
 
 def test_an_abc_of_the_notebooks_own_module_is_seen_with_the_state_it_holds(
