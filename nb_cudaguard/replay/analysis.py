@@ -279,6 +279,10 @@ class CellFacts:
     # f)``, ``print(s, file=log)``): a path, or a stream (``io.BytesIO``, an open file) that the
     # call writes into. Which one, only the run-time record tells (a stream is not seen whole).
     written: frozenset[str] = frozenset()
+    # Each name it imports -> the whole dotted name it stands for (``import numpy as np``:
+    # numpy; ``from torch.backends import cudnn``: torch.backends.cudnn), so a setting the record
+    # reads under the library's name is named as the notebook spells it.
+    imported_as: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -324,6 +328,7 @@ class _Collect:
     changed: set[str] = field(default_factory=set)  # changed otherwise (what they hold too)
     handed: dict[str, set[str]] = field(default_factory=dict)
     imported_from: dict[str, str] = field(default_factory=dict)
+    imported_as: dict[str, str] = field(default_factory=dict)
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     patches: set[str] = field(default_factory=set)
@@ -364,6 +369,7 @@ class _Collect:
             setters=dict(self.setters),
             reads_all=self.reads_all,
             written=frozenset(self.written),
+            imported_as={n: m for n, m in self.imported_as.items() if n in self.imports},
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -1094,6 +1100,7 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.imports.add(name)
             self.imported.add(name)
             self.c.imported_from[name] = alias.name.split(".")[0]
+            self.c.imported_as[name] = alias.name if alias.asname else name
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         for alias in node.names:
@@ -1106,6 +1113,7 @@ class _CellVisitor(ast.NodeVisitor):
             self.imported.add(name)
             if node.module and not node.level:
                 self.c.imported_from[name] = node.module.split(".")[0]
+                self.c.imported_as[name] = f"{node.module}.{alias.name}"
 
     def _defaults(self, args: ast.arguments) -> None:
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:

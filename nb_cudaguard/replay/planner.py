@@ -23,6 +23,7 @@ failing cell are included. A cell that failed is used only where no successful c
 from __future__ import annotations
 
 import builtins
+import re
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -574,7 +575,7 @@ class _Planner:
                 if not step.failing and step.index > index:
                     made |= (facts.defines | facts.mutates) - facts.imports - facts.callables
                     made -= set(step.keeps)
-            found.append((index, setup, tuple(sorted(made))))
+            found.append((index, spelled_here(setup, self.facts[:index]), tuple(sorted(made))))
         return tuple(found)
 
     def _built_from(
@@ -858,6 +859,22 @@ class _Planner:
         ):
             # (A function that cell calls may read what the cell itself bound before the call.)
             self.unresolved.add(name)
+
+
+def spelled_here(setup: str, facts: Sequence[CellFacts]) -> str:
+    """``setup`` with the notebook's own names for the modules it names: the record reads a
+    setting by the library's name (``numpy.set_printoptions``, even when a notebook method set
+    it), which the cells know as ``np``."""
+    spelled: dict[str, set[str]] = {}
+    for cell in facts:
+        for name, dotted in cell.imported_as.items():
+            if name != dotted and re.search(rf"(?<![\w.]){re.escape(dotted)}\.", setup):
+                spelled.setdefault(dotted, set()).add(name)
+    if not spelled:
+        return setup
+    return "; ".join(
+        [setup, *(f"{m} is {' and '.join(sorted(n))} here" for m, n in sorted(spelled.items()))]
+    )
 
 
 def _reached(

@@ -1104,6 +1104,25 @@ def test_process_state_a_failed_cell_set_is_named_with_what_later_cells_make():
     assert "os.environ" in setup and "set_default_dtype" in setup
 
 
+def test_settings_a_failed_cell_set_through_a_method_are_named_as_the_notebook_spells_them():
+    # ``cfg.apply()`` set numpy's print options: the record reads ``numpy.set_printoptions``,
+    # which the notebook knows as ``np`` (``from torch.backends import cudnn``: ``cudnn``).
+    cells = [
+        "import numpy as np\nfrom torch.backends import cudnn\nfrom torch import nn\n"
+        "class Cfg:\n    def apply(self):\n        np.set_printoptions(precision=3)\ncfg = Cfg()",
+        "cfg.apply()\nraise RuntimeError",
+        "print(1)",
+    ]
+    record = CellRecord(
+        settings=("numpy.set_printoptions", "torch.backends.cudnn.benchmark", "torch.foo")
+    )
+    facts = facts_of(cells)
+    facts[1] = joined(facts[1], record)
+    ((_, setup, _),) = plan_replay(facts, 2, set(), {1}).failed_setup
+    assert "numpy is np here" in setup and "torch.backends.cudnn is cudnn here" in setup
+    assert "torch is" not in setup  # ``from torch import nn``: ``torch.nn``, not ``torch``
+
+
 def test_a_seed_set_by_a_failed_cell_is_not_named():
     # Each replayed cell that drew starts from the random state it had.
     facts = facts_of(["import torch", "torch.manual_seed(0)\nraise RuntimeError", "print(1)"])
