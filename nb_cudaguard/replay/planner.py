@@ -261,6 +261,69 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     return out
 
 
+def with_own_modules(
+    facts: Sequence[CellFacts], sources: Mapping[str, CellFacts]
+) -> list[CellFacts]:
+    """``facts`` (from the cells' text), where a cell imports from a module of the notebook's own
+    (``sources``: each such module's text, analysed as a cell's): its functions and classes
+    come with what they do that the record cannot see, as the notebook's own would (their
+    patches of a library, its setters, changes through ``.data`` to what they are handed). A
+    whole module imported (``import helpers``) counts as a class: a cell that uses it may call
+    any of them. What they do to the module's own globals is the module's, not the notebook's
+    (the record reads those)."""
+    spelled = {n: d for f in facts for n, d in f.imported_as.items()}
+    out = []
+    for cell in facts:
+        found: dict[str, Effects] = {}
+        for name in sorted(cell.imports):
+            source = sources.get(cell.imported_from.get(name, ""))
+            if source is None:
+                continue
+            attr = cell.imported_as.get(name, "").partition(".")[2]
+            names = [attr] if attr else sorted(source.effects)
+            folded = [_own_effects(source, n, spelled) for n in names if n in source.effects]
+            if any(e.patches or e.untracked_handed or e.setters for e in folded):
+                found[name] = Effects(
+                    patches=frozenset().union(*(e.patches for e in folded)),
+                    untracked_handed=any(e.untracked_handed for e in folded),
+                    setters={k: v for e in folded for k, v in e.setters.items()},
+                    of_class=not attr or any(e.of_class for e in folded),
+                )
+        if found:
+            cell = replace(cell, effects={**cell.effects, **found})
+        out.append(cell)
+    return out
+
+
+def _own_effects(source: CellFacts, name: str, spelled: Mapping[str, str]) -> Effects:
+    """What ``name``, a function or class of a notebook's own module (``source``), does with
+    the functions of the module it calls: the libraries it patches or sets up, named as the
+    notebook names them (the module's ``F`` is torch.nn.functional: the notebook's ``F``, or
+    ``torch``)."""
+    _, _, patches, _, setters = _closure({name}, dict(source.effects), ())
+    untracked, seen, stack = False, set(), [name]
+    while stack:
+        current = stack.pop()
+        if current in seen or current not in source.effects:
+            continue
+        seen.add(current)
+        untracked |= source.effects[current].untracked_handed
+        stack.extend(source.effects[current].calls)
+
+    def here(local: str) -> set[str]:
+        dotted = source.imported_as.get(local)
+        if dotted is None:
+            return set()
+        return {n for n, d in spelled.items() if dotted == d or dotted.startswith(d + ".")}
+
+    return Effects(
+        patches=frozenset().union(*(here(p) for p in patches)),
+        untracked_handed=untracked,
+        setters={n: how for root, how in setters.items() for n in here(root)},
+        of_class=source.effects[name].of_class,
+    )
+
+
 def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
     """``facts`` (from the cells' text, before their records join them), where a cell calls a
     notebook function that changes what it is handed through ``.data`` or ``.numpy()``
