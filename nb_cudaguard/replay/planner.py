@@ -526,6 +526,7 @@ class _Planner:
                 break
         steps = [self._step(i, r) for i, r in sorted(self.reasons.items()) if i != self.failing]
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
+        steps = self._with_later_definitions(steps)
         return Plan(
             tuple(steps),
             tuple(sorted(self.unresolved - self.stale.keys())),
@@ -542,6 +543,37 @@ class _Planner:
             failed_changes=self._failed_changes(steps),
             failed_setup=self._failed_setup(steps),
         )
+
+    def _with_later_definitions(self, steps: list[Step]) -> list[Step]:
+        """``steps``, where a cell calls a notebook function or class the namespace has that a
+        later cell before the failing one bound anew (a helper edited after it was used): the
+        one here is the later one, so the cell does what that one does, not what it did when
+        it ran. Named, with what the cell makes and what is built from it."""
+        rebuilt = self._rebuilt(steps)
+        out = []
+        for step in steps:
+            facts = self.facts[step.index]
+            later = sorted(
+                name
+                for name in facts.calls - facts.defines
+                if name in self.present
+                and not rebuilt.get(name, self.failing) < step.index
+                and any(
+                    name in f.defines - f.mutates for f in self.facts[step.index + 1 : self.failing]
+                )
+            )
+            if step.failing or not later:
+                out.append(step)
+                continue
+            made = sorted((facts.defines | facts.mutates) - facts.imports - facts.callables)
+            made += self._built_from(made, steps, step.index)
+            why = (
+                f"calls {', '.join(later)} as a later cell defined "
+                f"{'it' if len(later) == 1 else 'them'} anew, not as when it ran"
+                + (f": these may differ: {', '.join(made[:12])}" if made else "")
+            )
+            out.append(replace(step, reasons=(*step.reasons, why)))
+        return out
 
     def _rebuilt(self, steps: Sequence[Step], imports: bool = False) -> dict[str, int]:
         """The names the plan's cells (not the failing one) bind anew, by the first of them;

@@ -1344,3 +1344,23 @@ def test_a_checkpoint_a_failed_cell_saved_into_a_buffer_is_named_with_what_later
     facts[1] = joined(facts[1], CellRecord(unseen=frozenset({"buf"})))
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("buf",), ("size",)),)
+
+
+def test_a_helper_defined_anew_after_a_replayed_cell_called_it_is_named():
+    # ``step`` was edited after ``step(model)`` ran: the one here is the new one, so the
+    # replayed call does what it does now, and ``model`` may differ.
+    cells = [
+        "import torch\nmodel = torch.nn.Linear(2, 1)",
+        "def step(m):\n    m.weight.data.mul_(2)",
+        "step(model)",
+        "def step(m):\n    pass",
+        "print(model)",
+    ]
+    plan = _plan(cells, present={"step"}, restored={"step"})
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert any(
+        "calls step as a later cell defined it anew" in r and "model" in r for r in reasons[2]
+    )
+    # Not where the plan runs the old definition before the call (nothing here to stand in).
+    plan = _plan(cells)
+    assert not any("defined it anew" in r for s in plan.steps for r in s.reasons)
