@@ -481,8 +481,11 @@ def _call_name(func: ast.expr) -> str | None:
 
 def _changes_arguments(call: ast.Call) -> bool:
     """Whether a call may change the objects it is handed: a plain function (a notebook's
-    ``train(model, opt)``, not a builtin that only reads, nor a class being built), or an
+    ``train(model, opt)``, not a builtin that only reads, nor a class being built; one taken
+    from a container, ``ops["s"](model)``), or an
     in-place one (PyTorch's trailing underscore: ``nn.init.zeros_``, ``clip_grad_norm_``)."""
+    if isinstance(call.func, ast.Subscript):  # a function from a container: ``ops["s"](m)``
+        return True
     name = _call_name(call.func)
     if name is None or name in FRESH_CALLS:  # a copy reads its source: ``deepcopy(model)``
         return False
@@ -1154,8 +1157,10 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.links.pop(node.name, None)
         self.c.effects.pop(node.name, None)
         summaries = [_function_summary(m)[1] for m in methods]
-        if any(e.patches or e.untracked_handed or e.setters for e in summaries):
+        # (and the functions its methods call, which may be the notebook's: ``shrink(m)``)
+        if any(e.patches or e.untracked_handed or e.setters or e.calls for e in summaries):
             self.c.effects[node.name] = Effects(
+                calls=frozenset().union(*(e.calls for e in summaries)),
                 patches=frozenset().union(*(e.patches for e in summaries)),
                 class_patches=frozenset().union(*(e.class_patches for e in summaries)),
                 untracked_handed=any(e.untracked_handed for e in summaries),

@@ -338,6 +338,7 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
             table.pop(name, None)
         table.update(cell.effects)
         stack = [*(cell.calls & table.keys()), *_methods_called(cell, table, instances)]
+        table.update(_reaching(cell, table))
         seen: set[str] = set()
         while stack:
             name = stack.pop()
@@ -350,6 +351,24 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
             stack.extend(table[name].calls)
         out.append(cell)
     return out
+
+
+def _reaching(cell: CellFacts, table: Mapping[str, Effects]) -> dict[str, Effects]:
+    """The names ``cell`` builds or fills from notebook functions or classes of ``table``
+    (``half = partial(shrink, f=0.5)``, ``callbacks = [Shrinker()]``, ``ops = {"s": shrink}``),
+    each as a class whose methods are those: a later cell that uses it (``half(model)``, ``for cb
+    in callbacks: cb.on_end(model)``, ``ops["s"](model)``) may call them, though its text
+    names none."""
+    found = {}
+    for name in (cell.defines | cell.mutates) - cell.effects.keys():
+        sources = cell.links.get(name, frozenset()) | cell.stores.get(name, frozenset())
+        sources |= cell.derives.get(name, frozenset())
+        reached = frozenset(n for n in sources if n in table and n != name)
+        if reached:
+            before = table.get(name) if name in cell.mutates else None
+            calls = reached | (before.calls if before is not None else frozenset())
+            found[name] = Effects(calls=calls, of_class=True)
+    return found
 
 
 def _methods_called(

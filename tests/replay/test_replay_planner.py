@@ -1364,3 +1364,36 @@ def test_a_helper_defined_anew_after_a_replayed_cell_called_it_is_named():
     # Not where the plan runs the old definition before the call (nothing here to stand in).
     plan = _plan(cells)
     assert not any("defined it anew" in r for s in plan.steps for r in s.reasons)
+
+
+_SHRINK = (
+    "import torch, functools\nmodel = torch.nn.Linear(2, 1)\nx = 1\n"
+    "def shrink(m, f):\n    for p in m.parameters():\n        p.data.mul_(f)\n"
+    "class Shrink:\n    def on_end(self, m):\n        shrink(m, 0.5)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("build", "call"),
+    [
+        ("half = functools.partial(shrink, f=0.5)", "half(model)"),
+        ("callbacks = [Shrink()]", "for cb in callbacks:\n    cb.on_end(model)"),
+        ("ops = {'s': shrink}", "ops['s'](model, 0.5)"),
+    ],
+    ids=["a partial", "a method that calls it, of instances in a list", "a dict of functions"],
+)
+def test_a_data_write_reached_through_what_holds_a_notebook_function_runs_again(build, call):
+    # ``shrink`` changes what it is handed through ``.data``, which no version counter counts:
+    # reached through a partial, a callback's method or a dict, the record saw ``model``
+    # unchanged, and the cell was skipped.
+    from nb_cudaguard.replay.planner import with_unseen_handed
+
+    cells = [_SHRINK + build, call, "print(model, x)"]
+    records = [
+        CellRecord(bound=frozenset({"torch", "functools", "model", "x", "shrink", "Shrink"})),
+        CellRecord(),
+        None,
+    ]
+    texts = with_unseen_handed(facts_of(cells))
+    facts = [joined(f, r) for f, r in zip(texts, records, strict=True)]
+    assert plan_replay(facts, 2, {"x"}).indices == (0, 1, 2)
