@@ -217,14 +217,28 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     instances: dict[str, frozenset[str]] = {}
     # the globals each function, lambda or class reads (those of its cell's)
     reads: dict[str, frozenset[str]] = {}
+    reach: dict[str, Effects] = {}  # what holds them (``use_tanh = partial(set_act, "tanh")``)
     out = []
     for cell in facts:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
             reads.pop(name, None)
+            reach.pop(name, None)
         table.update(cell.effects)
         reads.update(dict.fromkeys(cell.callables | cell.effects.keys(), cell.deferred))
         cell = _with_returns(cell, reads)
+        # Called through what holds them: what the record cannot see (a patch, a setter) counts.
+        via = (cell.calls | cell.uses) & reach.keys()
+        if via:
+            held = frozenset().union(*(reach[n].calls for n in via))
+            _, _, patches, class_patches, setters = _closure(held, table, modules)
+            cell = replace(
+                cell,
+                patches=cell.patches | patches,
+                class_patches=cell.class_patches | class_patches,
+                setters={**setters, **cell.setters},
+            )
+        reach.update(_reaching(cell, table, reach))
         called = (cell.calls & table.keys()) | _methods_called(cell, table, instances)
         if not called:
             out.append(cell)
@@ -353,19 +367,23 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
     return out
 
 
-def _reaching(cell: CellFacts, table: Mapping[str, Effects]) -> dict[str, Effects]:
+def _reaching(
+    cell: CellFacts, table: Mapping[str, Effects], held: Mapping[str, Effects] | None = None
+) -> dict[str, Effects]:
     """The names ``cell`` builds or fills from notebook functions or classes of ``table``
     (``half = partial(shrink, f=0.5)``, ``callbacks = [Shrinker()]``, ``ops = {"s": shrink}``),
     each as a class whose methods are those: a later cell that uses it (``half(model)``, ``for cb
     in callbacks: cb.on_end(model)``, ``ops["s"](model)``) may call them, though its text
-    names none."""
+    names none. ``held``: those found before (``table``'s own by default), which a cell that
+    fills one (``callbacks.append(Shrinker())``) adds to."""
+    held = table if held is None else held
     found = {}
     for name in (cell.defines | cell.mutates) - cell.effects.keys():
         sources = cell.links.get(name, frozenset()) | cell.stores.get(name, frozenset())
         sources |= cell.derives.get(name, frozenset())
         reached = frozenset(n for n in sources if n in table and n != name)
         if reached:
-            before = table.get(name) if name in cell.mutates else None
+            before = held.get(name) if name in cell.mutates else None
             calls = reached | (before.calls if before is not None else frozenset())
             found[name] = Effects(calls=calls, of_class=True)
     return found

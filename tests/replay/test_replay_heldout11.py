@@ -14,16 +14,16 @@ a ``.data`` write two notebook calls deep; a performance helper that sets TF32, 
 and a warnings filter in a cell that succeeded; a library patched and weights scaled through
 ``.data`` by functions of a ``helpers.py`` beside the notebook; a helper rewritten after a cell
 used it; a ``.data`` helper reached through a ``functools.partial``, a callback instance in a
-list, and a dict of functions.
+list, and a dict of functions; a library patched through a ``functools.partial`` of a helper.
 
-Seven found silent differences, fixed with this round: the plan named numpy's print options a
+Eight found silent differences, fixed with this round: the plan named numpy's print options a
 failed ``Config.apply()`` set as ``numpy.set_printoptions``, never ``np`` (it now says ``numpy is
 np here``); a library patch and a ``.data`` write by a function of the notebook's own module,
 whose text the replay never read (it now reads the module's file); a helper rewritten after a
 cell used it, whose replayed call ran the new one unnamed (named now); a ``.data`` helper
-reached through a partial, a callback's method or a dict, each skipped (replay/analysis.py,
-planner.py, notebook/replay_glue.py). The other twelve cases passed on the code they were
-written against: regression cases.
+reached through a partial, a callback's method or a dict, and a patch through a partial, each
+skipped (replay/analysis.py, planner.py, notebook/replay_glue.py). The other twelve cases passed
+on the code they were written against: regression cases.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
@@ -391,4 +391,19 @@ def test_a_data_helper_reached_through_a_dict_of_ops(server, server_kernel, rest
     kid, pid = server_kernel
     cells = (SHRINK + "OPS = {'shrink': shrink}", "OPS['shrink'](model, 0.5)")
     fp = "{'model': round(model.weight.sum().item(), 5), 'x': x}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_library_patched_through_a_partial_of_a_notebook_helper(server, server_kernel, restore):
+    # ``use_tanh = functools.partial(set_act, 'tanh')``: the cell calls ``use_tanh`` alone.
+    kid, pid = server_kernel
+    cells = (
+        "import torch, functools\nimport torch.nn.functional as F\n_orig = F.gelu\n"
+        "def set_act(kind):\n"
+        "    F.gelu = lambda x, approximate='none': _orig(x, approximate=kind)\n"
+        "use_tanh = functools.partial(set_act, 'tanh')",
+        "use_tanh()",
+    )
+    fp = "{'F': F.gelu(torch.tensor([1.0])).item()}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))

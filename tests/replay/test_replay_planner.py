@@ -1397,3 +1397,18 @@ def test_a_data_write_reached_through_what_holds_a_notebook_function_runs_again(
     texts = with_unseen_handed(facts_of(cells))
     facts = [joined(f, r) for f, r in zip(texts, records, strict=True)]
     assert plan_replay(facts, 2, {"x"}).indices == (0, 1, 2)
+
+
+def test_a_library_patched_through_a_partial_of_a_notebook_function_runs_again():
+    # ``use_tanh = partial(set_act, "tanh")``: the cell calls ``use_tanh``, which the text does
+    # not know for ``set_act``; the patch lives in the library, gone with the old process.
+    cells = [
+        "import functools\nimport torch.nn.functional as F\n"
+        "def set_act(kind):\n    F.gelu = lambda x: x\nuse_tanh = functools.partial(set_act, 1)",
+        "use_tanh()",
+        "print(F.gelu)",
+    ]
+    records = [CellRecord(bound=frozenset({"functools", "F", "set_act", "use_tanh"})), CellRecord()]
+    texts = facts_of(cells)
+    facts = [*(joined(f, r) for f, r in zip(texts[:2], records, strict=True)), texts[2]]
+    assert plan_replay(facts, 2, set()).indices == (0, 1, 2)
