@@ -30,7 +30,7 @@ from ..diagnosis.render import (
     inline_html,
     note_html,
 )
-from ..replay.analysis import CellFacts, analyse_cell, parse_cell, runnable_source
+from ..replay.analysis import CellFacts, analyse, analyse_cell, parse_cell, runnable_source
 from ..replay.definitions import HOLDER, KeptDefinitions
 from ..replay.flags import Reader, duration
 from ..replay.history import Cell, SavedCells, discard, load_cells, save_cells
@@ -40,6 +40,7 @@ from ..replay.planner import (
     joined,
     plan_replay,
     with_files,
+    with_own_modules,
     with_records,
     with_unrepeatable,
     with_unseen_handed,
@@ -223,15 +224,16 @@ def make_plan(
         if found is None:
             found = known[cell.source] = analyse_cell(runnable_source(cell.source), transform)
         texts.append(found)
+    modules = {m for f in texts for m in f.imported_from.values()}
+    own = own_modules(modules)
+    texts = with_own_modules(texts, _module_texts(own))
     facts = [joined(f, c.record) for f, c in zip(with_unseen_handed(texts), cells, strict=True)]
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     from .keep_glue import restored_names
 
-    modules = {m for f in facts for m in f.imported_from.values()}
     restored, after_failure = restored_names(shell)
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
-    own = own_modules(modules)
     plan = plan_replay(
         facts,
         saved.failing,
@@ -278,6 +280,28 @@ def _from_module(value: Any) -> str | None:
         module = getattr(value, "__module__", None)
         return module.partition(".")[0] if isinstance(module, str) else None
     return None
+
+
+def _module_texts(names: Iterable[str]) -> dict[str, CellFacts]:
+    """The notebook's own modules among ``names`` that are one ``.py`` file (a ``helpers.py``
+    beside it, as ``%%writefile`` leaves it), each analysed as a cell's text: located and read,
+    never imported. One that cannot be found, read or parsed is left out."""
+    import importlib.util
+
+    found = {}
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+            origin = spec.origin if spec is not None and spec.has_location else None
+            if origin and origin.endswith(".py") and os.path.getsize(origin) < _MODULE_TEXT:
+                with open(origin, encoding="utf-8") as f:
+                    found[name] = analyse(f.read())
+        except (ImportError, ValueError, OSError, SyntaxError, UnicodeDecodeError):
+            continue
+    return found
+
+
+_MODULE_TEXT = 1_000_000  # bytes: a module larger than this is not read
 
 
 def own_modules(names: Iterable[str]) -> set[str]:

@@ -279,6 +279,10 @@ class CellFacts:
     # f)``, ``print(s, file=log)``): a path, or a stream (``io.BytesIO``, an open file) that the
     # call writes into. Which one, only the run-time record tells (a stream is not seen whole).
     written: frozenset[str] = frozenset()
+    # Each name it imports -> the whole dotted name it stands for (``import numpy as np``:
+    # numpy; ``from torch.backends import cudnn``: torch.backends.cudnn), so a setting the record
+    # reads under the library's name is named as the notebook spells it.
+    imported_as: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -324,6 +328,7 @@ class _Collect:
     changed: set[str] = field(default_factory=set)  # changed otherwise (what they hold too)
     handed: dict[str, set[str]] = field(default_factory=dict)
     imported_from: dict[str, str] = field(default_factory=dict)
+    imported_as: dict[str, str] = field(default_factory=dict)
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     patches: set[str] = field(default_factory=set)
@@ -364,6 +369,7 @@ class _Collect:
             setters=dict(self.setters),
             reads_all=self.reads_all,
             written=frozenset(self.written),
+            imported_as={n: m for n, m in self.imported_as.items() if n in self.imports},
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -475,8 +481,11 @@ def _call_name(func: ast.expr) -> str | None:
 
 def _changes_arguments(call: ast.Call) -> bool:
     """Whether a call may change the objects it is handed: a plain function (a notebook's
-    ``train(model, opt)``, not a builtin that only reads, nor a class being built), or an
+    ``train(model, opt)``, not a builtin that only reads, nor a class being built; one taken
+    from a container, ``ops["s"](model)``), or an
     in-place one (PyTorch's trailing underscore: ``nn.init.zeros_``, ``clip_grad_norm_``)."""
+    if isinstance(call.func, ast.Subscript):  # a function from a container: ``ops["s"](m)``
+        return True
     name = _call_name(call.func)
     if name is None or name in FRESH_CALLS:  # a copy reads its source: ``deepcopy(model)``
         return False
@@ -1094,6 +1103,7 @@ class _CellVisitor(ast.NodeVisitor):
             self.c.imports.add(name)
             self.imported.add(name)
             self.c.imported_from[name] = alias.name.split(".")[0]
+            self.c.imported_as[name] = alias.name if alias.asname else name
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         for alias in node.names:
@@ -1106,6 +1116,7 @@ class _CellVisitor(ast.NodeVisitor):
             self.imported.add(name)
             if node.module and not node.level:
                 self.c.imported_from[name] = node.module.split(".")[0]
+                self.c.imported_as[name] = f"{node.module}.{alias.name}"
 
     def _defaults(self, args: ast.arguments) -> None:
         for default in [*args.defaults, *(d for d in args.kw_defaults if d is not None)]:
@@ -1146,8 +1157,10 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.links.pop(node.name, None)
         self.c.effects.pop(node.name, None)
         summaries = [_function_summary(m)[1] for m in methods]
-        if any(e.patches or e.untracked_handed or e.setters for e in summaries):
+        # (and the functions its methods call, which may be the notebook's: ``shrink(m)``)
+        if any(e.patches or e.untracked_handed or e.setters or e.calls for e in summaries):
             self.c.effects[node.name] = Effects(
+                calls=frozenset().union(*(e.calls for e in summaries)),
                 patches=frozenset().union(*(e.patches for e in summaries)),
                 class_patches=frozenset().union(*(e.class_patches for e in summaries)),
                 untracked_handed=any(e.untracked_handed for e in summaries),

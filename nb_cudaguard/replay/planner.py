@@ -23,6 +23,7 @@ failing cell are included. A cell that failed is used only where no successful c
 from __future__ import annotations
 
 import builtins
+import re
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -216,14 +217,28 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     instances: dict[str, frozenset[str]] = {}
     # the globals each function, lambda or class reads (those of its cell's)
     reads: dict[str, frozenset[str]] = {}
+    reach: dict[str, Effects] = {}  # what holds them (``use_tanh = partial(set_act, "tanh")``)
     out = []
     for cell in facts:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
             reads.pop(name, None)
+            reach.pop(name, None)
         table.update(cell.effects)
         reads.update(dict.fromkeys(cell.callables | cell.effects.keys(), cell.deferred))
         cell = _with_returns(cell, reads)
+        # Called through what holds them: what the record cannot see (a patch, a setter) counts.
+        via = (cell.calls | cell.uses) & reach.keys()
+        if via:
+            held = frozenset().union(*(reach[n].calls for n in via))
+            _, _, patches, class_patches, setters = _closure(held, table, modules)
+            cell = replace(
+                cell,
+                patches=cell.patches | patches,
+                class_patches=cell.class_patches | class_patches,
+                setters={**setters, **cell.setters},
+            )
+        reach.update(_reaching(cell, table, reach))
         called = (cell.calls & table.keys()) | _methods_called(cell, table, instances)
         if not called:
             out.append(cell)
@@ -260,6 +275,69 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
     return out
 
 
+def with_own_modules(
+    facts: Sequence[CellFacts], sources: Mapping[str, CellFacts]
+) -> list[CellFacts]:
+    """``facts`` (from the cells' text), where a cell imports from a module of the notebook's own
+    (``sources``: each such module's text, analysed as a cell's): its functions and classes
+    come with what they do that the record cannot see, as the notebook's own would (their
+    patches of a library, its setters, changes through ``.data`` to what they are handed). A
+    whole module imported (``import helpers``) counts as a class: a cell that uses it may call
+    any of them. What they do to the module's own globals is the module's, not the notebook's
+    (the record reads those)."""
+    spelled = {n: d for f in facts for n, d in f.imported_as.items()}
+    out = []
+    for cell in facts:
+        found: dict[str, Effects] = {}
+        for name in sorted(cell.imports):
+            source = sources.get(cell.imported_from.get(name, ""))
+            if source is None:
+                continue
+            attr = cell.imported_as.get(name, "").partition(".")[2]
+            names = [attr] if attr else sorted(source.effects)
+            folded = [_own_effects(source, n, spelled) for n in names if n in source.effects]
+            if any(e.patches or e.untracked_handed or e.setters for e in folded):
+                found[name] = Effects(
+                    patches=frozenset().union(*(e.patches for e in folded)),
+                    untracked_handed=any(e.untracked_handed for e in folded),
+                    setters={k: v for e in folded for k, v in e.setters.items()},
+                    of_class=not attr or any(e.of_class for e in folded),
+                )
+        if found:
+            cell = replace(cell, effects={**cell.effects, **found})
+        out.append(cell)
+    return out
+
+
+def _own_effects(source: CellFacts, name: str, spelled: Mapping[str, str]) -> Effects:
+    """What ``name``, a function or class of a notebook's own module (``source``), does with
+    the functions of the module it calls: the libraries it patches or sets up, named as the
+    notebook names them (the module's ``F`` is torch.nn.functional: the notebook's ``F``, or
+    ``torch``)."""
+    _, _, patches, _, setters = _closure({name}, dict(source.effects), ())
+    untracked, seen, stack = False, set(), [name]
+    while stack:
+        current = stack.pop()
+        if current in seen or current not in source.effects:
+            continue
+        seen.add(current)
+        untracked |= source.effects[current].untracked_handed
+        stack.extend(source.effects[current].calls)
+
+    def here(local: str) -> set[str]:
+        dotted = source.imported_as.get(local)
+        if dotted is None:
+            return set()
+        return {n for n, d in spelled.items() if dotted == d or dotted.startswith(d + ".")}
+
+    return Effects(
+        patches=frozenset().union(*(here(p) for p in patches)),
+        untracked_handed=untracked,
+        setters={n: how for root, how in setters.items() for n in here(root)},
+        of_class=source.effects[name].of_class,
+    )
+
+
 def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
     """``facts`` (from the cells' text, before their records join them), where a cell calls a
     notebook function that changes what it is handed through ``.data`` or ``.numpy()``
@@ -274,6 +352,7 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
             table.pop(name, None)
         table.update(cell.effects)
         stack = [*(cell.calls & table.keys()), *_methods_called(cell, table, instances)]
+        table.update(_reaching(cell, table))
         seen: set[str] = set()
         while stack:
             name = stack.pop()
@@ -286,6 +365,28 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
             stack.extend(table[name].calls)
         out.append(cell)
     return out
+
+
+def _reaching(
+    cell: CellFacts, table: Mapping[str, Effects], held: Mapping[str, Effects] | None = None
+) -> dict[str, Effects]:
+    """The names ``cell`` builds or fills from notebook functions or classes of ``table``
+    (``half = partial(shrink, f=0.5)``, ``callbacks = [Shrinker()]``, ``ops = {"s": shrink}``),
+    each as a class whose methods are those: a later cell that uses it (``half(model)``, ``for cb
+    in callbacks: cb.on_end(model)``, ``ops["s"](model)``) may call them, though its text
+    names none. ``held``: those found before (``table``'s own by default), which a cell that
+    fills one (``callbacks.append(Shrinker())``) adds to."""
+    held = table if held is None else held
+    found = {}
+    for name in (cell.defines | cell.mutates) - cell.effects.keys():
+        sources = cell.links.get(name, frozenset()) | cell.stores.get(name, frozenset())
+        sources |= cell.derives.get(name, frozenset())
+        reached = frozenset(n for n in sources if n in table and n != name)
+        if reached:
+            before = held.get(name) if name in cell.mutates else None
+            calls = reached | (before.calls if before is not None else frozenset())
+            found[name] = Effects(calls=calls, of_class=True)
+    return found
 
 
 def _methods_called(
@@ -462,6 +563,7 @@ class _Planner:
                 break
         steps = [self._step(i, r) for i, r in sorted(self.reasons.items()) if i != self.failing]
         steps.append(Step(self.failing, ("the failing cell",), failing=True))
+        steps = self._with_later_definitions(steps)
         return Plan(
             tuple(steps),
             tuple(sorted(self.unresolved - self.stale.keys())),
@@ -478,6 +580,37 @@ class _Planner:
             failed_changes=self._failed_changes(steps),
             failed_setup=self._failed_setup(steps),
         )
+
+    def _with_later_definitions(self, steps: list[Step]) -> list[Step]:
+        """``steps``, where a cell calls a notebook function or class the namespace has that a
+        later cell before the failing one bound anew (a helper edited after it was used): the
+        one here is the later one, so the cell does what that one does, not what it did when
+        it ran. Named, with what the cell makes and what is built from it."""
+        rebuilt = self._rebuilt(steps)
+        out = []
+        for step in steps:
+            facts = self.facts[step.index]
+            later = sorted(
+                name
+                for name in facts.calls - facts.defines
+                if name in self.present
+                and not rebuilt.get(name, self.failing) < step.index
+                and any(
+                    name in f.defines - f.mutates for f in self.facts[step.index + 1 : self.failing]
+                )
+            )
+            if step.failing or not later:
+                out.append(step)
+                continue
+            made = sorted((facts.defines | facts.mutates) - facts.imports - facts.callables)
+            made += self._built_from(made, steps, step.index)
+            why = (
+                f"calls {', '.join(later)} as a later cell defined "
+                f"{'it' if len(later) == 1 else 'them'} anew, not as when it ran"
+                + (f": these may differ: {', '.join(made[:12])}" if made else "")
+            )
+            out.append(replace(step, reasons=(*step.reasons, why)))
+        return out
 
     def _rebuilt(self, steps: Sequence[Step], imports: bool = False) -> dict[str, int]:
         """The names the plan's cells (not the failing one) bind anew, by the first of them;
@@ -574,7 +707,7 @@ class _Planner:
                 if not step.failing and step.index > index:
                     made |= (facts.defines | facts.mutates) - facts.imports - facts.callables
                     made -= set(step.keeps)
-            found.append((index, setup, tuple(sorted(made))))
+            found.append((index, spelled_here(setup, self.facts[:index]), tuple(sorted(made))))
         return tuple(found)
 
     def _built_from(
@@ -858,6 +991,22 @@ class _Planner:
         ):
             # (A function that cell calls may read what the cell itself bound before the call.)
             self.unresolved.add(name)
+
+
+def spelled_here(setup: str, facts: Sequence[CellFacts]) -> str:
+    """``setup`` with the notebook's own names for the modules it names: the record reads a
+    setting by the library's name (``numpy.set_printoptions``, even when a notebook method set
+    it), which the cells know as ``np``."""
+    spelled: dict[str, set[str]] = {}
+    for cell in facts:
+        for name, dotted in cell.imported_as.items():
+            if name != dotted and re.search(rf"(?<![\w.]){re.escape(dotted)}\.", setup):
+                spelled.setdefault(dotted, set()).add(name)
+    if not spelled:
+        return setup
+    return "; ".join(
+        [setup, *(f"{m} is {' and '.join(sorted(n))} here" for m, n in sorted(spelled.items()))]
+    )
 
 
 def _reached(

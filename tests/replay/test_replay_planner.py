@@ -1104,6 +1104,25 @@ def test_process_state_a_failed_cell_set_is_named_with_what_later_cells_make():
     assert "os.environ" in setup and "set_default_dtype" in setup
 
 
+def test_settings_a_failed_cell_set_through_a_method_are_named_as_the_notebook_spells_them():
+    # ``cfg.apply()`` set numpy's print options: the record reads ``numpy.set_printoptions``,
+    # which the notebook knows as ``np`` (``from torch.backends import cudnn``: ``cudnn``).
+    cells = [
+        "import numpy as np\nfrom torch.backends import cudnn\nfrom torch import nn\n"
+        "class Cfg:\n    def apply(self):\n        np.set_printoptions(precision=3)\ncfg = Cfg()",
+        "cfg.apply()\nraise RuntimeError",
+        "print(1)",
+    ]
+    record = CellRecord(
+        settings=("numpy.set_printoptions", "torch.backends.cudnn.benchmark", "torch.foo")
+    )
+    facts = facts_of(cells)
+    facts[1] = joined(facts[1], record)
+    ((_, setup, _),) = plan_replay(facts, 2, set(), {1}).failed_setup
+    assert "numpy is np here" in setup and "torch.backends.cudnn is cudnn here" in setup
+    assert "torch is" not in setup  # ``from torch import nn``: ``torch.nn``, not ``torch``
+
+
 def test_a_seed_set_by_a_failed_cell_is_not_named():
     # Each replayed cell that drew starts from the random state it had.
     facts = facts_of(["import torch", "torch.manual_seed(0)\nraise RuntimeError", "print(1)"])
@@ -1325,3 +1344,71 @@ def test_a_checkpoint_a_failed_cell_saved_into_a_buffer_is_named_with_what_later
     facts[1] = joined(facts[1], CellRecord(unseen=frozenset({"buf"})))
     plan = plan_replay(facts, 3, set(), {1})
     assert plan.failed_changes == ((1, ("buf",), ("size",)),)
+
+
+def test_a_helper_defined_anew_after_a_replayed_cell_called_it_is_named():
+    # ``step`` was edited after ``step(model)`` ran: the one here is the new one, so the
+    # replayed call does what it does now, and ``model`` may differ.
+    cells = [
+        "import torch\nmodel = torch.nn.Linear(2, 1)",
+        "def step(m):\n    m.weight.data.mul_(2)",
+        "step(model)",
+        "def step(m):\n    pass",
+        "print(model)",
+    ]
+    plan = _plan(cells, present={"step"}, restored={"step"})
+    reasons = {s.index: s.reasons for s in plan.steps}
+    assert any(
+        "calls step as a later cell defined it anew" in r and "model" in r for r in reasons[2]
+    )
+    # Not where the plan runs the old definition before the call (nothing here to stand in).
+    plan = _plan(cells)
+    assert not any("defined it anew" in r for s in plan.steps for r in s.reasons)
+
+
+_SHRINK = (
+    "import torch, functools\nmodel = torch.nn.Linear(2, 1)\nx = 1\n"
+    "def shrink(m, f):\n    for p in m.parameters():\n        p.data.mul_(f)\n"
+    "class Shrink:\n    def on_end(self, m):\n        shrink(m, 0.5)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("build", "call"),
+    [
+        ("half = functools.partial(shrink, f=0.5)", "half(model)"),
+        ("callbacks = [Shrink()]", "for cb in callbacks:\n    cb.on_end(model)"),
+        ("ops = {'s': shrink}", "ops['s'](model, 0.5)"),
+    ],
+    ids=["a partial", "a method that calls it, of instances in a list", "a dict of functions"],
+)
+def test_a_data_write_reached_through_what_holds_a_notebook_function_runs_again(build, call):
+    # ``shrink`` changes what it is handed through ``.data``, which no version counter counts:
+    # reached through a partial, a callback's method or a dict, the record saw ``model``
+    # unchanged, and the cell was skipped.
+    from nb_cudaguard.replay.planner import with_unseen_handed
+
+    cells = [_SHRINK + build, call, "print(model, x)"]
+    records = [
+        CellRecord(bound=frozenset({"torch", "functools", "model", "x", "shrink", "Shrink"})),
+        CellRecord(),
+        None,
+    ]
+    texts = with_unseen_handed(facts_of(cells))
+    facts = [joined(f, r) for f, r in zip(texts, records, strict=True)]
+    assert plan_replay(facts, 2, {"x"}).indices == (0, 1, 2)
+
+
+def test_a_library_patched_through_a_partial_of_a_notebook_function_runs_again():
+    # ``use_tanh = partial(set_act, "tanh")``: the cell calls ``use_tanh``, which the text does
+    # not know for ``set_act``; the patch lives in the library, gone with the old process.
+    cells = [
+        "import functools\nimport torch.nn.functional as F\n"
+        "def set_act(kind):\n    F.gelu = lambda x: x\nuse_tanh = functools.partial(set_act, 1)",
+        "use_tanh()",
+        "print(F.gelu)",
+    ]
+    records = [CellRecord(bound=frozenset({"functools", "F", "set_act", "use_tanh"})), CellRecord()]
+    texts = facts_of(cells)
+    facts = [*(joined(f, r) for f, r in zip(texts[:2], records, strict=True)), texts[2]]
+    assert plan_replay(facts, 2, set()).indices == (0, 1, 2)

@@ -643,6 +643,57 @@ def test_what_a_library_sets_as_it_is_imported_is_no_setting_of_the_cell(
     assert own.settings == ("warnings.filterwarnings",)
 
 
+_OWN_MODULE = (
+    "import torch.nn.functional as F\n\n_orig = F.gelu\n\n\n"
+    "def install():\n    _patch()\n\n\ndef _patch():\n    F.gelu = lambda t: _orig(t) * 2\n\n\n"
+    "def shrink(m):\n    for p in m.parameters():\n        p.data *= 0.5\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "read"),
+    [
+        (["import nbcg_own11", "nbcg_own11.install()"], "F.gelu(torch.ones(1)).tolist()"),
+        (
+            [
+                "from nbcg_own11 import shrink\nlin = torch.nn.Linear(2, 2)\n"
+                "with torch.no_grad():\n    lin.weight.fill_(1.0)",
+                "shrink(lin)",
+            ],
+            "lin.weight.sum().item()",
+        ),
+    ],
+    ids=["a library patched", "weights scaled through .data"],
+)
+def test_what_a_function_of_the_notebooks_own_module_did_is_done_again(
+    recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body, read
+):
+    # As a function defined in a cell (above), where it is a ``helpers.py`` beside the notebook
+    # (``%%writefile``): the record sees neither the patch nor the write through ``.data``, and
+    # the cell's text alone does not say what the module's function does.
+    (tmp_path / "nbcg_own11.py").write_text(_OWN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cells = [
+        "import torch\nimport torch.nn.functional as F",
+        *body,
+        "y = 1",
+        f"seen = {read}\n[][0]",
+    ]
+    gelu = F.gelu
+    try:
+        saved = _run(recorded, cells)
+        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+        before = recorded.user_ns["seen"]
+        F.gelu = gelu  # as a new process imports it
+        _new_process(recorded, ["lin", "y", "seen", "nbcg_own11", "shrink"], ["nbcg_own11"])
+        summary = _replay(recorded, saved)
+        assert recorded.user_ns["seen"] == before, summary
+    finally:
+        F.gelu = gelu
+        sys.modules.pop("nbcg_own11", None)
+
+
 def test_an_abc_of_the_notebooks_own_module_is_seen_with_the_state_it_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
