@@ -471,11 +471,6 @@ _SETTINGS = {
         "torch.use_deterministic_algorithms(False)",
         "torch.is_deterministic_algorithms_warn_only_enabled()",
     ),
-    "cudnn_allow_tf32": (
-        "torch.backends.cudnn.allow_tf32 = False",
-        "torch.backends.cudnn.allow_tf32 = True",
-        "torch.backends.cudnn.allow_tf32",
-    ),
     "default_device": (
         "torch.set_default_device('meta')",
         "torch.set_default_device(None)",
