@@ -230,20 +230,20 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
         # Called through what holds them: what the record cannot see (a patch, a setter) counts.
         via = (cell.calls | cell.uses) & reach.keys()
         if via:
-            held = frozenset().union(*(reach[n].calls for n in via))
-            _, _, patches, class_patches, setters = _closure(held, table, modules)
+            held = _closure(frozenset().union(*(reach[n].calls for n in via)), table, modules)
             cell = replace(
                 cell,
-                patches=cell.patches | patches,
-                class_patches=cell.class_patches | class_patches,
-                setters={**setters, **cell.setters},
+                patches=cell.patches | held.patches,
+                class_patches=cell.class_patches | held.class_patches,
+                setters={**held.setters, **cell.setters},
             )
         reach.update(_reaching(cell, table, reach))
         called = (cell.calls & table.keys()) | _methods_called(cell, table, instances)
         if not called:
             out.append(cell)
             continue
-        assigns, mutates, patches, class_patches, setters = _closure(called, table, modules)
+        done = _closure(called, table, modules)
+        assigns, mutates = done.assigns, done.mutates
         bound = cell.defines - cell.mutates  # its own new objects: not a change
         changed = mutates - bound
         for name in mutates & bound:  # built here from older objects: those change
@@ -265,9 +265,9 @@ def with_calls(facts: Sequence[CellFacts], modules: Collection[str] = ()) -> lis
             derives=derives,
             # (what a notebook function patches: a module's attribute, a class's, which the
             # record sees by identity alone)
-            patches=cell.patches | patches,
-            class_patches=cell.class_patches | class_patches,
-            setters={**setters, **cell.setters},
+            patches=cell.patches | done.patches,
+            class_patches=cell.class_patches | done.class_patches,
+            setters={**done.setters, **cell.setters},
         )
         if cell.filled:  # a function changed them: not only filled
             new = replace(new, filled=cell.filled - mutates - changed)
@@ -314,15 +314,7 @@ def _own_effects(source: CellFacts, name: str, spelled: Mapping[str, str]) -> Ef
     the functions of the module it calls: the libraries it patches or sets up, named as the
     notebook names them (the module's ``F`` is torch.nn.functional: the notebook's ``F``, or
     ``torch``)."""
-    _, _, patches, _, setters = _closure({name}, dict(source.effects), ())
-    untracked, seen, stack = False, set(), [name]
-    while stack:
-        current = stack.pop()
-        if current in seen or current not in source.effects:
-            continue
-        seen.add(current)
-        untracked |= source.effects[current].untracked_handed
-        stack.extend(source.effects[current].calls)
+    done = _closure({name}, source.effects, ())
 
     def here(local: str) -> set[str]:
         dotted = source.imported_as.get(local)
@@ -331,9 +323,9 @@ def _own_effects(source: CellFacts, name: str, spelled: Mapping[str, str]) -> Ef
         return {n for n, d in spelled.items() if dotted == d or dotted.startswith(d + ".")}
 
     return Effects(
-        patches=frozenset().union(*(here(p) for p in patches)),
-        untracked_handed=untracked,
-        setters={n: how for root, how in setters.items() for n in here(root)},
+        patches=frozenset().union(*(here(p) for p in done.patches)),
+        untracked_handed=done.untracked_handed,
+        setters={n: how for root, how in done.setters.items() for n in here(root)},
         of_class=source.effects[name].of_class,
     )
 
@@ -351,18 +343,10 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
         for name in cell.defines - cell.mutates:
             table.pop(name, None)
         table.update(cell.effects)
-        stack = [*(cell.calls & table.keys()), *_methods_called(cell, table, instances)]
+        called = (cell.calls & table.keys()) | _methods_called(cell, table, instances)
         table.update(_reaching(cell, table))
-        seen: set[str] = set()
-        while stack:
-            name = stack.pop()
-            if name in seen or name not in table:
-                continue
-            seen.add(name)
-            if table[name].untracked_handed:
-                cell = replace(cell, untracked=cell.untracked | cell.mutates)
-                break
-            stack.extend(table[name].calls)
+        if _closure(called, table, ()).untracked_handed:
+            cell = replace(cell, untracked=cell.untracked | cell.mutates)
         out.append(cell)
     return out
 
@@ -423,16 +407,18 @@ def _with_returns(cell: CellFacts, reads: Mapping[str, frozenset[str]]) -> CellF
 
 
 def _closure(
-    called: set[str] | frozenset[str], table: dict[str, Effects], modules: Collection[str]
-) -> tuple[set[str], set[str], frozenset[str], frozenset[str], dict[str, str]]:
-    """What calling ``called`` does, with the functions they call in turn: (the globals they
-    bind, those they change, those whose attributes they set, those whose class they set
-    attributes on, the setters they call)."""
+    called: Collection[str], table: Mapping[str, Effects], modules: Collection[str]
+) -> Effects:
+    """What calling ``called`` does, with the functions they call in turn, as one function's
+    effects: the globals they bind, those they change (and hand to the methods of globals that
+    are not ``modules``), those whose attributes or class they set, the setters they call,
+    whether they change what they are handed through ``.data``."""
     assigns: set[str] = set()
     mutates: set[str] = set()
     patches: set[str] = set()
     class_patches: set[str] = set()
     setters: dict[str, str] = {}
+    untracked = False
     seen: set[str] = set()
     stack = list(called)
     while stack:
@@ -445,13 +431,21 @@ def _closure(
         mutates |= effects.mutates
         patches |= effects.patches
         class_patches |= effects.class_patches
+        untracked |= effects.untracked_handed
         for root, how in effects.setters.items():
             setters.setdefault(root, how)
         for receiver, handed in effects.handed.items():
             if receiver not in modules:
                 mutates |= handed
         stack.extend(effects.calls)
-    return assigns - mutates, mutates, frozenset(patches), frozenset(class_patches), setters
+    return Effects(
+        assigns=frozenset(assigns - mutates),
+        mutates=frozenset(mutates),
+        patches=frozenset(patches),
+        class_patches=frozenset(class_patches),
+        untracked_handed=untracked,
+        setters=setters,
+    )
 
 
 class _Planner:
