@@ -302,10 +302,19 @@ class Effects:
     # *= 0.5`` in ``shrink(m)``), which no version counter counts. (The globals it so changes
     # are among ``mutates``: a cell's calls change them whatever its record says.)
     untracked_handed: bool = False
+    # Whether it sets attributes on the class of what it is handed (``def patch(m):
+    # type(m).forward = f``): a restored instance comes back with its class imported afresh,
+    # without the change, and no fingerprint of the instance reads its class.
+    class_handed: bool = False
     setters: Mapping[str, str] = field(default_factory=dict)  # as a cell's
     # A class's: what its methods do that the record cannot see (their patches, changes
     # through ``.data``), for a cell that makes an instance or calls its methods.
     of_class: bool = False
+
+    def unseen_by_record(self) -> bool:
+        """Whether it does what no run-time record sees: patches a library or a class, changes
+        what it is handed through ``.data``, calls a library's setter."""
+        return bool(self.patches or self.untracked_handed or self.class_handed or self.setters)
 
 
 @dataclass
@@ -683,15 +692,25 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
     handed: dict[str, set[str]] = {}
     patches: set[str] = set()
     class_patches: set[str] = set()
-    untracked_handed = False
+    untracked_handed = class_handed = False
     setters: dict[str, str] = {}
 
     def patched(target: ast.expr, through: bool) -> None:
+        nonlocal class_handed
         root = _root_name(target)
-        if root is not None and root not in local and through:
+        if root is None or not through:
+            return
+        if root not in local:
             patches.add(root)
             if _through_class(target):
                 class_patches.add(root)
+        elif _through_class(target):
+            # ``type(m).forward = f`` on a local: the class of a global it was found in
+            # (``for layer in model.modules()``), or of what the function is handed.
+            outside = objects_of(root)
+            patches.update(outside)
+            class_patches.update(outside)
+            class_handed |= not outside
 
     def unseen_change(path: ast.expr) -> None:
         """``path`` changed through a view no version counter counts (``m.weight.data``): of a
@@ -757,6 +776,7 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
         frozenset(patches),
         frozenset(class_patches),
         untracked_handed,
+        class_handed,
         setters,
     )
     return loaded - local, effects
@@ -1158,12 +1178,13 @@ class _CellVisitor(ast.NodeVisitor):
         self.c.effects.pop(node.name, None)
         summaries = [_function_summary(m)[1] for m in methods]
         # (and the functions its methods call, which may be the notebook's: ``shrink(m)``)
-        if any(e.patches or e.untracked_handed or e.setters or e.calls for e in summaries):
+        if any(e.unseen_by_record() or e.calls for e in summaries):
             self.c.effects[node.name] = Effects(
                 calls=frozenset().union(*(e.calls for e in summaries)),
                 patches=frozenset().union(*(e.patches for e in summaries)),
                 class_patches=frozenset().union(*(e.class_patches for e in summaries)),
                 untracked_handed=any(e.untracked_handed for e in summaries),
+                class_handed=any(e.class_handed for e in summaries),
                 setters={k: v for e in reversed(summaries) for k, v in e.setters.items()},
                 of_class=True,
             )

@@ -296,10 +296,11 @@ def with_own_modules(
             attr = cell.imported_as.get(name, "").partition(".")[2]
             names = [attr] if attr else sorted(source.effects)
             folded = [_own_effects(source, n, spelled) for n in names if n in source.effects]
-            if any(e.patches or e.untracked_handed or e.setters for e in folded):
+            if any(e.unseen_by_record() for e in folded):
                 found[name] = Effects(
                     patches=frozenset().union(*(e.patches for e in folded)),
                     untracked_handed=any(e.untracked_handed for e in folded),
+                    class_handed=any(e.class_handed for e in folded),
                     setters={k: v for e in folded for k, v in e.setters.items()},
                     of_class=not attr or any(e.of_class for e in folded),
                 )
@@ -325,6 +326,7 @@ def _own_effects(source: CellFacts, name: str, spelled: Mapping[str, str]) -> Ef
     return Effects(
         patches=frozenset().union(*(here(p) for p in done.patches)),
         untracked_handed=done.untracked_handed,
+        class_handed=done.class_handed,
         setters={n: how for root, how in done.setters.items() for n in here(root)},
         of_class=source.effects[name].of_class,
     )
@@ -333,9 +335,10 @@ def _own_effects(source: CellFacts, name: str, spelled: Mapping[str, str]) -> Ef
 def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
     """``facts`` (from the cells' text, before their records join them), where a cell calls a
     notebook function that changes what it is handed through ``.data`` or ``.numpy()``
-    (``def shrink(m): m.weight.data *= 0.5``): what the cell hands its calls, which the text
-    takes for changed, is changed where no version counter counts, so the record cannot
-    overrule it."""
+    (``def shrink(m): m.weight.data *= 0.5``) or through its class (``def patch(m):
+    type(m).forward = f``): what the cell hands its calls, which the text takes for changed, is
+    changed where no version counter counts, so the record cannot overrule it; through its
+    class, the cell patches what a restore imports afresh, so it runs again."""
     table: dict[str, Effects] = {}
     instances: dict[str, frozenset[str]] = {}
     out = []
@@ -345,8 +348,15 @@ def with_unseen_handed(facts: Sequence[CellFacts]) -> list[CellFacts]:
         table.update(cell.effects)
         called = (cell.calls & table.keys()) | _methods_called(cell, table, instances)
         table.update(_reaching(cell, table))
-        if _closure(called, table, ()).untracked_handed:
+        done = _closure(called, table, ())
+        if done.untracked_handed or done.class_handed:
             cell = replace(cell, untracked=cell.untracked | cell.mutates)
+        if done.class_handed:  # their classes are changed: as by ``type(model).forward = f``
+            cell = replace(
+                cell,
+                patches=cell.patches | cell.mutates,
+                class_patches=cell.class_patches | cell.mutates,
+            )
         out.append(cell)
     return out
 
@@ -418,7 +428,7 @@ def _closure(
     patches: set[str] = set()
     class_patches: set[str] = set()
     setters: dict[str, str] = {}
-    untracked = False
+    untracked = class_handed = False
     seen: set[str] = set()
     stack = list(called)
     while stack:
@@ -432,6 +442,7 @@ def _closure(
         patches |= effects.patches
         class_patches |= effects.class_patches
         untracked |= effects.untracked_handed
+        class_handed |= effects.class_handed
         for root, how in effects.setters.items():
             setters.setdefault(root, how)
         for receiver, handed in effects.handed.items():
@@ -444,6 +455,7 @@ def _closure(
         patches=frozenset(patches),
         class_patches=frozenset(class_patches),
         untracked_handed=untracked,
+        class_handed=class_handed,
         setters=setters,
     )
 

@@ -611,6 +611,49 @@ def test_what_a_notebook_function_did_outside_the_names_is_done_again(recorded, 
         F.gelu, torch.nn.GELU.forward = gelu, forward
 
 
+_CLASS_PATCHES = {
+    "type(m)": "def patch(m):\n    type(m).forward = lambda self, t: t * 3\n\npatch(act)",
+    "m.__class__": "def patch(m):\n    m.__class__.forward = lambda self, t: t * 3\n\npatch(act)",
+    "setattr(type(m), ...)": (
+        "def patch(m):\n    setattr(type(m), 'forward', lambda self, t: t * 3)\n\npatch(act)"
+    ),
+    "a module found in a global": (
+        "def patch():\n    for layer in net.modules():\n"
+        "        if isinstance(layer, torch.nn.GELU):\n"
+        "            type(layer).forward = lambda self, t: t * 3\n\npatch()"
+    ),
+}
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["instance restored", "instance rebuilt"])
+@pytest.mark.parametrize("case", list(_CLASS_PATCHES))
+def test_a_class_a_notebook_function_patches_through_an_instance_is_patched_again(
+    recorded, case, kept
+):
+    # The record sees a library class by identity alone, and a restored instance comes back
+    # with its class imported afresh: only running the calling cell again patches it.
+    cells = [
+        "import torch\nact = torch.nn.GELU()\nnet = torch.nn.Sequential(act)\n"
+        "x = torch.tensor([1.0, -1.0])",
+        _CLASS_PATCHES[case],
+        "y = 1",
+        "seen = act(x).tolist()\n[][0]",
+    ]
+    forward = torch.nn.GELU.forward
+    try:
+        saved = _run(recorded, cells)
+        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+        before = recorded.user_ns["seen"]
+        torch.nn.GELU.forward = forward  # as a new process imports it
+        gone = ["patch", "y", "seen"] + ([] if kept else ["act", "net", "x"])
+        _new_process(recorded, gone)
+        summary = _replay(recorded, saved)
+        assert recorded.user_ns["seen"] == before, summary
+    finally:
+        torch.nn.GELU.forward = forward
+
+
 def test_what_a_library_sets_as_it_is_imported_is_no_setting_of_the_cell(
     recorded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
