@@ -391,7 +391,7 @@ def _through_attribute(target: ast.expr) -> bool:
     ``sys.modules[k]``), not by items alone (``x[i]``): what a module holds, where it is one."""
     node = target
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        if isinstance(node, ast.Attribute):
+        if isinstance(node, ast.Attribute) or _is_vars_of(node):
             return True
         node = node.func if isinstance(node, ast.Call) else node.value
     return False
@@ -413,7 +413,7 @@ def _root_name(node: ast.expr) -> str | None:
     ``x.__class__.g``: ``type(model).forward = f`` patches what ``model`` does); None for
     anything else."""
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        if _is_type_of(node):
+        if _is_type_of(node) or _is_vars_of(node):
             node = node.args[0]  # type: ignore[union-attr]
             continue
         node = node.func if isinstance(node, ast.Call) else node.value
@@ -422,13 +422,50 @@ def _root_name(node: ast.expr) -> str | None:
 
 def _is_type_of(node: ast.expr) -> bool:
     """``type(x)``: one argument, the builtin's name."""
+    return _one_argument_of(node, "type")
+
+
+def _is_vars_of(node: ast.expr) -> bool:
+    """``vars(x)``: ``x``'s own attributes, as ``x.__dict__``."""
+    return _one_argument_of(node, "vars")
+
+
+def _one_argument_of(node: ast.expr, builtin: str) -> bool:
     return (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
-        and node.func.id == "type"
+        and node.func.id == builtin
         and len(node.args) == 1
         and not node.keywords
     )
+
+
+def _module_imported(value: ast.expr) -> str | None:
+    """The module a call imports and returns: ``importlib.import_module("torch.nn.functional")``
+    (that module), ``__import__("torch.nn")`` (its top-level package); else None."""
+    if not isinstance(value, ast.Call) or not value.args or value.keywords:
+        return None
+    first = value.args[0]
+    if not isinstance(first, ast.Constant) or not isinstance(first.value, str):
+        return None
+    called = _dotted(value.func)
+    if called in ("importlib.import_module", "import_module") and len(value.args) == 1:
+        return first.value
+    if called == "__import__" and len(value.args) == 1:
+        return first.value.partition(".")[0]
+    return None
+
+
+def _attributes_changed(call: ast.Call) -> ast.expr | None:
+    """The path whose attributes a method call changes through their dict (``vars(F).update(
+    gelu=g)``, ``F.__dict__.setdefault(k, v)``): a patch, as ``F.gelu = g`` is; else None."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr in READ_ONLY_METHODS:
+        return None
+    owner = func.value
+    if _is_vars_of(owner) or (isinstance(owner, ast.Attribute) and owner.attr == "__dict__"):
+        return owner
+    return None
 
 
 def _const_str(node: ast.expr) -> str | None:
@@ -747,6 +784,8 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             and each.args
         ):
             patched(each.args[0], True)
+        if isinstance(each, ast.Call) and (through_dict := _attributes_changed(each)) is not None:
+            patched(through_dict, True)
         if isinstance(each, ast.Call) and isinstance(each.func, ast.Attribute):
             dotted = _dotted(each.func)
             root = dotted.partition(".")[0] if dotted is not None else None
@@ -1029,11 +1068,14 @@ class _CellVisitor(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         reads = self._visit_reading(node.value)
         copied = self.copied
+        imported = _module_imported(node.value)
         for target in node.targets:
             self._target(target, reads, fill=True)
             self._bind(target, node.value, reads, copied)
             if isinstance(target, ast.Name) and isinstance(node.value, ast.Lambda):
                 self.c.effects[target.id] = _lambda_effects(node.value)  # a function all the same
+            if isinstance(target, ast.Name) and imported is not None:
+                self._imported(target.id, imported, imported)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
@@ -1120,10 +1162,14 @@ class _CellVisitor(ast.NodeVisitor):
         for alias in node.names:
             name = alias.asname or alias.name.split(".")[0]
             self._store(name)
-            self.c.imports.add(name)
-            self.imported.add(name)
-            self.c.imported_from[name] = alias.name.split(".")[0]
-            self.c.imported_as[name] = alias.name if alias.asname else name
+            self._imported(name, alias.name, alias.name if alias.asname else name)
+
+    def _imported(self, name: str, module: str, dotted: str) -> None:
+        """``name`` bound to ``module`` (``dotted``, as the name stands for it)."""
+        self.c.imports.add(name)
+        self.imported.add(name)
+        self.c.imported_from[name] = module.split(".")[0]
+        self.c.imported_as[name] = dotted
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         for alias in node.names:
@@ -1289,6 +1335,12 @@ class _CellVisitor(ast.NodeVisitor):
                     self.c.untracked.add(patched)
                 if _through_class(node.args[0]):
                     self.c.class_patches.add(patched)
+        through_dict = _attributes_changed(node)
+        patched_root = _root_name(through_dict) if through_dict is not None else None
+        if patched_root is not None:
+            self.c.patches.add(patched_root)
+            if _through_class(through_dict):  # type: ignore[arg-type]
+                self.c.class_patches.add(patched_root)
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
         dotted = _dotted(func) if isinstance(func, ast.Attribute) else None

@@ -88,7 +88,17 @@ def _process_readers() -> list[tuple[str, Callable[[], Any]]]:
         ("sys.path", lambda: tuple(sys.path)),  # (``sys.path = [...]`` binds another list)
         ("warnings.filterwarnings", lambda: tuple(warnings.filters)),
         ("sys.setrecursionlimit", sys.getrecursionlimit),
+        ("unittest.mock.patch", _started_patches),
     ]
+
+
+def _started_patches() -> tuple[int, ...]:
+    """The patchers ``unittest.mock`` started and did not stop (``patch("torch.nn.functional.
+    gelu", f).start()``; Lib/unittest/mock.py keeps them in ``_patch._active_patches``): what
+    they replaced lives in a library, which a new process imports afresh, and the cell's text
+    may name it only in a string."""
+    mock = sys.modules.get("unittest.mock")
+    return tuple(map(id, mock._patch._active_patches)) if mock is not None else ()
 
 
 def _numpy_readers(numpy: Any) -> list[tuple[str, Callable[[], Any]]]:

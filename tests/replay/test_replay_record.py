@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -476,6 +477,12 @@ _SETTINGS = {
         "torch.set_default_device(None)",
         "str(torch.get_default_device())",
     ),
+    # a library's function replaced by a started patcher: the text sees no patch of torch
+    "mock_patch": (
+        "__import__('unittest.mock').mock.patch('torch.nn.functional.gelu', abs).start()",
+        "__import__('unittest.mock').mock.patch.stopall()",
+        "torch.nn.functional.gelu(torch.tensor([-1.0])).item()",
+    ),
 }
 
 
@@ -652,6 +659,59 @@ def test_a_class_a_notebook_function_patches_through_an_instance_is_patched_agai
         assert recorded.user_ns["seen"] == before, summary
     finally:
         torch.nn.GELU.forward = forward
+
+
+_LIBRARY_PATCHES = {
+    "a started mock.patch": (
+        "from unittest import mock\n"
+        "patcher = mock.patch('torch.nn.functional.gelu', lambda t: t * 2)\npatcher.start()"
+    ),
+    "a started mock.patch.object": (
+        "from unittest import mock\nmock.patch.object(F, 'gelu', lambda t: t * 2).start()"
+    ),
+    "a mock.patch started by a function": (
+        "from unittest import mock\n"
+        "def go():\n    mock.patch.object(F, 'gelu', lambda t: t * 2).start()\n\ngo()"
+    ),
+    "vars(module)[name]": "vars(F)['gelu'] = lambda t: t * 2",
+    "module.__dict__.update": "F.__dict__.update(gelu=lambda t: t * 2)",
+    "a function's vars(module).update": (
+        "def go():\n    vars(F).update(gelu=lambda t: t * 2)\n\ngo()"
+    ),
+    "setattr on sys.modules[name]": (
+        "import sys\nsetattr(sys.modules['torch.nn.functional'], 'gelu', lambda t: t * 2)"
+    ),
+    "a module from importlib.import_module": (
+        "import importlib\nm = importlib.import_module('torch.nn.functional')\n"
+        "m.gelu = lambda t: t * 2"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_LIBRARY_PATCHES))
+def test_a_library_patched_by_a_route_the_text_does_not_spell_is_patched_again(recorded, case):
+    # The record sees a library's module by identity alone: the patch is found in the text
+    # (``vars(F)``, ``importlib``) or in what unittest.mock keeps (a started patcher).
+    cells = [
+        "import torch\nimport torch.nn.functional as F\nx = torch.tensor([1.0, -1.0])",
+        _LIBRARY_PATCHES[case],
+        "y = 1",
+        "seen = F.gelu(x).tolist()\n[][0]",
+    ]
+    gelu = F.gelu
+    try:
+        saved = _run(recorded, cells)
+        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+        before = recorded.user_ns["seen"]
+        mock.patch.stopall()  # as a new process has it: nothing started,
+        F.gelu = gelu  # and the function as torch defines it
+        _new_process(recorded, ["y", "seen", "patcher", "m", "go"])
+        summary = _replay(recorded, saved)
+        assert recorded.user_ns["seen"] == before, summary
+    finally:
+        mock.patch.stopall()
+        F.gelu = gelu
 
 
 def test_what_a_library_sets_as_it_is_imported_is_no_setting_of_the_cell(
