@@ -93,6 +93,73 @@ def _setter(name: str) -> bool:
     return name not in SETUP_CALLS and _SETTER.fullmatch(name) is not None
 
 
+# A statement calling a library's function with constants alone, its result dropped, is made for
+# what it does to the library or the process (``tqdm.pandas()``, ``nest_asyncio.apply()``,
+# ``socket.setdefaulttimeout(5)``, ``wandb.init(project="x")``, ``logging.basicConfig(level=
+# logging.INFO)``): state a new process lacks, which no record of the namespace reads. Not these:
+# what only shows or writes something (the files' own rules apply), waits, tidies memory, asks
+# (its value displayed), or ends the process.
+_FOR_SHOW_OR_ASK = re.compile(
+    r"(?:print|pprint|display|show|clear_output|flush|write\w*|debug|info|warning|warn|error"
+    r"|critical|exception|log|figure|subplots?|plot|title|suptitle|[xy]label|legend|grid|axis"
+    r"|tight_layout|subplots_adjust|savefig|close|imshow|hist|barh?|scatter|[xy]ticks|[xy]lim"
+    r"|text|annotate|colorbar|clf|cla|pause|draw|ax[hv]line|fill_between|pie|despine|gc[af]"
+    r"|\w+plot|heatmap|sleep|collect|empty_cache|synchronize|reset_peak_memory_stats|ipc_collect"
+    r"|makedirs|mkdir|remove|unlink|rmtree|rmdir|copy\w*|move|rename|replace|touch|extract\w*"
+    r"|\w*download\w*|\w*retrieve|save\w*|dump\w*|to_\w+|exit|quit|abort|kill|assert\w*"
+    r"|get\w*|is\w*|has\w*|read\w*|load\w*|list\w*|\w*count|current\w*|memory\w*|describe"
+    r"|summary|version|find\w*|glob|exists|open|cpu_count|check\w*)"
+)
+# Modules whose calls act on files and processes: the plan's rules for those apply.
+_NOT_FOR_SETUP = frozenset({"os", "subprocess", "shutil", "pathlib", "time", "gc"})
+
+
+def _called_for_effect(statement: ast.expr) -> tuple[str, str] | None:
+    """(the module's name, how) for a statement ``root.f(...)`` calling a library's function
+    with constants alone (``root`` one of the notebook's imported names: the planner keeps only
+    those), called for its effect outside the namespace; else None."""
+    call = statement.value if isinstance(statement, ast.Await) else statement
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+        return None
+    name = call.func.attr
+    root = _root_name(call.func)
+    if root is None or name in SETUP_CALLS or name in RANDOM_CALLS or root in _NOT_FOR_SETUP:
+        return None
+    if _FOR_SHOW_OR_ASK.fullmatch(name.lstrip("_")):
+        return None
+    # every call on the way handed constants alone (``logging.getLogger("x").setLevel(...)``):
+    # what it is handed otherwise, the record sees change
+    node: ast.expr = call
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        if isinstance(node, ast.Call):
+            given = [*node.args, *(k.value for k in node.keywords)]
+            if not all(_constant(v, root) for v in given):
+                return None
+            node = node.func
+        else:
+            node = node.value
+    return root, f"calls {ast.unparse(call.func)}()"
+
+
+def _constant(node: ast.expr, root: str) -> bool:
+    """A literal (``5``, ``"x"``, ``(1, 2)``, ``{"a": 1}``, ``-1``) or a name of ``root``'s own
+    (``logging.INFO``)."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _constant(node.operand, root)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_constant(e, root) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _constant(k, root) for k in node.keys) and all(
+            _constant(v, root) for v in node.values
+        )
+    if isinstance(node, ast.Attribute):
+        dotted = _dotted(node)
+        return dotted is not None and dotted.partition(".")[0] == root
+    return False
+
+
 # Calls that draw from a random generator (torch's, NumPy's, ``random``'s), by function name: a
 # skipped one changes what later draws give after a seed. ``iter``/``next``: a DataLoader draws
 # its workers' seed from torch's generator at each ``iter`` (and shuffles); layers draw their
@@ -786,6 +853,9 @@ def _function_summary(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[set
             patched(each.args[0], True)
         if isinstance(each, ast.Call) and (through_dict := _attributes_changed(each)) is not None:
             patched(through_dict, True)
+        effect = _called_for_effect(each.value) if isinstance(each, ast.Expr) else None
+        if effect is not None and effect[0] not in local:
+            setters.setdefault(*effect)
         if isinstance(each, ast.Call) and isinstance(each.func, ast.Attribute):
             dotted = _dotted(each.func)
             root = dotted.partition(".")[0] if dotted is not None else None
@@ -1303,6 +1373,9 @@ class _CellVisitor(ast.NodeVisitor):
     def visit_Expr(self, node: ast.Expr) -> None:
         if self._magic(node.value):
             return
+        effect = _called_for_effect(node.value)
+        if effect is not None:
+            self.c.setters.setdefault(*effect)
         reads = self._visit_reading(node.value)
         copied = self.copied
         call = node.value.value if isinstance(node.value, ast.Await) else node.value
