@@ -1151,17 +1151,15 @@ def with_unrepeatable(
     chosen = {s.index: s for s in plan.steps if not s.failing}
     found: list[tuple[int, str]] = []
     names: set[str] = set()
-    table: dict[str, Effects] = {}  # the notebook's functions, as defined before each cell
-    effects_at: list[Mapping[str, Effects]] = []
-    for cell in before:
-        effects_at.append(dict(table))
-        table.update(cell.effects)
 
     def run_beside(index: int) -> set[str]:
         """What the functions a cell that starts a thread or task hands out or calls change
         (``Thread(target=log)``, ``ensure_future(tick())``): its record sees their changes
         only at the end of whichever cell ran while they did, often another."""
-        cell, then = facts[index], effects_at[index]
+        cell = facts[index]
+        then: dict[str, Effects] = {}  # the notebook's functions, as defined before the cell
+        for earlier in facts[:index]:
+            then.update(earlier.effects)
         started = cell.calls.union(*cell.handed.values()) & then.keys()
         while True:  # (and what the functions they call hand out: ``Thread(target=log)``)
             more = {n for f in started for h in then[f].handed.values() for n in h} & then.keys()
