@@ -10,6 +10,7 @@ the extension's ``ReplayState`` instead, so that the next restart saves them in 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import html
 import os
@@ -703,11 +704,13 @@ def run_steps(
     ran: list[Cell] = []
     said = ""
     ok = True
+    stream = sys.stdout
     try:
         for number, step in enumerate(plan.steps, start=1):
             cell = saved.cells[step.index]
-            print(
+            _PRINT(
                 f"nb_cudaguard replay ({number}/{len(plan.steps)}): cell {cell_label(cell)}",
+                file=stream,
                 flush=True,
             )
             here = {n: shell.user_ns[n] for n in step.keeps if n in shell.user_ns}
@@ -719,10 +722,11 @@ def run_steps(
                 try:
                     restore_rng(cell.record.rng)  # it draws as it did when it ran
                 except Exception as internal:  # a kept state this torch cannot take: say so
-                    print(
+                    _PRINT(
                         f"nb_cudaguard: cell {cell_label(cell)}'s random state could not be "
                         f"set again ({type(internal).__name__}: {internal}); its draws may "
                         "differ from the previous kernel's.",
+                        file=stream,
                         flush=True,
                     )
             started = time.perf_counter()
@@ -758,7 +762,7 @@ def run_steps(
     if not blocking_on:
         said += " " + BLOCKING_OFF
     if say or ok:
-        print(f"nb_cudaguard: {said}", flush=True)
+        _PRINT(f"nb_cudaguard: {said}", file=stream, flush=True)
     return Outcome(said, stopped=not ok)
 
 
@@ -768,6 +772,10 @@ def rebuilt_by(namespace: Mapping[str, Any], before: Mapping[str, Any]) -> list[
 
 
 _ABSENT = object()
+# The replay's own lines go out through the print and the stream there were when it began, not
+# through a ``builtins.print`` or a ``sys.stdout`` a replayed cell puts in place (a logging
+# ``print``, a tee): those would take our lines for the notebook's (``printed``, ``tee.lines``).
+_PRINT = builtins.print
 
 
 def replay_command(

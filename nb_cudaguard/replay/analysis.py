@@ -81,7 +81,7 @@ SETUP_CALLS = frozenset(
         "set_num_threads", "set_num_interop_threads", "set_sharing_strategy",
         "set_flush_denormal", "set_warn_always", "enable_flash_sdp", "enable_mem_efficient_sdp",
         "enable_math_sdp", "enable_cudnn_sdp", "set_default_tensor_type", "set_anomaly_enabled",
-        "set_detect_anomaly",
+        "set_detect_anomaly", "setprofile", "settrace", "signal", "setitimer",
     }
 )  # fmt: skip
 # A library function that sets its library's state, by its name (``set_dir``, ``set_theme``,

@@ -89,6 +89,9 @@ class Plan:
     # Names kept as the previous kernel left them that hold what meant something in that
     # process only (``{id(p): name}``: its objects' addresses): (name, the cell, what it read).
     kept_foreign: tuple[tuple[str, int, str], ...] = ()
+    # Names kept or rebuilt that a thread or asyncio task changed, started by a cell not run
+    # again: (name, that cell)
+    kept_running: tuple[tuple[str, int], ...] = ()
     # Files the cells it runs leave otherwise than the previous kernel did: (path, how).
     files_changed: tuple[tuple[str, str], ...] = ()
 
@@ -1139,7 +1142,8 @@ def with_unrepeatable(
 
     def why(reads: Unrepeatable, inner: bool) -> list[str]:
         varying = reads.varying_when_called if inner else reads.varying
-        found = [varying] if varying else []
+        concurrent = reads.concurrent_when_called if inner else reads.concurrent
+        found = [r for r in (varying, concurrent) if r]
         if orders_vary:
             builds = reads.builds_when_called if inner else reads.builds
             found += [builds] if builds else []
@@ -1159,6 +1163,39 @@ def with_unrepeatable(
     chosen = {s.index: s for s in plan.steps if not s.failing}
     found: list[tuple[int, str]] = []
     names: set[str] = set()
+
+    def run_beside(index: int) -> set[str]:
+        """What the functions a cell that starts a thread or task hands out or calls change
+        (``Thread(target=log)``, ``ensure_future(tick())``): its record sees their changes
+        only at the end of whichever cell ran while they did, often another."""
+        cell = facts[index]
+        then: dict[str, Effects] = {}  # the notebook's functions, as defined before the cell
+        for earlier in facts[:index]:
+            then.update(earlier.effects)
+        started = cell.calls.union(*cell.handed.values()) & then.keys()
+        while True:  # (and what the functions they call hand out: ``Thread(target=log)``)
+            more = {n for f in started for h in then[f].handed.values() for n in h} & then.keys()
+            if more <= started:
+                done = _closure(started, then, modules)
+                return set(done.assigns | done.mutates) - modules
+            started |= more
+
+    # A thread or task started by a cell the plan does not run ran on in the previous kernel
+    # (maybe past the failure): what it changed is kept as it was then, or rebuilt by the
+    # cells whose ends saw its changes, and nothing here runs it (``threading.Thread(target=
+    # log).start()``, then a restore of ``metrics``); so is what the plan builds from those.
+    here = set(plan.kept).union(*(facts[i].defines | facts[i].mutates for i in chosen))
+    running: dict[str, int] = {}
+    for index, cell in enumerate(before):
+        if index in chosen or not (cell.unrepeatable.concurrent or cell.calls & callables.keys()):
+            continue
+        started = reads_of(index).concurrent or any(
+            "runs on beside" in callables[n] for n in cell.calls & callables.keys()
+        )
+        if started:
+            changed = (cell.defines | cell.mutates | run_beside(index)) - cell.imports
+            for name in sorted(changed - cell.callables - modules):
+                running.setdefault(name, index)
     for index in sorted(chosen):
         cell = facts[index]
         reads = reads_of(index)
@@ -1168,7 +1205,9 @@ def with_unrepeatable(
         ]
         if reasons:
             found.append((index, "; ".join(reasons)))
-            if reads.varying and reasons == [reads.varying]:
+            if reads.concurrent:
+                own = set(cell.defines | cell.mutates) | run_beside(index)
+            elif reads.varying and reasons == [reads.varying]:
                 own = set(reads.differs)  # the clock's value alone: not what the cell timed
             else:  # which of them follow a set's order, its text cannot say
                 own = set(cell.defines | cell.mutates)
@@ -1178,6 +1217,10 @@ def with_unrepeatable(
         made -= cell.imports | reads.sets | set(chosen[index].keeps)
         made -= cell.callables - cell.derives.keys()  # a class's attributes follow
         names |= made
+        if running:
+            first = min(running.values())
+            for name in built_on(cell, running.keys(), modules) - made - cell.imports:
+                running.setdefault(name, first)
     # A kept value equals the one before the failure, but one made from object addresses (or
     # string hashes, where those vary) no longer matches the objects and strings of this
     # process: ``names[id(p)]`` misses for the restored ``p``.
@@ -1198,6 +1241,7 @@ def with_unrepeatable(
         unrepeatable=tuple(found),
         unrepeatable_names=tuple(sorted(names)),
         kept_foreign=tuple(foreign),
+        kept_running=tuple((n, i) for n, i in sorted(running.items()) if n in here - names),
     )
 
 
@@ -1217,6 +1261,7 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
     differ = {n for _, changed, built in plan.failed_changes for n in (*changed, *built)}
     differ |= {n for n, _ in (*plan.yours, *plan.overwritten)}
     differ |= {n for n, _, _ in plan.kept_foreign}
+    differ |= {n for n, _ in plan.kept_running}
     differ |= {*plan.from_yours, *plan.twice}
     carried: dict[str, set[str]] = {}  # path -> the names that may differ it was written from
 

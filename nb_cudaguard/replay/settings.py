@@ -1,5 +1,6 @@
 """The process-wide settings a cell may change without binding a name: the process's own (its
-environment, working directory, import path, warnings filters, recursion limit), numpy's and
+environment, working directory, import path, warnings filters, recursion limit, profile and
+trace functions), numpy's and
 torch's where imported. Read at every cell's end by the recorder (``record.py``): a cell that
 moved one runs again, as a seed does, even where it set it through a notebook function
 (``def seed_everything(s): os.environ["PYTHONHASHSEED"] = str(s); ...``).
@@ -89,6 +90,10 @@ def _process_readers() -> list[tuple[str, Callable[[], Any]]]:
         ("warnings.filterwarnings", lambda: tuple(warnings.filters)),
         ("sys.setrecursionlimit", sys.getrecursionlimit),
         ("unittest.mock.patch", _started_patches),
+        # A profile or trace function a cell installs (a call counter, a line tracer) runs at
+        # every later call in this thread: C getters (Python/sysmodule.c), a few ns each.
+        ("sys.setprofile", sys.getprofile),
+        ("sys.settrace", sys.gettrace),
     ]
 
 

@@ -147,6 +147,13 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
                 for name, i, what in plan.kept_foreign
             )
         )
+    if plan.kept_running:
+        notes.append(
+            "changed in the previous kernel by a thread or task that a cell not run again "
+            "started, while the cells ran (maybe after the failure too): kept or rebuilt here, "
+            "they may differ: "
+            + ", ".join(f"{name} ({cell_label(cells[i])})" for name, i in plan.kept_running)
+        )
     if plan.files_changed:
         notes.append(
             "files the replay leaves otherwise than the previous kernel did: "

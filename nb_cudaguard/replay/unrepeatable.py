@@ -6,9 +6,11 @@ CPython salts string hashes with a secret drawn at every start unless ``PYTHONHA
 it (https://docs.python.org/3/reference/datamodel.html#object.__hash__). So
 ``chars = list(set(data))`` in a new kernel comes out in another order than it did in the old
 one, and so does everything indexed by it (min-char-rnn's ``char_to_ix``). ``time.time()``,
-``uuid4()``, ``os.getpid()``, ``id(obj)`` differ by nature. A replay cannot bring these back; it
-can say which names may differ. Read from the cell's text (the sets are mostly temporaries,
-which a run-time record never sees).
+``uuid4()``, ``os.getpid()``, ``id(obj)`` differ by nature, and so does what a thread or an
+asyncio task a cell started changes while later cells run (the record sees it at whichever
+cell's end comes next; how much it did depends on how long the cells and the user took). A
+replay cannot bring these back; it can say which names may differ. Read from the cell's text
+(the sets are mostly temporaries, which a run-time record never sees).
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ VARYING_CALLS = {
     **dict.fromkeys(("mkdtemp", "mkstemp", "mktemp"), "a temporary path"),
 }  # fmt: skip
 ADDRESS = "an object's address in this process"
+# Calls that start work which runs on beside the cells (a thread, a timer, a pool's job, an
+# asyncio task in the kernel's loop, which ipykernel keeps running between cells): what it
+# changes, and when, depends on how long the cells and the user took, not on the cells alone.
+CONCURRENT_CALLS = frozenset(
+    {"Thread", "Timer", "start_new_thread", "submit", "run_in_executor", "ensure_future",
+     "create_task", "call_later", "call_soon", "call_soon_threadsafe",
+     "run_coroutine_threadsafe", "apply_async", "map_async"}
+)  # fmt: skip
 # Generators made with no seed: seeded from the OS's entropy, anew in every process.
 _UNSEEDED = frozenset({"default_rng", "SeedSequence", "RandomState", "Random", "PCG64", "Philox"})
 # Called by these alone they are someone else's (``model.time()``): only through these modules.
@@ -72,6 +82,10 @@ class Unrepeatable:
     attribute_sets: frozenset[str] = frozenset()
     attributes_iterated: frozenset[str] = frozenset()
     attributes_iterated_when_called: frozenset[str] = frozenset()
+    # How it starts work that runs on beside the cells (``threading.Thread(...)``), at the top
+    # level and in its functions' bodies, or "": what that work changes may differ.
+    concurrent: str = ""
+    concurrent_when_called: str = ""
     # False where the walk was spared (no set, hash or varying call in the text): the names and
     # attributes it reads in order are then not known; ``unrepeatable(tree)`` finds them where
     # a plan needs them (some cell holds a set).
@@ -83,7 +97,7 @@ UNWALKED = Unrepeatable(complete=False)
 # A cell that may build a set, hash a string or read the clock, the OS or the process.
 _MAY_MATTER = re.compile(
     r"set\b|\{|\bhash\b|\bid\s*\(|\.pop\b|\b(?:"
-    + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED))
+    + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED | CONCURRENT_CALLS))
     + r")\b"
 )
 
@@ -96,7 +110,7 @@ def unrepeatable(tree: ast.AST, source: str | None = None) -> Unrepeatable:
     finder = _Finder()
     finder.visit(tree)
     found = (finder.builds, finder.iterated, finder.sets, finder.varying, finder.inner_builds)
-    more = (finder.inner_varying, finder.attribute_sets, *finder.attributes)
+    more = (finder.inner_varying, finder.attribute_sets, *finder.attributes, *finder.concurrent)
     if not any(found) and not any(more):
         return REPEATABLE  # a shared value, which a plan skips at once
     return Unrepeatable(
@@ -110,6 +124,8 @@ def unrepeatable(tree: ast.AST, source: str | None = None) -> Unrepeatable:
         frozenset(finder.attribute_sets),
         frozenset(finder.attributes[0]),
         frozenset(finder.attributes[1]),
+        "; ".join(dict.fromkeys(finder.concurrent[0])),
+        "; ".join(dict.fromkeys(finder.concurrent[1])),
     )
 
 
@@ -145,6 +161,7 @@ class _Finder(ast.NodeVisitor):
         self.depth = 0  # in how many function or class bodies the visit is
         self.attribute_sets: set[str] = set()
         self.attributes: tuple[set[str], set[str]] = (set(), set())  # (top level, in bodies)
+        self.concurrent: tuple[list[str], list[str]] = ([], [])  # (top level, in bodies)
 
     def _ordered(self, node: ast.AST) -> None:
         """``node`` is read in order: where it is a set built here, or a name, note it."""
@@ -260,17 +277,20 @@ class _Finder(ast.NodeVisitor):
             text = f"{ast.unparse(node)[:40]} follows string hashing"
             (self.inner_builds if self.depth else self.builds).append(text)
         read = _varying(func)
+        called = name or (func.attr if isinstance(func, ast.Attribute) else None)
         if name == "id" and len(node.args) == 1:
             # An object's id is its address in this process (CPython: "the address of the
             # object in memory", https://docs.python.org/3/library/functions.html#id): the
             # same objects made again in a new process have other ids.
             read = ADDRESS
         if read is None and not node.args and not node.keywords:
-            called = name or (func.attr if isinstance(func, ast.Attribute) else None)
             read = "fresh entropy" if called in _UNSEEDED else None
         if read is not None:
             varying = f"{ast.unparse(func)}() reads {read}"
             (self.inner_varying if self.depth else self.varying).append(varying)
+        if called in CONCURRENT_CALLS:
+            started = f"starts {ast.unparse(func)[:40]}(...), which runs on beside the cells"
+            self.concurrent[bool(self.depth)].append(started)
         unordered = name in _UNORDERED_READERS
         if isinstance(func, ast.Attribute):
             # A set from sets: the question moves to where it is read.

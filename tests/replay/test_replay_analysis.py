@@ -296,6 +296,20 @@ def test_a_setup_call_is_named_with_its_module(shell):
     assert _facts(shell, "manual_seed(0)").setup == "calls manual_seed()"
 
 
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "signal.signal(signal.SIGUSR1, on_usr1)",  # skipped, a later os.kill ends the kernel
+        "sys.setprofile(count_calls)",
+        "sys.settrace(trace)",
+        "signal.setitimer(signal.ITIMER_REAL, 0.5)",
+    ],
+)
+def test_a_handler_or_hook_a_cell_installs_is_setup(shell, cell):
+    # Process state no name holds: what later cells do (a signal sent, calls counted) needs it.
+    assert _facts(shell, f"import signal, sys\n{cell}").setup
+
+
 def test_links_name_what_a_value_was_built_from(shell):
     facts = _facts(shell, "opt = torch.optim.AdamW(model.parameters(), lr=lr)\nx = opt\ny = x")
     assert facts.links["opt"] == {"torch", "model", "lr"}

@@ -472,6 +472,12 @@ _SETTINGS = {
         "torch.use_deterministic_algorithms(False)",
         "torch.is_deterministic_algorithms_warn_only_enabled()",
     ),
+    # A call counter's profile function: it runs at every later call of the cells.
+    "profile": (
+        "sys.setprofile(lambda frame, event, arg: None)",
+        "sys.setprofile(None)",
+        "sys.getprofile() is not None",
+    ),
     "default_device": (
         "torch.set_default_device('meta')",
         "torch.set_default_device(None)",
@@ -1147,3 +1153,33 @@ def test_a_random_state_that_cannot_be_set_again_is_named_and_the_replay_goes_on
     assert "draws may differ" in captured.stdout
     assert "draw" in recorded.user_ns  # the failing cell ran (and failed as before)
     assert said.startswith("Replay stopped")
+
+
+def test_the_replays_own_lines_do_not_go_through_a_print_or_stdout_a_cell_put_in_place(recorded):
+    # A logging ``print`` and a tee on ``sys.stdout``, set by cells the replay runs again: the
+    # replay's progress lines are no output of the notebook's.
+    import builtins
+
+    cells = [
+        "import builtins, sys\nprinted = []\n_print = builtins.print\n"
+        "def logged(*args, **kwargs):\n    printed.append(args)\n    _print(*args, **kwargs)\n"
+        "class Tee:\n    def __init__(self, inner):\n        self.inner, self.lines = inner, []\n"
+        "    def write(self, s):\n        self.lines.append(s)\n"
+        "        return self.inner.write(s)\n"
+        "    def flush(self):\n        pass",
+        "builtins.print = logged\ntee = Tee(sys.stdout)\nsys.stdout = tee",
+        "print('epoch', 1)",
+        "seen = [list(printed), list(tee.lines)]\n"
+        "builtins.print, sys.stdout = _print, tee.inner\n[][0]",
+    ]
+    original = builtins.print, sys.stdout
+    try:
+        saved = _run(recorded, cells)
+        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+        before = recorded.user_ns["seen"]
+        _new_process(recorded, ["printed", "tee", "seen", "Tee", "logged", "_print"])
+        _replay(recorded, saved)
+        assert recorded.user_ns["seen"] == before
+    finally:
+        builtins.print, sys.stdout = original

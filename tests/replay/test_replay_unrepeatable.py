@@ -5,11 +5,12 @@ the process, the OS's randomness; and which names a plan rebuilds from them
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 
 import pytest
 
 from nb_cudaguard.replay.analysis import analyse
-from nb_cudaguard.replay.planner import plan_replay, with_unrepeatable
+from nb_cudaguard.replay.planner import Step, plan_replay, with_unrepeatable
 from nb_cudaguard.replay.unrepeatable import unrepeatable
 
 
@@ -218,3 +219,68 @@ def test_a_kept_name_made_from_ids_is_named():
     assert plan.kept == ("names",)
     assert plan.kept_foreign == (("names", 0, "object addresses"),)
     assert _plan(["names = {n: n for n in params}", "print(names)"], {"names"}).kept_foreign == ()
+
+
+LOGGER = (
+    "import threading, time\nmetrics = []\nstop = threading.Event()\n"
+    "def logger():\n    while not stop.is_set():\n        metrics.append(len(metrics))\n"
+    "        time.sleep(0.002)"
+)
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        "t = threading.Thread(target=logger, daemon=True)\nt.start()",
+        "threading.Timer(0.5, logger).start()",
+        "future = pool.submit(logger)",
+        "task = asyncio.ensure_future(logger())",
+        "task = asyncio.get_event_loop().create_task(logger())",
+    ],
+)
+def test_what_a_thread_or_task_changes_beside_the_cells_is_named(start):
+    # The record sees the logger's appends at the end of whichever cell ran while it did: "n"
+    # counts them at the time the cells and the user took, which a replay does not take again.
+    cells = [LOGGER, start, "total = 1", "stop.set()\nn = len(metrics)", "print(metrics, n)"]
+    plan = _plan(cells, {"pool", "asyncio"})
+    # From the text alone a library call handed ``logger`` is not run again: what its thread
+    # changed is rebuilt from the other cells and named; a task's ``logger()`` call is.
+    named = set(plan.unrepeatable_names) | {n for n, i in plan.kept_running if i == 1}
+    assert {"metrics", "n"} <= named
+    # Run again (where its record saw the logger's first appends), it is named as it runs.
+    facts = [analyse(c) for c in cells]
+    run = plan_replay(facts, len(cells) - 1, {"pool", "asyncio"})
+    run = replace(run, steps=(Step(1, ("changes metrics",)), *run.steps))
+    plan = with_unrepeatable(
+        replace(run, steps=tuple(sorted(run.steps, key=lambda s: s.index))), facts
+    )
+    assert [i for i, _ in plan.unrepeatable] == [1]
+    assert "runs on beside the cells" in plan.unrepeatable[0][1]
+    assert {"metrics", "n"} <= set(plan.unrepeatable_names)
+
+
+def test_a_function_that_starts_a_thread_is_named_where_called():
+    cells = [
+        LOGGER + "\ndef start_logging():\n    threading.Thread(target=logger).start()",
+        "start_logging()",
+        "n = len(metrics)",
+        "print(n)",
+    ]
+    plan = _plan(cells)
+    assert {"metrics", "n"} <= {n for n, i in plan.kept_running if i == 1}
+
+
+def test_a_name_kept_that_a_thread_not_run_again_changed_is_named():
+    # Restored as the previous kernel left it; there the logger went on, here nothing runs it.
+    cells = [
+        LOGGER,
+        "t = threading.Thread(target=logger, daemon=True)\nt.start()",
+        "print(metrics)",
+    ]
+    plan = _plan(cells, {"metrics", "threading", "time", "stop", "logger"})
+    assert 1 not in [s.index for s in plan.steps]
+    assert plan.kept_running == (("metrics", 1),)
+    assert (
+        _plan(["metrics = [1]", "metrics.append(2)", "print(metrics)"], {"metrics"}).kept_running
+        == ()
+    )
