@@ -1,0 +1,263 @@
+"""Held-out cases, thirteenth round: what IPython itself does between and inside cells, not met
+by the first twelve rounds (tests/replay/test_replay_heldout.py, whose harness this shares).
+
+The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
+state before the failure, or the plan names each name that may differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+from heldout_harness import ALL, assert_no_silent_difference, run_case
+
+pytest.importorskip("websocket")
+pytest.importorskip("jupyter_server")
+pytest.importorskip("torch")
+pytest.importorskip("numpy")
+
+OOM = "raise RuntimeError('CUDA out of memory')"
+
+
+@ALL
+def test_autoreload_with_a_module_edited_between_cells(server, server_kernel, restore):
+    # ``%autoreload 2`` with a helpers module beside the notebook edited while working: an
+    # instance made before the edit runs the new method afterwards.
+    kid, pid = server_kernel
+    cells = (
+        "%load_ext autoreload\n%autoreload 2",
+        "%%writefile ar13.py\ndef f():\n    return 1\nclass C:\n    def g(self):\n"
+        "        return 'old'\n",
+        "import ar13\nobj = ar13.C()\na = ar13.f()",
+        "%%writefile ar13.py\ndef f():\n    return 2\nclass C:\n    def g(self):\n"
+        "        return 'new'\n",
+        "b = ar13.f()\nc = obj.g()",
+    )
+    fp = "{'a': a, 'b': b, 'c': c, 'obj': obj.g(), 'ar13': ar13.f()}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_set_env_and_env_in_a_failed_cell(server, server_kernel, restore):
+    # ``%set_env`` / ``%env`` switch a library's mode at the top of a cell that then failed.
+    kid, pid = server_kernel
+    cells = (
+        "import os",
+        f"%set_env MODE13=debug\n%env LEVEL13 3\n{OOM}",
+        "mode = os.environ.get('MODE13')\nlevel = os.environ.get('LEVEL13')",
+    )
+    fp = (
+        "{'os': [os.environ.get('MODE13'), os.environ.get('LEVEL13')], 'mode': mode, "
+        "'level': level}"
+    )
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_cd_and_cd_back_with_a_failed_cell_between(server, server_kernel, restore):
+    # ``%cd data``, a failed cell that went on to ``%cd sub``, then ``%cd -`` back a step.
+    kid, pid = server_kernel
+    (server.root / "data13" / "sub13").mkdir(parents=True, exist_ok=True)
+    cells = (
+        "import os\n%cd data13",
+        f"%cd sub13\n{OOM}",
+        "%cd -\nhere = os.path.basename(os.getcwd())",
+    )
+    fp = "{'os': os.path.basename(os.getcwd()), 'here': here}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_shell_append_in_a_failed_cell_read_later(server, server_kernel, restore):
+    # ``!echo ... >> log`` by a cell that then failed; a later cell reads the log.
+    kid, pid = server_kernel
+    cells = (
+        "!echo a > log13.txt",
+        f"!echo b >> log13.txt\n{OOM}",
+        "lines = open('log13.txt').read().split()",
+    )
+    fp = "{'lines': lines}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_an_slist_from_ls_before_a_failed_cell_added_a_file(server, server_kernel, restore):
+    # ``files = !ls dir`` binds an SList; a failed cell then wrote another file into the dir.
+    kid, pid = server_kernel
+    cells = (
+        "!mkdir -p ls13 && rm -f ls13/* && touch ls13/x.csv",
+        "files = !ls ls13\nn = len(files)",
+        f"!touch ls13/y.csv\n{OOM}",
+    )
+    fp = "{'files': list(files), 'n': n}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
+
+
+@ALL
+def test_a_bash_cell_appending_to_a_file(server, server_kernel, restore):
+    # A ``%%bash`` cell that appends rows (``>>``): run again, it appends again.
+    kid, pid = server_kernel
+    (server.root / "nums13.txt").unlink(missing_ok=True)
+    cells = (
+        "%%bash\nfor i in 1 2 3; do echo $i >> nums13.txt; done",
+        "nums = open('nums13.txt').read().split()",
+    )
+    fp = "{'nums': nums}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_writefile_append_then_read(server, server_kernel, restore):
+    # ``%%writefile -a`` appends the cell to a file: run again, it appends again.
+    kid, pid = server_kernel
+    (server.root / "cfg13.txt").unlink(missing_ok=True)
+    cells = (
+        "%%writefile -a cfg13.txt\nlr=0.1\n",
+        "cfg = open('cfg13.txt').read().split()",
+    )
+    fp = "{'cfg': cfg}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_store_in_a_failed_cell_read_back_with_store_r(server, server_kernel, restore):
+    # ``%store`` keeps a value in IPython's profile database; ``%store -r`` reads it back.
+    kid, pid = server_kernel
+    cells = (
+        "total13 = 10\n%store total13",
+        f"total13 += 5\n%store total13\n{OOM}",
+        "%store -r total13\nseen = total13",
+    )
+    fp = "{'total13': total13, 'seen': seen}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_precision_magic_in_a_failed_cell(server, server_kernel, restore):
+    # ``%precision 3`` also sets numpy's print precision (IPython's PlainTextFormatter).
+    kid, pid = server_kernel
+    cells = (
+        "import numpy as np",
+        f"%precision 3\n{OOM}",
+        "shown = repr(np.array([1 / 3]))",
+    )
+    fp = "{'np': np.get_printoptions()['precision'], 'shown': shown}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_user_ns_written_through_get_ipython_in_a_failed_cell(server, server_kernel, restore):
+    # A helper binding names by ``get_ipython().user_ns[...]`` (as some loaders do).
+    kid, pid = server_kernel
+    cells = (
+        "k13 = 1",
+        f"get_ipython().user_ns['k13'] = 5\n{OOM}",
+        "m = k13 * 2",
+    )
+    fp = "{'k13': k13, 'm': m}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_run_cell_inside_a_cell(server, server_kernel, restore):
+    # ``get_ipython().run_cell(...)`` runs a cell inside a cell (a notebook-as-script helper).
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)\nz = [1]",
+        "get_ipython().run_cell('z.append(2)\\nq = torch.rand(1).item()')\nr = len(z)",
+        "w = torch.rand(1).item()",
+    )
+    fp = "{'z': z, 'q': q, 'r': r, 'w': w, 'torch': torch.rand(1).item()}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_timeit_line_drawing_from_the_global_generator(server, server_kernel, restore):
+    # ``%timeit`` runs its statement as many times as its timing says: draws that many.
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)",
+        "%timeit torch.rand(8)",
+        "w = torch.rand(1).item()",
+    )
+    fp = "{'w': w, 'torch': torch.rand(1).item()}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_timeit_o_with_fixed_loops_bound_to_a_name(server, server_kernel, restore):
+    # ``res = %timeit -o -n 3 -r 2 ...``: six draws, the TimeitResult bound to ``res``.
+    kid, pid = server_kernel
+    cells = (
+        "import numpy as np\nnp.random.seed(0)",
+        "res = %timeit -o -q -n 3 -r 2 np.random.rand(4)\nruns = len(res.all_runs)",
+        "w = float(np.random.rand())",
+    )
+    fp = "{'w': w, 'runs': runs, 'np': float(np.random.rand())}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_cell_timeit_mutating_a_list(server, server_kernel, restore):
+    # ``%%timeit`` runs the cell's body many times in the namespace: an append runs each time.
+    kid, pid = server_kernel
+    cells = (
+        "seen = []",
+        "%%timeit -n 2 -r 2\nseen.append(1)",
+        "count = len(seen)",
+    )
+    fp = "{'seen': len(seen), 'count': count}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_numbered_output_read_back(server, server_kernel, restore):
+    # ``Out[n]`` / ``_n`` read back by number: numbers differ in the new process.
+    kid, pid = server_kernel
+    cells = (
+        "x = 7",
+        "x * 10",
+        "y = _3 + 1\nprev = Out[3]\nsrc = _i3",
+    )
+    fp = "{'y': y, 'prev': prev, 'src': src}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_xdel_and_reset_selective(server, server_kernel, restore):
+    # ``%xdel`` and ``%reset_selective -f`` delete names; a later cell rebinds one of them.
+    kid, pid = server_kernel
+    cells = (
+        "tmp_a = 1\ntmp_b = 2\nkeep = 3",
+        "%xdel keep",
+        "%reset_selective -f tmp_",
+        "names = sorted(n for n in ('tmp_a', 'tmp_b', 'keep') if n in globals())",
+    )
+    fp = "{'names': names}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_display_handle_updated_by_a_failed_cell(server, server_kernel, restore):
+    # ``dh = display(..., display_id=True)``; a failed cell updated it and kept a count.
+    kid, pid = server_kernel
+    cells = (
+        "from IPython.display import display\nupdates = []\ndh = display('start', display_id=True)",
+        f"dh.update('epoch 1')\nupdates.append(1)\n{OOM}",
+        "n = len(updates)",
+    )
+    fp = "{'updates': updates, 'n': n, 'dh': type(dh).__name__}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_tqdm_auto_bar_left_open_by_a_failed_cell(server, server_kernel, restore):
+    # A ``tqdm.auto`` bar created outside the loop, advanced by a failed cell, left open.
+    pytest.importorskip("tqdm")
+    kid, pid = server_kernel
+    cells = (
+        "from tqdm.auto import tqdm\nbar = tqdm(total=10, disable=False)",
+        f"bar.update(3)\n{OOM}",
+        "pos = bar.n",
+    )
+    fp = "{'bar': bar.n, 'pos': pos}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
