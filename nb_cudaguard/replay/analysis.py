@@ -1368,7 +1368,9 @@ class _CellVisitor(ast.NodeVisitor):
         if name in OPAQUE_LINE_MAGICS and not (name == "store" and "-r" not in line.split()):
             self.c.opaque.append(f"%{name}")
         elif name in SETUP_LINE_MAGICS and (name == "cd" or "=" in line or " " in line.strip()):
-            self.c.setup.append(f"%{name} {line}".strip())
+            # (IPython's %env and %set_env set ``os.environ``: IPython/core/magics/osm.py)
+            where = " (os.environ)" if name != "cd" else ""
+            self.c.setup.append(f"%{name} {line}".strip() + where)
         return True
 
     def _expanded(self, text: str) -> None:

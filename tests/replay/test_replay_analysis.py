@@ -296,6 +296,14 @@ def test_a_setup_call_is_named_with_its_module(shell):
     assert _facts(shell, "manual_seed(0)").setup == "calls manual_seed()"
 
 
+def test_an_env_magic_is_named_as_os_environ(shell):
+    # A failed cell's ``%set_env MODE=debug`` is missing from this process's ``os.environ``:
+    # the note says where, so a reader (and ``os.environ.get`` in a later cell) finds it.
+    assert _facts(shell, "%set_env MODE=debug").setup == "%set_env MODE=debug (os.environ)"
+    assert _facts(shell, "%env LEVEL 3").setup == "%env LEVEL 3 (os.environ)"
+    assert _facts(shell, "%cd data").setup == "%cd data"
+
+
 def test_links_name_what_a_value_was_built_from(shell):
     facts = _facts(shell, "opt = torch.optim.AdamW(model.parameters(), lr=lr)\nx = opt\ny = x")
     assert facts.links["opt"] == {"torch", "model", "lr"}
