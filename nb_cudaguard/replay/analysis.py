@@ -123,6 +123,11 @@ FOREIGN_CELL_MAGICS = frozenset(
     }
 )  # fmt: skip
 SETUP_LINE_MAGICS = frozenset({"cd", "env", "set_env"})
+# Line magics that make magics later cells call (IPython/core/magics/osm.py's ``%alias``,
+# extension.py's ``%load_ext``), and those that read the whole namespace (namespace.py's
+# ``%who_ls``, ``%who``, ``%whos``).
+DEFINING_LINE_MAGICS = frozenset({"alias", "load_ext", "reload_ext"})
+NAMESPACE_MAGICS = frozenset({"who_ls", "who", "whos"})
 OPAQUE_LINE_MAGICS = frozenset({"run", "store", "load", "macro", "recall", "rerun"})
 OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})
 # Builtins that change an argument; every other builtin only reads its arguments.
@@ -1365,6 +1370,12 @@ class _CellVisitor(ast.NodeVisitor):
             self._nested(line)
             return True
         self._expanded(line)
+        if name in NAMESPACE_MAGICS:  # ``names = %who_ls int``: the namespace as it is then
+            self.c.reads_all = True
+        if name in DEFINING_LINE_MAGICS and line.split():
+            # What later cells call (``%alias mk mkdir -p %s``, then ``%mk d``; ``%load_ext
+            # autoreload``, then ``%autoreload 2``) is made by this line: run it again.
+            self.c.setup.append(f"%{name} {line.split()[0]}")
         if name in OPAQUE_LINE_MAGICS and not (name == "store" and "-r" not in line.split()):
             self.c.opaque.append(f"%{name}")
         elif name in SETUP_LINE_MAGICS and (name == "cd" or "=" in line or " " in line.strip()):
@@ -1544,8 +1555,11 @@ def _facts(tree: ast.Module, transform: Transform | None, text: str) -> CellFact
 
 # Lines a replay never runs again: our own commands (a restart, a replay), loading extensions,
 # installing packages. They are commented out in place, so line numbers stay true.
+# Another extension's ``%load_ext`` runs again: the cells after it call its magics
+# (``%load_ext autoreload``, then ``%autoreload 2``: "Line magic function not found" otherwise).
 _CONTROL = re.compile(
-    r"^(?:%(?:cudaguard|load_ext|reload_ext|unload_ext|pip|conda|mamba|micromamba|uv)\b"
+    r"^(?:%(?:cudaguard|pip|conda|mamba|micromamba|uv)\b"
+    r"|%(?:load_ext|reload_ext|unload_ext)[ \t]+nb_cudaguard\b"
     r"|!\s*(?:pip|pip3|conda|mamba|uv)\b)",
     re.MULTILINE,
 )

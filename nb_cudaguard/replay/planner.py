@@ -1154,6 +1154,12 @@ def with_unrepeatable(
         reasons += [
             f"calls {n}(), which {callables[n]}" for n in sorted(cell.calls) if n in callables
         ]
+        # The namespace itself (``%who_ls``, ``sorted(globals())``): here it holds what was kept
+        # or restored, and lacks what no planned cell rebuilds, unlike when the cell first ran.
+        if cell.reads_all:
+            reasons.append("reads the whole namespace, which holds other names here")
+        # This kernel's names no cell rebuilds (IPython's ``_i``, ``_ii``: its own inputs).
+        reasons += [f"reads {n}, not rebuilt" for n in sorted(cell.uses & set(plan.unresolved))]
         if reasons:
             found.append((index, "; ".join(reasons)))
             if reads.varying and reasons == [reads.varying]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from nb_cudaguard.replay.analysis import (
+    SKIPPED,
     CellFacts,
     analyse,
     analyse_cell,
@@ -302,6 +303,20 @@ def test_an_env_magic_is_named_as_os_environ(shell):
     assert _facts(shell, "%set_env MODE=debug").setup == "%set_env MODE=debug (os.environ)"
     assert _facts(shell, "%env LEVEL 3").setup == "%env LEVEL 3 (os.environ)"
     assert _facts(shell, "%cd data").setup == "%cd data"
+
+
+def test_lines_that_make_magics_run_again_as_setup(shell):
+    # ``%load_ext autoreload`` then ``%autoreload 2``: skipped, the next line finds no magic.
+    header = "%load_ext autoreload\n%autoreload 2\nimport numpy as np"
+    assert runnable_source(header) == header
+    assert runnable_source("%load_ext nb_cudaguard").startswith(SKIPPED)
+    assert _facts(shell, header).setup == "%load_ext autoreload"
+    assert _facts(shell, "%alias mk mkdir -p %s").setup == "%alias mk"
+
+
+def test_who_ls_reads_the_whole_namespace(shell):
+    assert _facts(shell, "names = %who_ls int").reads_all
+    assert not _facts(shell, "%ls").reads_all
 
 
 def test_links_name_what_a_value_was_built_from(shell):

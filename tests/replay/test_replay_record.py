@@ -1000,3 +1000,13 @@ def test_a_random_state_that_cannot_be_set_again_is_named_and_the_replay_goes_on
     assert "draws may differ" in captured.stdout
     assert "draw" in recorded.user_ns  # the failing cell ran (and failed as before)
     assert said.startswith("Replay stopped")
+
+
+def test_ipythons_previous_input_read_back_is_named(recorded):
+    # ``note = _i``: IPython binds ``_i`` at every cell, so it is always "here"; but it is this
+    # kernel's previous input (a ``%cudaguard`` line), not the previous kernel's.
+    saved = _run(recorded, ["lr = 0.1", "note = _i", "print(note)\n[][0]"])
+    assert recorded.user_ns["note"] == "lr = 0.1"
+    _new_process(recorded, ["lr", "note"])
+    summary = _replay(recorded, saved)
+    assert "reads _i, not rebuilt" in summary, summary

@@ -218,3 +218,22 @@ def test_a_kept_name_made_from_ids_is_named():
     assert plan.kept == ("names",)
     assert plan.kept_foreign == (("names", 0, "object addresses"),)
     assert _plan(["names = {n: n for n in params}", "print(names)"], {"names"}).kept_foreign == ()
+
+
+def test_a_cell_that_reads_the_whole_namespace_is_named_with_what_it_builds():
+    # ``names = %who_ls int`` lists what the namespace holds when it runs: in a replay, the
+    # restored names too, and not those no planned cell rebuilds.
+    plan = _plan(
+        ["a = 1", "names = get_ipython().run_line_magic('who_ls', 'int')\nn = len(names)", "b = 2",
+         "print(n)"]
+    )  # fmt: skip
+    assert dict(plan.unrepeatable)[1] == "reads the whole namespace, which holds other names here"
+    assert {"names", "n"} <= set(plan.unrepeatable_names)
+
+
+def test_a_name_no_cell_rebuilds_is_named_with_what_is_built_from_it():
+    # ``note = _i``: IPython's previous input here is this kernel's (a ``%cudaguard`` line).
+    plan = _plan(["lr = 0.1", "note = _i\nshort = note[:3]", "print(short)"])
+    assert plan.unresolved == ("_i",)
+    assert dict(plan.unrepeatable)[1] == "reads _i, not rebuilt"
+    assert {"note", "short"} <= set(plan.unrepeatable_names)
