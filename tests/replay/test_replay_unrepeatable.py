@@ -237,3 +237,12 @@ def test_a_name_no_cell_rebuilds_is_named_with_what_is_built_from_it():
     assert plan.unresolved == ("_i",)
     assert dict(plan.unrepeatable)[1] == "reads _i, not rebuilt"
     assert {"note", "short"} <= set(plan.unrepeatable_names)
+
+
+def test_a_timeit_result_reads_the_clock():
+    # ``res = %timeit -o stmt``: the times it holds are measured anew in every run.
+    source = "res = get_ipython().run_line_magic('timeit', '-o -q -n 1 sum(x)')\nbest = res.best"
+    reads = unrepeatable(ast.parse(source), source)
+    assert (reads.varying, reads.differs) == ("%timeit -o reads the clock", {"res", "best"})
+    plain = "get_ipython().run_line_magic('timeit', 'sum(x)')"
+    assert not unrepeatable(ast.parse(plain), plain).varying
