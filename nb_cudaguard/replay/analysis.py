@@ -1225,6 +1225,11 @@ class _CellVisitor(ast.NodeVisitor):
         for call in (n for part in parts for n in ast.walk(part) if isinstance(n, ast.Call)):
             if isinstance(call.func, ast.Name):  # called for each item: its effects land here
                 self.c.calls.add(call.func.id)
+                if call.func.id == "globals" and not call.args:
+                    # The module's namespace from inside too (``[n for n in names if n in
+                    # globals()]``), as at the top level: read whole, maybe written.
+                    self.c.reads_all = True
+                    self.c.opaque.append("calls globals()")
         # An assignment expression in a comprehension binds in the enclosing scope (PEP 572):
         # to a value from the items (``[last := m for m in models]``), computed from anything
         # the comprehension reads.

@@ -319,6 +319,12 @@ def test_who_ls_reads_the_whole_namespace(shell):
     assert not _facts(shell, "%ls").reads_all
 
 
+def test_globals_inside_a_comprehension_reads_the_whole_namespace(shell):
+    # ``[n for n in names if n not in globals()]``: a clean-up check, the module's namespace.
+    facts = _facts(shell, "gone = sorted(n for n in ('a', 'b') if n not in globals())")
+    assert facts.reads_all and facts.opaque
+
+
 def test_links_name_what_a_value_was_built_from(shell):
     facts = _facts(shell, "opt = torch.optim.AdamW(model.parameters(), lr=lr)\nx = opt\ny = x")
     assert facts.links["opt"] == {"torch", "model", "lr"}
