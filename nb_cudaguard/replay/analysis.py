@@ -124,9 +124,9 @@ FOREIGN_CELL_MAGICS = frozenset(
 )  # fmt: skip
 SETUP_LINE_MAGICS = frozenset({"cd", "env", "set_env"})
 # Line magics that make magics later cells call (IPython/core/magics/osm.py's ``%alias``,
-# extension.py's ``%load_ext``), and those that read the whole namespace (namespace.py's
-# ``%who_ls``, ``%who``, ``%whos``).
-DEFINING_LINE_MAGICS = frozenset({"alias", "load_ext", "reload_ext"})
+# basic.py's ``%alias_magic``, extension.py's ``%load_ext``), and those that read the whole
+# namespace (namespace.py's ``%who_ls``, ``%who``, ``%whos``).
+DEFINING_LINE_MAGICS = frozenset({"alias", "alias_magic", "load_ext", "reload_ext"})
 NAMESPACE_MAGICS = frozenset({"who_ls", "who", "whos"})
 OPAQUE_LINE_MAGICS = frozenset({"run", "store", "load", "macro", "recall", "rerun"})
 OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})

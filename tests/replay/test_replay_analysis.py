@@ -312,6 +312,7 @@ def test_lines_that_make_magics_run_again_as_setup(shell):
     assert runnable_source("%load_ext nb_cudaguard").startswith(SKIPPED)
     assert _facts(shell, header).setup == "%load_ext autoreload"
     assert _facts(shell, "%alias mk mkdir -p %s").setup == "%alias mk"
+    assert _facts(shell, "%alias_magic t timeit").setup == "%alias_magic t"
 
 
 def test_who_ls_reads_the_whole_namespace(shell):
