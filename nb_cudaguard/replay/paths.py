@@ -68,6 +68,10 @@ _SHELLS = frozenset({"bash", "sh", "zsh"})
 # Shell commands' file effects, as far as a command line says them: ``>``/``>>`` redirections
 # (not to a descriptor, ``>&2``), and a few commands by their arguments.
 _REDIRECT = re.compile(r"(?<![<>&])(\d?)(>>?)(?!&)\s*([^\s;&|<>()]+)")
+# Programs that run a script whose file writes the command line does not say.
+_INTERPRETERS = frozenset(
+    {"python", "python3", "bash", "sh", "zsh", "Rscript", "node", "perl", "ruby", "julia"}
+)
 _SEPARATORS = re.compile(r"&&|\|\||[;|\n]")
 # ``np.save(path, x)`` but ``torch.save(x, path)``, ``joblib.dump(x, path)``.
 _PATH_FIRST = frozenset({"np", "numpy"})
@@ -82,6 +86,9 @@ class FileUse:
     appends: frozenset[str] = frozenset()  # added to (``open(p, "a")``, ``to_csv(mode="a")``)
     lists: frozenset[str] = frozenset()  # directories listed (``glob("d/*.txt")``: ``d``)
     removes: frozenset[str] = frozenset()  # files or directories removed (``os.remove(p)``)
+    # Programs it runs whose writes no text here says (``!python gen.py``, ``%run s.py``), as
+    # spelled: they may have written any file.
+    runs: frozenset[str] = frozenset()
 
 
 def lies_in(path: str, directory: str) -> bool:
@@ -92,7 +99,7 @@ def lies_in(path: str, directory: str) -> bool:
 
 
 _NONE = FileUse()
-_KINDS = ("reads", "writes", "appends", "lists", "removes")  # FileUse's fields, in order
+_KINDS = ("reads", "writes", "appends", "lists", "removes", "runs")  # FileUse's, in order
 
 # A path as the text spells it: its parts, each a string or, marked by _NAME, a name whose string
 # an earlier statement or cell gives.
@@ -132,6 +139,9 @@ def file_uses(
             continue
         uses: dict[str, set[str]] = {k: set() for k in _KINDS}
         for kind, name, parts in events:
+            if kind == "runs":  # a command line, not a path
+                uses[kind].update(parts or ())
+                continue
             path = _resolved(parts, strings)
             if kind == "maps":
                 if path is not None:
@@ -264,6 +274,8 @@ class _Finder(ast.NodeVisitor):
             self._shell(name)
         elif method == "run_line_magic" and name in ("system", "sx", "sc") and line:
             self._shell(line)
+        elif method == "run_line_magic" and name == "run" and line:
+            self.events.append(("runs", "", (f"%run {line}",)))
         elif method == "run_cell_magic" and line is not None and body is not None:
             words = _words(line)
             if name in ("writefile", "file") and words:
@@ -273,6 +285,8 @@ class _Finder(ast.NodeVisitor):
                     self.events.append(("appends" if appending else "writes", "", (path,)))
             elif name in _SHELL_CELLS or (name == "script" and words[:1] and words[0] in _SHELLS):
                 self._shell(body)
+            elif name in ("script", "python", "python2", "python3", "perl", "ruby"):
+                self.events.append(("runs", "", (f"%%{name} {line}".strip(),)))
 
     def _shell(self, command: str) -> None:
         """A shell command line's redirections, ``touch``, ``rm``, ``ls``, ``cp``, ``mv``,
@@ -286,7 +300,9 @@ class _Finder(ast.NodeVisitor):
             if not words:
                 continue
             program, operands = words[0], [w for w in words[1:] if not w.startswith("-")]
-            if program == "touch":
+            if program in _INTERPRETERS or program.startswith("./"):
+                self.events.append(("runs", "", (" ".join(words),)))
+            elif program == "touch":
                 self.events += [("writes", "", (p,)) for p in operands]
             elif program == "rm":
                 self.events += [("removes", "", _pattern_directory((p,))) for p in operands]

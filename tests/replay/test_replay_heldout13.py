@@ -450,3 +450,62 @@ def test_cd_to_a_bookmark_in_a_failed_cell(server, server_kernel, restore):
     )
     fp = "{'os': os.path.basename(os.getcwd()), 'here': here}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_importlib_reload_after_a_writefile_edit(server, server_kernel, restore):
+    # ``importlib.reload`` of the notebook's module after an edit: an instance made before it
+    # keeps the old class.
+    kid, pid = server_kernel
+    cells = (
+        "%%writefile m13r.py\nclass C:\n    def g(self):\n        return 'old'\n",
+        "import importlib, m13r\nobj = m13r.C()",
+        "%%writefile m13r.py\nclass C:\n    def g(self):\n        return 'new'\n",
+        "importlib.reload(m13r)\nc = obj.g()\nd = m13r.C().g()",
+    )
+    fp = "{'obj': obj.g(), 'c': c, 'd': d}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_run_of_a_script_a_later_writefile_changed(server, server_kernel, restore):
+    # ``%run s.py`` (its names land in the namespace), then the script edited and run again.
+    kid, pid = server_kernel
+    cells = (
+        "%%writefile s13.py\nval = 1\n",
+        "%run s13.py\nfirst = val",
+        "%%writefile s13.py\nval = 2\n",
+        "%run s13.py",
+    )
+    fp = "{'first': first, 'val': val}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_json_config_written_by_writefile_then_rewritten(server, server_kernel, restore):
+    # ``%%writefile cfg.json``, read, then the config rewritten by a later cell.
+    kid, pid = server_kernel
+    cells = (
+        '%%writefile cfg13.json\n{"lr": 0.1}\n',
+        "import json\ncfg = json.load(open('cfg13.json'))",
+        '%%writefile cfg13.json\n{"lr": 0.5}\n',
+    )
+    fp = "{'cfg': cfg}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_script_run_by_a_failed_cell_appended_to_a_file_read_before(
+    server, server_kernel, restore
+):
+    # ``!python gen.py`` writes its output file; a failed cell ran it again before failing.
+    kid, pid = server_kernel
+    (server.root / "gen13.txt").unlink(missing_ok=True)
+    cells = (
+        "%%writefile gen13.py\nwith open('gen13.txt', 'a') as f:\n    f.write('row\\n')\n",
+        "!python gen13.py",
+        "rows = open('gen13.txt').read().split()",
+        f"!python gen13.py\n{OOM}",
+    )
+    fp = "{'rows': rows}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(3,)))

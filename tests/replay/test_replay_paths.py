@@ -268,3 +268,27 @@ def test_a_shell_listing_a_later_shell_command_added_a_file_to_is_named():
     plan = _plan(_typed("files = !ls d\nn = len(files)", "!touch d/y.csv", "print(n)"))
     assert dict(plan.unrepeatable) == {0: "lists d, where a later cell put d/y.csv since it ran"}
     assert {"files", "n"} <= set(plan.unrepeatable_names)
+
+
+def test_programs_run_are_found():
+    (use,) = _uses(*_typed("!python gen.py --n 2 && ls out"))
+    assert (use.runs, use.lists) == ({"python gen.py --n 2"}, {"out"})
+    assert _uses(*_typed("%run train.py"))[0].runs == {"%run train.py"}
+    assert _uses(*_typed("%%script python\nprint(1)\n"))[0].runs == {"%%script python"}
+    assert not _uses(*_typed("!nvidia-smi"))[0].runs
+
+
+def test_a_file_a_later_cells_program_may_have_written_is_named():
+    # ``!python gen.py`` appends to gen.txt; a failed cell ran it again after ``rows`` read it.
+    plan = _plan(
+        _typed(
+            "!python gen.py",
+            "rows = open('gen.txt').read().split()",
+            "!python gen.py",
+            "print(rows)",
+        )
+    )
+    assert dict(plan.unrepeatable)[1] == (
+        "reads gen.txt, which another cell's program (python gen.py) may write"
+    )
+    assert "rows" in plan.unrepeatable_names
