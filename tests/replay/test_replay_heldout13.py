@@ -18,6 +18,14 @@ pytest.importorskip("numpy")
 OOM = "raise RuntimeError('CUDA out of memory')"
 
 
+def xfail_without_restore(reason: str) -> pytest.MarkDecorator:
+    """Run with no restore (expected to fail, for ``reason``) and with everything restored."""
+    xfail = pytest.mark.xfail(strict=True, reason=reason)
+    return pytest.mark.parametrize(
+        "restore", [pytest.param(None, marks=xfail), ""], ids=["no-restore", "all"]
+    )
+
+
 @ALL
 def test_autoreload_with_a_module_edited_between_cells(server, server_kernel, restore):
     # ``%autoreload 2`` with a helpers module beside the notebook edited while working: an
@@ -209,10 +217,8 @@ def test_cell_timeit_mutating_a_list(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@ALL
-@pytest.mark.xfail(
-    strict=True,
-    reason="not silent: the plan names Out, _3 and _i3 as not rebuilt, and the replay stops at "
+@xfail_without_restore(
+    "not silent: the plan names Out, _3 and _i3 as not rebuilt, and the replay stops at "
     "the NameError; binding the previous kernel's numbered outputs to what the replayed cells "
     "show is not done",
 )
@@ -396,10 +402,8 @@ def test_in_read_back_by_number(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@ALL
-@pytest.mark.xfail(
-    strict=True,
-    reason="not silent: the plan names tok (the failed cell's os.environ write is not made "
+@xfail_without_restore(
+    "not silent: the plan names tok (the failed cell's os.environ write is not made "
     "again), and the replay stops at %env's UsageError for the missing key",
 )
 def test_env_read_back_after_a_failed_cell_set_it(server, server_kernel, restore):
@@ -509,3 +513,34 @@ def test_a_script_run_by_a_failed_cell_appended_to_a_file_read_before(
     )
     fp = "{'rows': rows}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(3,)))
+
+
+@ALL
+def test_aimport_under_autoreload_1(server, server_kernel, restore):
+    # ``%autoreload 1`` with ``%aimport mod``: the magic imports the module and binds its name.
+    kid, pid = server_kernel
+    cells = (
+        "%%writefile am13.py\ndef f():\n    return 3\n",
+        "%load_ext autoreload\n%autoreload 1\n%aimport am13",
+        "v = am13.f()",
+    )
+    fp = "{'v': v, 'am13': am13.f()}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_env_from_a_name_a_failed_cell_changed(server, server_kernel, restore):
+    # ``%env BS13=$bs`` after a failed cell changed ``bs``: IPython expands the name.
+    kid, pid = server_kernel
+    cells = ("import os\nbs = 32", f"bs = 64\n{OOM}", "%env BS13=$bs")
+    fp = "{'os': os.environ.get('BS13'), 'bs': bs}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_shell_echo_of_a_name_a_failed_cell_changed(server, server_kernel, restore):
+    # ``!echo $bs > file`` after a failed cell changed ``bs``; a later cell reads the file.
+    kid, pid = server_kernel
+    cells = ("bs = 32", f"bs = 64\n{OOM}", "!echo $bs > bs13.txt", "got = open('bs13.txt').read()")
+    fp = "{'got': got.strip(), 'bs': bs}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
