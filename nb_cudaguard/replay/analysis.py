@@ -1374,6 +1374,13 @@ class _CellVisitor(ast.NodeVisitor):
         if name in PYTHON_LINE_MAGICS:
             self._nested(line)
             return True
+        if name == "aimport":
+            # IPython/extensions/autoreload.py: ``%aimport a, b.c`` imports each and pushes its
+            # top-level name into the namespace (``-a`` only marks one not to reload).
+            for module in (m.strip() for m in line.split(",")):
+                if re.fullmatch(r"[A-Za-z_][\w.]*", module):
+                    self.visit(ast.Import(names=[ast.alias(name=module)]))
+            return True
         self._expanded(line)
         if name in NAMESPACE_MAGICS:  # ``names = %who_ls int``: the namespace as it is then
             self.c.reads_all = True

@@ -274,6 +274,10 @@ class _Finder(ast.NodeVisitor):
             self._shell(name)
         elif method == "run_line_magic" and name in ("system", "sx", "sc") and line:
             self._shell(line)
+        elif method == "run_line_magic" and name == "aimport" and line:
+            for module in line.split(","):  # (autoreload's: an import of each)
+                if re.fullmatch(r"[A-Za-z_][\w.]*", module.strip()):
+                    self._imports(module.strip())
         elif method == "run_line_magic" and name == "run" and line:
             self.events.append(("runs", "", (f"%run {line}",)))
         elif method == "run_cell_magic" and line is not None and body is not None:

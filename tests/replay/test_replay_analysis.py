@@ -315,6 +315,14 @@ def test_lines_that_make_magics_run_again_as_setup(shell):
     assert _facts(shell, "%alias_magic t timeit").setup == "%alias_magic t"
 
 
+def test_aimport_imports_and_binds_its_modules(shell):
+    # autoreload's ``%aimport a, b.c`` imports each and pushes its top-level name.
+    facts = _facts(shell, "%aimport helpers, pkg.mod, -skipme")
+    assert facts.defines >= {"helpers", "pkg"} and facts.imports >= {"helpers", "pkg"}
+    assert "skipme" not in facts.defines
+    assert facts.imported_from["helpers"] == "helpers"
+
+
 def test_who_ls_reads_the_whole_namespace(shell):
     assert _facts(shell, "names = %who_ls int").reads_all
     assert not _facts(shell, "%ls").reads_all

@@ -238,6 +238,7 @@ def _typed(*cells: str) -> list[str]:
                                                         "writes": {"b.txt", "c.zip"}}),
         ("!echo $x > {out}", {}),  # paths IPython expands: not followed
         ("import helpers\nfrom utils.io import load", {"reads": {"helpers.py", "utils.py"}}),
+        ("%aimport helpers", {"reads": {"helpers.py"}}),
     ],
 )  # fmt: skip
 def test_ipython_escapes_and_imports_read_and_write_files(typed, kinds):
