@@ -72,6 +72,18 @@ _REDIRECT = re.compile(r"(?<![<>&])(\d?)(>>?)(?!&)\s*([^\s;&|<>()]+)")
 _INTERPRETERS = frozenset(
     {"python", "python3", "bash", "sh", "zsh", "Rscript", "node", "perl", "ruby", "julia"}
 )
+# Programs that write files their command line names only in part (an archive's members, a
+# download's own name, a clone): run, they may have written any file, as a script may.
+_UNPACKERS = frozenset(
+    {"unzip", "tar", "7z", "git", "kaggle", "gdown", "rsync", "gsutil", "huggingface-cli", "hf"}
+)
+# Python's own ways to run a command line: ``os.system("...")``, ``subprocess.run([...])``.
+_RUNNERS = {
+    "os": frozenset({"system", "popen"}),
+    "subprocess": frozenset(
+        {"run", "call", "check_call", "check_output", "Popen", "getoutput", "getstatusoutput"}
+    ),
+}
 _SEPARATORS = re.compile(r"&&|\|\||[;|\n]")
 # ``np.save(path, x)`` but ``torch.save(x, path)``, ``joblib.dump(x, path)``.
 _PATH_FIRST = frozenset({"np", "numpy"})
@@ -224,10 +236,23 @@ class _Finder(ast.NodeVisitor):
         if ipython is not None:
             self._ipython(*ipython)
             return
+        owner = func.value if isinstance(func, ast.Attribute) else None
+        if name in _RUNNERS.get(_owner_name(owner), ()) and node.args:
+            command = node.args[0]
+            if isinstance(command, ast.Constant) and isinstance(command.value, str):
+                self._shell(command.value)
+            elif isinstance(command, ast.List | ast.Tuple):
+                words = [
+                    e.value
+                    for e in command.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                ]
+                if len(words) == len(command.elts):
+                    self._shell(shlex.join(words))
+            return
         if name == "open":
             self._open(node, func)
             return
-        owner = func.value if isinstance(func, ast.Attribute) else None
         if name in _LISTERS:
             self._lists(node, name, owner)
             return
@@ -304,7 +329,10 @@ class _Finder(ast.NodeVisitor):
             if not words:
                 continue
             program, operands = words[0], [w for w in words[1:] if not w.startswith("-")]
-            if program in _INTERPRETERS or program.startswith("./"):
+            downloads = (program == "wget" and "-O" not in words) or (
+                program == "curl" and "-O" in words
+            )
+            if program in _INTERPRETERS | _UNPACKERS or program.startswith("./") or downloads:
                 self.events.append(("runs", "", (" ".join(words),)))
             elif program == "touch":
                 self.events += [("writes", "", (p,)) for p in operands]

@@ -544,3 +544,20 @@ def test_shell_echo_of_a_name_a_failed_cell_changed(server, server_kernel, resto
     cells = ("bs = 32", f"bs = 64\n{OOM}", "!echo $bs > bs13.txt", "got = open('bs13.txt').read()")
     fp = "{'got': got.strip(), 'bs': bs}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
+
+
+@ALL
+def test_a_listing_before_a_failed_cell_unpacked_an_archive(server, server_kernel, restore):
+    # ``!tar -xf`` of a second archive into the data directory by a cell that then failed.
+    kid, pid = server_kernel
+    cells = (
+        "import glob, tarfile, pathlib\npathlib.Path('t13src').mkdir(exist_ok=True)\n"
+        "for n in ('a', 'b'):\n    pathlib.Path(f't13src/{n}.txt').write_text(n)\n"
+        "    with tarfile.open(f't13{n}.tar', 'w') as t:\n"
+        "        t.add(f't13src/{n}.txt', arcname=f'{n}.txt')",
+        "!rm -rf t13out && mkdir -p t13out && tar -xf t13a.tar -C t13out",
+        "files = sorted(glob.glob('t13out/*'))",
+        f"!tar -xf t13b.tar -C t13out\n{OOM}",
+    )
+    fp = "{'files': files}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(3,)))

@@ -293,3 +293,16 @@ def test_a_file_a_later_cells_program_may_have_written_is_named():
         "reads gen.txt, which another cell's program (python gen.py) may write"
     )
     assert "rows" in plan.unrepeatable_names
+
+
+def test_unpackers_downloads_and_pythons_own_runners_may_write_any_file():
+    for typed in (
+        "!tar -xf data.tar -C out",
+        "!unzip -q data.zip -d out",
+        "!wget -q http://x/data.zip",
+        "import subprocess\nsubprocess.run(['python', 'gen.py'], check=True)",
+        "import os\nos.system('bash prep.sh')",
+    ):
+        assert _uses(*_typed(typed))[0].runs, typed
+    (use,) = _uses("import subprocess\nsubprocess.run(['touch', 'd/a.txt'])")
+    assert (use.runs, use.writes) == (frozenset(), {"d/a.txt"})
