@@ -1473,9 +1473,31 @@ def _shows_a_value(tree: ast.Module, raw: str) -> bool:
     value = tree.body[-1].value
     if isinstance(value, ast.Call):
         func = value.func
-        if getattr(func, "id", None) in ("print", "display") or _ipython_call(value) is not None:
-            return False  # (a magic's value: mostly None, ``%time``'s and ``%matplotlib``'s)
+        if getattr(func, "id", None) in ("print", "display"):
+            return False
+        ipython = _ipython_call(value)
+        if ipython is not None and not _magic_shows_a_value(*ipython):
+            return False  # (a magic's value: mostly None, ``%matplotlib``'s)
     return not raw.rstrip().endswith(";")
+
+
+def _magic_shows_a_value(method: str, args: list[ast.expr]) -> bool:
+    """Whether a line magic returns a value IPython shows: ``%time expr`` (the expression's,
+    IPython/core/magics/execution.py), ``%timeit -o``, ``%who_ls``, ``%sx``, ``%pwd``;
+    ``!!cmd`` (``getoutput``). Others return None, and leave ``_`` as it was."""
+    if method == "getoutput":
+        return True
+    name = _const_str(args[0]) if args else None
+    line = (_const_str(args[1]) if len(args) > 1 else "") or ""
+    if method != "run_line_magic" or name is None:
+        return False
+    if name == "time":
+        try:
+            ast.parse(line, mode="eval")
+        except SyntaxError:
+            return False  # a statement (``%time y = f()``): None
+        return True
+    return name in ("who_ls", "sx", "pwd") or (name == "timeit" and "-o" in line.split())
 
 
 # A line that starts with an escape, or assigns one: most likely IPython syntax.

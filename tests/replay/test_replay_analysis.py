@@ -323,6 +323,19 @@ def test_aimport_imports_and_binds_its_modules(shell):
     assert facts.imported_from["helpers"] == "helpers"
 
 
+def test_line_magics_that_show_a_value_bind_underscore(shell):
+    # ``%time x * 5`` shows (and keeps as ``_``) the expression's value; ``%time y = f()`` and
+    # ``%matplotlib inline`` show nothing.
+    for cell, shows in (
+        ("%time x * 5", True),
+        ("%time y = x", False),
+        ("%timeit -o f()", True),
+        ("%matplotlib inline", False),
+        ("names = 1\n%who_ls", True),
+    ):
+        assert ("_" in _facts(shell, cell).defines) is shows, cell
+
+
 def test_who_ls_reads_the_whole_namespace(shell):
     assert _facts(shell, "names = %who_ls int").reads_all
     assert not _facts(shell, "%ls").reads_all
@@ -601,7 +614,8 @@ def test_a_plain_change_in_place_is_one_a_version_counter_sees(shell):
         ("sorted(base);", False),
         ("print(base)", False),
         ("x = 1", False),
-        ("%time f(a)", False),
+        ("%time f(a)", True),  # ``%time`` returns the expression's value (execution.py)
+        ("%time y = f(a)", False),
     ],
 )
 def test_a_cell_that_shows_a_value_binds_underscore(shell, cell: str, shows: bool):

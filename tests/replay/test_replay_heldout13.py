@@ -561,3 +561,26 @@ def test_a_listing_before_a_failed_cell_unpacked_an_archive(server, server_kerne
     )
     fp = "{'files': files}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(3,)))
+
+
+@ALL
+def test_underscore_after_a_time_line_magic(server, server_kernel, restore):
+    # ``%time expr`` shows the expression's value, which IPython keeps as ``_``.
+    kid, pid = server_kernel
+    cells = ("x = 5", "%time x * 5", "y = _ + 1")
+    fp = "{'y': y}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_run_i_of_a_script_reading_a_name_a_failed_cell_changed(server, server_kernel, restore):
+    # ``%run -i s.py`` runs the script in the notebook's namespace: it reads ``bs``.
+    kid, pid = server_kernel
+    cells = (
+        "bs = 32",
+        "%%writefile s13b.py\nout13 = bs * 2\n",
+        f"bs = 64\n{OOM}",
+        "%run -i s13b.py",
+    )
+    fp = "{'out13': out13, 'bs': bs}"
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
