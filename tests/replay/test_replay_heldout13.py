@@ -1,5 +1,34 @@
 """Held-out cases, thirteenth round: what IPython itself does between and inside cells, not met
-by the first twelve rounds (tests/replay/test_replay_heldout.py, whose harness this shares).
+by the first twelve rounds (tests/replay/test_replay_heldout.py, whose harness this shares):
+``%autoreload 2`` (and ``%aimport`` under ``%autoreload 1``) with a module beside the notebook
+rewritten by ``%%writefile`` between cells, ``importlib.reload`` after such an edit, the usual
+Colab header (``%load_ext autoreload``, ``%autoreload 2``, imports); ``%env``/``%set_env``,
+``%cd``/``%cd -``/``%cd -b`` a bookmark, ``tok = %env X``, ``%env X=$name``; shell commands
+and cell magics that write files later cells read (``!echo >>``, ``%%bash``, ``%%writefile
+-a``, ``%%script python``, ``!python gen.py``, ``!tar -xf``, ``!echo $name > f``), listings
+bound as an ``SList`` (``files = !ls d``, ``%sx``), a JSON config and a ``%run`` script
+rewritten by ``%%writefile``, ``%run -i``; ``%store``/``%store -r``, ``%precision``, ``%alias``,
+``%alias_magic``; ``get_ipython().user_ns[...]``, ``.push``, ``.run_cell`` (in a cell that
+succeeded and in one that failed), a failure inside ``%%capture``; ``%timeit`` (its draws),
+``res = %timeit -o`` (fixed loops, and its times), ``%%timeit`` changing a list, ``%time expr``
+then ``_``; IPython's history read back (``_3``, ``Out[3]``, ``_i3``, ``_i``, ``_ii``,
+``In[2]``); ``%who_ls``; ``%xdel``, ``%reset_selective -f`` and ``%reset -f`` (in cells that
+succeeded and failed); a display handle updated and a ``tqdm.auto`` bar left open by a failed
+cell.
+
+Eleven found silent differences (or replays that stopped where they need not), fixed with this
+round: a module imported before a ``%%writefile`` rewrote it and a ``files = !ls d`` before a
+shell command added a file there (IPython's escapes now read and write files: replay/paths.py);
+a failed cell's ``%set_env`` named without ``os.environ``; ``note = _i`` reading this kernel's
+input (IPython's inputs are now this kernel's, like its outputs, and a cell reading a name no
+cell rebuilds is named); ``names = %who_ls`` and ``[n for n in ... if n not in globals()]``,
+which read the whole namespace; ``res = %timeit -o``'s times; a file another cell's program
+(``!python gen.py``) or an unpacked archive (``!tar -xf``) may have written; and replays that
+stopped on a magic the plan did not make again (another extension's ``%load_ext``, ``%alias``,
+``%alias_magic``) or on ``_`` after ``%time expr``. Two cases stay expected failures with no
+restore, not silent: the plan names the difference and the replay stops at the error (numbered
+outputs read back by number; ``%env X`` of a key only a failed cell set). The others passed on
+the code they were written against: regression cases.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
