@@ -16,19 +16,19 @@ then ``_``; IPython's history read back (``_3``, ``Out[3]``, ``_i3``, ``_i``, ``
 succeeded and failed); a display handle updated and a ``tqdm.auto`` bar left open by a failed
 cell.
 
-Eleven found silent differences (or replays that stopped where they need not), fixed with this
-round: a module imported before a ``%%writefile`` rewrote it and a ``files = !ls d`` before a
-shell command added a file there (IPython's escapes now read and write files: replay/paths.py);
-a failed cell's ``%set_env`` named without ``os.environ``; ``note = _i`` reading this kernel's
-input (IPython's inputs are now this kernel's, like its outputs, and a cell reading a name no
-cell rebuilds is named); ``names = %who_ls`` and ``[n for n in ... if n not in globals()]``,
-which read the whole namespace; ``res = %timeit -o``'s times; a file another cell's program
-(``!python gen.py``) or an unpacked archive (``!tar -xf``) may have written; and replays that
-stopped on a magic the plan did not make again (another extension's ``%load_ext``, ``%alias``,
-``%alias_magic``) or on ``_`` after ``%time expr``. Two cases stay expected failures with no
-restore, not silent: the plan names the difference and the replay stops at the error (numbered
-outputs read back by number; ``%env X`` of a key only a failed cell set). The others passed on
-the code they were written against: regression cases.
+Nine found silent differences, fixed with this round: a module imported before a ``%%writefile``
+rewrote it and a ``files = !ls d`` before a shell command added a file there (IPython's escapes
+now read and write files: replay/paths.py); a failed cell's ``%set_env`` named without
+``os.environ``; ``note = _i`` reading this kernel's input (IPython's inputs are now this
+kernel's, like its outputs, and a cell reading a name no cell rebuilds is named); ``%who_ls``
+and ``globals()`` in a comprehension, which read the whole namespace; the times ``%timeit -o``
+returns; a file another cell's program (``!python gen.py``) or an unpacked archive (``!tar
+-xf``) may have written. Four replays that stopped on what the plan did not make again, fixed
+too (another extension's ``%load_ext``, ``%alias``, ``%alias_magic``) or on ``_`` after ``%time
+expr``. Two cases stay expected failures with no restore, not silent: the plan names the
+difference and the replay stops at the error (numbered outputs read back by number; ``%env X``
+of a key only a failed cell set). The others passed on the code they were written against:
+regression cases.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
