@@ -266,9 +266,10 @@ def _orders_vary() -> bool:
     return not seed.isdigit()
 
 
-# IPython's output history (``_``, ``__``, ``___``, ``_3``, ``Out``, ``_oh``): this kernel's,
-# not the previous one's; a replayed cell that shows a value binds ``_`` again.
-_OUTPUTS = re.compile(r"_{1,3}|_\d+|Out|_oh")
+# IPython's output and input history (``_``, ``__``, ``___``, ``_3``, ``Out``, ``_oh``; ``_i``,
+# ``_ii``, ``_iii``, ``_i3``, ``In``, ``_ih``: IPython/core/history.py's ``store_inputs``):
+# this kernel's, not the previous one's; a replayed cell that shows a value binds ``_`` again.
+_OUTPUTS = re.compile(r"_{1,3}|_\d+|Out|_oh|_i{1,3}|_i\d+|In|_ih")
 
 
 def _from_module(value: Any) -> str | None:

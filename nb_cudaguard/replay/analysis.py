@@ -190,6 +190,11 @@ FOREIGN_CELL_MAGICS = frozenset(
     }
 )  # fmt: skip
 SETUP_LINE_MAGICS = frozenset({"cd", "env", "set_env"})
+# Line magics that make magics later cells call (IPython/core/magics/osm.py's ``%alias``,
+# basic.py's ``%alias_magic``, extension.py's ``%load_ext``), and those that read the whole
+# namespace (namespace.py's ``%who_ls``, ``%who``, ``%whos``).
+DEFINING_LINE_MAGICS = frozenset({"alias", "alias_magic", "load_ext", "reload_ext"})
+NAMESPACE_MAGICS = frozenset({"who_ls", "who", "whos"})
 OPAQUE_LINE_MAGICS = frozenset({"run", "store", "load", "macro", "recall", "rerun"})
 OPAQUE_CALLS = frozenset({"exec", "globals", "locals", "vars", "execfile"})
 # Builtins that change an argument; every other builtin only reads its arguments.
@@ -1357,6 +1362,11 @@ class _CellVisitor(ast.NodeVisitor):
         for call in (n for part in parts for n in ast.walk(part) if isinstance(n, ast.Call)):
             if isinstance(call.func, ast.Name):  # called for each item: its effects land here
                 self.c.calls.add(call.func.id)
+                if call.func.id == "globals" and not call.args:
+                    # The module's namespace from inside too (``[n for n in names if n in
+                    # globals()]``), as at the top level: read whole, maybe written.
+                    self.c.reads_all = True
+                    self.c.opaque.append("calls globals()")
         # An assignment expression in a comprehension binds in the enclosing scope (PEP 572):
         # to a value from the items (``[last := m for m in models]``), computed from anything
         # the comprehension reads.
@@ -1510,11 +1520,26 @@ class _CellVisitor(ast.NodeVisitor):
         if name in PYTHON_LINE_MAGICS:
             self._nested(line)
             return True
+        if name == "aimport":
+            # IPython/extensions/autoreload.py: ``%aimport a, b.c`` imports each and pushes its
+            # top-level name into the namespace (``-a`` only marks one not to reload).
+            for module in (m.strip() for m in line.split(",")):
+                if re.fullmatch(r"[A-Za-z_][\w.]*", module):
+                    self.visit(ast.Import(names=[ast.alias(name=module)]))
+            return True
         self._expanded(line)
+        if name in NAMESPACE_MAGICS:  # ``names = %who_ls int``: the namespace as it is then
+            self.c.reads_all = True
+        if name in DEFINING_LINE_MAGICS and line.split():
+            # What later cells call (``%alias mk mkdir -p %s``, then ``%mk d``; ``%load_ext
+            # autoreload``, then ``%autoreload 2``) is made by this line: run it again.
+            self.c.setup.append(f"%{name} {line.split()[0]}")
         if name in OPAQUE_LINE_MAGICS and not (name == "store" and "-r" not in line.split()):
             self.c.opaque.append(f"%{name}")
         elif name in SETUP_LINE_MAGICS and (name == "cd" or "=" in line or " " in line.strip()):
-            self.c.setup.append(f"%{name} {line}".strip())
+            # (IPython's %env and %set_env set ``os.environ``: IPython/core/magics/osm.py)
+            where = " (os.environ)" if name != "cd" else ""
+            self.c.setup.append(f"%{name} {line}".strip() + where)
         return True
 
     def _expanded(self, text: str) -> None:
@@ -1594,9 +1619,31 @@ def _shows_a_value(tree: ast.Module, raw: str) -> bool:
     value = tree.body[-1].value
     if isinstance(value, ast.Call):
         func = value.func
-        if getattr(func, "id", None) in ("print", "display") or _ipython_call(value) is not None:
-            return False  # (a magic's value: mostly None, ``%time``'s and ``%matplotlib``'s)
+        if getattr(func, "id", None) in ("print", "display"):
+            return False
+        ipython = _ipython_call(value)
+        if ipython is not None and not _magic_shows_a_value(*ipython):
+            return False  # (a magic's value: mostly None, ``%matplotlib``'s)
     return not raw.rstrip().endswith(";")
+
+
+def _magic_shows_a_value(method: str, args: list[ast.expr]) -> bool:
+    """Whether a line magic returns a value IPython shows: ``%time expr`` (the expression's,
+    IPython/core/magics/execution.py), ``%timeit -o``, ``%who_ls``, ``%sx``, ``%pwd``;
+    ``!!cmd`` (``getoutput``). Others return None, and leave ``_`` as it was."""
+    if method == "getoutput":
+        return True
+    name = _const_str(args[0]) if args else None
+    line = (_const_str(args[1]) if len(args) > 1 else "") or ""
+    if method != "run_line_magic" or name is None:
+        return False
+    if name == "time":
+        try:
+            ast.parse(line, mode="eval")
+        except SyntaxError:
+            return False  # a statement (``%time y = f()``): None
+        return True
+    return name in ("who_ls", "sx", "pwd") or (name == "timeit" and "-o" in line.split())
 
 
 # A line that starts with an escape, or assigns one: most likely IPython syntax.
@@ -1688,8 +1735,11 @@ def _facts(tree: ast.Module, transform: Transform | None, text: str) -> CellFact
 
 # Lines a replay never runs again: our own commands (a restart, a replay), loading extensions,
 # installing packages. They are commented out in place, so line numbers stay true.
+# Another extension's ``%load_ext`` runs again: the cells after it call its magics
+# (``%load_ext autoreload``, then ``%autoreload 2``: "Line magic function not found" otherwise).
 _CONTROL = re.compile(
-    r"^(?:%(?:cudaguard|load_ext|reload_ext|unload_ext|pip|conda|mamba|micromamba|uv)\b"
+    r"^(?:%(?:cudaguard|pip|conda|mamba|micromamba|uv)\b"
+    r"|%(?:load_ext|reload_ext|unload_ext)[ \t]+nb_cudaguard\b"
     r"|!\s*(?:pip|pip3|conda|mamba|uv)\b)",
     re.MULTILINE,
 )

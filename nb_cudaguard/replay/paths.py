@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import re
+import shlex
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,9 +56,35 @@ _CALLS = (
     _WRITERS.keys() | _READERS.keys() | _LISTERS.keys() | _REMOVERS.keys() | _COPIERS.keys()
 ) | _MAPPERS.keys()
 _MAY_USE_PATHS = re.compile(
-    r"\b(?:open|" + "|".join(sorted(_CALLS)) + r")\b"
+    r"\b(?:open|import|" + "|".join(sorted(_CALLS)) + r")\b"
     r"|\w\s*=\s*(?:[rRbBfF]?['\"]|Path\(|os\.path\.join\()"
+    r"|^\s*[!%]|=\s*[!%]"  # a shell command, a magic (``!echo x > f``, ``%%writefile``)
+    r"|\b(?:system|getoutput|run_cell_magic|run_line_magic)\(",
+    re.MULTILINE,
 )
+# Cell magics whose body is a shell script (IPython's ``%%bash``, ``%%sh``; ``%%script bash``).
+_SHELL_CELLS = frozenset({"bash", "sh"})
+_SHELLS = frozenset({"bash", "sh", "zsh"})
+# Shell commands' file effects, as far as a command line says them: ``>``/``>>`` redirections
+# (not to a descriptor, ``>&2``), and a few commands by their arguments.
+_REDIRECT = re.compile(r"(?<![<>&])(\d?)(>>?)(?!&)\s*([^\s;&|<>()]+)")
+# Programs that run a script whose file writes the command line does not say.
+_INTERPRETERS = frozenset(
+    {"python", "python3", "bash", "sh", "zsh", "Rscript", "node", "perl", "ruby", "julia"}
+)
+# Programs that write files their command line names only in part (an archive's members, a
+# download's own name, a clone): run, they may have written any file, as a script may.
+_UNPACKERS = frozenset(
+    {"unzip", "tar", "7z", "git", "kaggle", "gdown", "rsync", "gsutil", "huggingface-cli", "hf"}
+)
+# Python's own ways to run a command line: ``os.system("...")``, ``subprocess.run([...])``.
+_RUNNERS = {
+    "os": frozenset({"system", "popen"}),
+    "subprocess": frozenset(
+        {"run", "call", "check_call", "check_output", "Popen", "getoutput", "getstatusoutput"}
+    ),
+}
+_SEPARATORS = re.compile(r"&&|\|\||[;|\n]")
 # ``np.save(path, x)`` but ``torch.save(x, path)``, ``joblib.dump(x, path)``.
 _PATH_FIRST = frozenset({"np", "numpy"})
 
@@ -71,6 +98,9 @@ class FileUse:
     appends: frozenset[str] = frozenset()  # added to (``open(p, "a")``, ``to_csv(mode="a")``)
     lists: frozenset[str] = frozenset()  # directories listed (``glob("d/*.txt")``: ``d``)
     removes: frozenset[str] = frozenset()  # files or directories removed (``os.remove(p)``)
+    # Programs it runs whose writes no text here says (``!python gen.py``, ``%run s.py``), as
+    # spelled: they may have written any file.
+    runs: frozenset[str] = frozenset()
 
 
 def lies_in(path: str, directory: str) -> bool:
@@ -81,7 +111,7 @@ def lies_in(path: str, directory: str) -> bool:
 
 
 _NONE = FileUse()
-_KINDS = ("reads", "writes", "appends", "lists", "removes")  # FileUse's fields, in order
+_KINDS = ("reads", "writes", "appends", "lists", "removes", "runs")  # FileUse's, in order
 
 # A path as the text spells it: its parts, each a string or, marked by _NAME, a name whose string
 # an earlier statement or cell gives.
@@ -121,6 +151,9 @@ def file_uses(
             continue
         uses: dict[str, set[str]] = {k: set() for k in _KINDS}
         for kind, name, parts in events:
+            if kind == "runs":  # a command line, not a path
+                uses[kind].update(parts or ())
+                continue
             path = _resolved(parts, strings)
             if kind == "maps":
                 if path is not None:
@@ -180,14 +213,46 @@ class _Finder(ast.NodeVisitor):
             return None
         return self._argument(node, 0)
 
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._imports(alias.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module and not node.level:
+            self._imports(node.module)
+
+    def _imports(self, module: str) -> None:
+        """An import reads the module's file where it is the notebook's own (``helpers.py``
+        beside it, maybe written by a ``%%writefile`` cell); a library's name is no path any
+        cell writes, so naming ``torch.py`` too costs nothing. (A package's ``__init__.py`` is
+        not followed.)"""
+        self.events.append(("reads", "", (module.split(".")[0] + ".py",)))
+
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
         func = node.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        ipython = _ipython_call(node)
+        if ipython is not None:
+            self._ipython(*ipython)
+            return
+        owner = func.value if isinstance(func, ast.Attribute) else None
+        if name in _RUNNERS.get(_owner_name(owner), ()) and node.args:
+            command = node.args[0]
+            if isinstance(command, ast.Constant) and isinstance(command.value, str):
+                self._shell(command.value)
+            elif isinstance(command, ast.List | ast.Tuple):
+                words = [
+                    e.value
+                    for e in command.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                ]
+                if len(words) == len(command.elts):
+                    self._shell(shlex.join(words))
+            return
         if name == "open":
             self._open(node, func)
             return
-        owner = func.value if isinstance(func, ast.Attribute) else None
         if name in _LISTERS:
             self._lists(node, name, owner)
             return
@@ -224,6 +289,66 @@ class _Finder(ast.NodeVisitor):
             if path is not None:
                 appending = kind == "writes" and _keyword(node, "mode") == "a"
                 self.events.append(("appends" if appending else kind, "", path))
+
+    def _ipython(self, method: str, args: list[str | None]) -> None:
+        """What IPython's escapes do to files, as its transform spells them: ``!cmd`` and
+        ``x = !cmd`` (``system``, ``getoutput``), ``%%bash``/``%%sh`` cells, ``%%writefile``
+        (IPython/core/magics/osm.py: ``-a`` appends, else it writes the file whole)."""
+        name, line, body = [*args, None, None, None][:3]
+        if method in ("system", "getoutput") and name is not None:
+            self._shell(name)
+        elif method == "run_line_magic" and name in ("system", "sx", "sc") and line:
+            self._shell(line)
+        elif method == "run_line_magic" and name == "aimport" and line:
+            for module in line.split(","):  # (autoreload's: an import of each)
+                if re.fullmatch(r"[A-Za-z_][\w.]*", module.strip()):
+                    self._imports(module.strip())
+        elif method == "run_line_magic" and name == "run" and line:
+            self.events.append(("runs", "", (f"%run {line}",)))
+        elif method == "run_cell_magic" and line is not None and body is not None:
+            words = _words(line)
+            if name in ("writefile", "file") and words:
+                appending = any(w in ("-a", "--append") for w in words)
+                path = next((w for w in words if not w.startswith("-")), None)
+                if path is not None and not _expands(path):
+                    self.events.append(("appends" if appending else "writes", "", (path,)))
+            elif name in _SHELL_CELLS or (name == "script" and words[:1] and words[0] in _SHELLS):
+                self._shell(body)
+            elif name in ("script", "python", "python2", "python3", "perl", "ruby"):
+                self.events.append(("runs", "", (f"%%{name} {line}".strip(),)))
+
+    def _shell(self, command: str) -> None:
+        """A shell command line's redirections, ``touch``, ``rm``, ``ls``, ``cp``, ``mv``,
+        ``wget -O`` and ``curl -o``, with paths spelled out (none IPython expands: ``$x``,
+        ``{x}``)."""
+        for to, kind in ((m.group(3), m.group(2)) for m in _REDIRECT.finditer(command)):
+            if not _expands(to) and not to.startswith("/dev/"):
+                self.events.append(("appends" if kind == ">>" else "writes", "", (to,)))
+        for simple in _SEPARATORS.split(_REDIRECT.sub(" ", command)):
+            words = [w for w in _words(simple) if not _expands(w)]
+            if not words:
+                continue
+            program, operands = words[0], [w for w in words[1:] if not w.startswith("-")]
+            downloads = (program == "wget" and "-O" not in words) or (
+                program == "curl" and "-O" in words
+            )
+            if program in _INTERPRETERS | _UNPACKERS or program.startswith("./") or downloads:
+                self.events.append(("runs", "", (" ".join(words),)))
+            elif program == "touch":
+                self.events += [("writes", "", (p,)) for p in operands]
+            elif program == "rm":
+                self.events += [("removes", "", _pattern_directory((p,))) for p in operands]
+            elif program == "ls":
+                for p in operands or ["."]:
+                    self.events.append(("lists", "", _pattern_directory((p,))))
+            elif program in ("cp", "mv") and len(operands) == 2:
+                self.events.append(("reads", "", (operands[0],)))
+                self.events.append(("writes", "", (operands[1],)))
+            elif program in ("wget", "curl"):
+                flag = "-O" if program == "wget" else "-o"
+                at = words.index(flag) if flag in words[:-1] else -1
+                if at >= 0:
+                    self.events.append(("writes", "", (words[at + 1],)))
 
     def _open(self, node: ast.Call, func: ast.expr) -> None:
         on_path = isinstance(func, ast.Attribute)  # Path(p).open(mode)
@@ -281,6 +406,37 @@ class _Finder(ast.NodeVisitor):
             if left is not None and right is not None:
                 return left + right
         return None
+
+
+def _ipython_call(node: ast.Call) -> tuple[str, list[str | None]] | None:
+    """(method, its arguments as strings, None where not a string) for
+    ``get_ipython().method(...)``: how IPython's transform writes ``!cmd`` and magics."""
+    func = node.func
+    if (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Call)
+        and isinstance(func.value.func, ast.Name)
+        and func.value.func.id == "get_ipython"
+    ):
+        strings = [
+            a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None
+            for a in node.args
+        ]
+        return func.attr, strings
+    return None
+
+
+def _words(text: str) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError:  # an unclosed quote: the words as they stand
+        return text.split()
+
+
+def _expands(word: str) -> bool:
+    """Whether IPython (``$x``, ``{x}``) or the shell (``$x``, ``~``) makes the word another
+    path than it reads: such a path is not followed."""
+    return any(c in word for c in "${}~`")
 
 
 def _pattern_directory(parts: _Path) -> _Path:

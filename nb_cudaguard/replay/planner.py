@@ -1203,6 +1203,12 @@ def with_unrepeatable(
         reasons += [
             f"calls {n}(), which {callables[n]}" for n in sorted(cell.calls) if n in callables
         ]
+        # The namespace itself (``%who_ls``, ``sorted(globals())``): here it holds what was kept
+        # or restored, and lacks what no planned cell rebuilds, unlike when the cell first ran.
+        if cell.reads_all:
+            reasons.append("reads the whole namespace, which holds other names here")
+        # This kernel's names no cell rebuilds (IPython's ``_i``, ``_ii``: its own inputs).
+        reasons += [f"reads {n}, not rebuilt" for n in sorted(cell.uses & set(plan.unresolved))]
         if reasons:
             found.append((index, "; ".join(reasons)))
             if reads.concurrent:
@@ -1312,6 +1318,15 @@ def with_files(plan: Plan, facts: Sequence[CellFacts], uses: Sequence[FileUse]) 
                 why.append(f"lists {directory}, where a later cell put {added[0]} since it ran")
             elif removed:
                 why.append(f"lists {directory}, where a later cell removed {removed[0]} since")
+        # A program another cell ran (``!python gen.py``) may have written what this one
+        # reads: one run after it before the failure (the file holds its writes), or one the
+        # replay runs again before it (it writes them again). (A module's ``.py`` aside.)
+        runners = [j for j in range(failing) if uses[j].runs and j != index]
+        runner = next((j for j in runners if j > index or j in chosen), None)
+        files = sorted(p for p in uses[index].reads | uses[index].lists if not p.endswith(".py"))
+        if runner is not None and files:
+            program = sorted(uses[runner].runs)[0]
+            why.append(f"reads {files[0]}, which another cell's program ({program}) may write")
         if why:
             found[index] = "; ".join(filter(None, [found.get(index, ""), *why]))
             made = set(cell.defines | cell.mutates) - cell.imports - cell.callables

@@ -97,7 +97,7 @@ UNWALKED = Unrepeatable(complete=False)
 # A cell that may build a set, hash a string or read the clock, the OS or the process.
 _MAY_MATTER = re.compile(
     r"set\b|\{|\bhash\b|\bid\s*\(|\.pop\b|\b(?:"
-    + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED | CONCURRENT_CALLS))
+    + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED | CONCURRENT_CALLS | {"timeit"}))
     + r")\b"
 )
 
@@ -278,6 +278,7 @@ class _Finder(ast.NodeVisitor):
             (self.inner_builds if self.depth else self.builds).append(text)
         read = _varying(func)
         called = name or (func.attr if isinstance(func, ast.Attribute) else None)
+        timed = _timed(node)
         if name == "id" and len(node.args) == 1:
             # An object's id is its address in this process (CPython: "the address of the
             # object in memory", https://docs.python.org/3/library/functions.html#id): the
@@ -285,8 +286,12 @@ class _Finder(ast.NodeVisitor):
             read = ADDRESS
         if read is None and not node.args and not node.keywords:
             read = "fresh entropy" if called in _UNSEEDED else None
+        if timed is not None:
+            read, spelled = "the clock", timed
+        else:
+            spelled = f"{ast.unparse(func)}()"
         if read is not None:
-            varying = f"{ast.unparse(func)}() reads {read}"
+            varying = f"{spelled} reads {read}"
             (self.inner_varying if self.depth else self.varying).append(varying)
         if called in CONCURRENT_CALLS:
             started = f"starts {ast.unparse(func)[:40]}(...), which runs on beside the cells"
@@ -304,6 +309,25 @@ class _Finder(ast.NodeVisitor):
             for keyword in node.keywords:
                 self._ordered(keyword.value)
         self.generic_visit(node)
+
+
+def _timed(node: ast.Call) -> str | None:
+    """``%timeit -o`` where ``node`` is one (``res = %timeit -o stmt``): its ``TimeitResult``
+    holds times measured now (IPython/core/magics/execution.py, ``-o``: "return a
+    TimeitResult"), the clock's reading."""
+    func = node.func
+    if not (
+        isinstance(func, ast.Attribute)
+        and func.attr in ("run_line_magic", "run_cell_magic")
+        and isinstance(func.value, ast.Call)
+        and getattr(func.value.func, "id", None) == "get_ipython"
+        and len(node.args) >= 2
+    ):
+        return None
+    name, line = (a.value if isinstance(a, ast.Constant) else None for a in node.args[:2])
+    if name == "timeit" and isinstance(line, str) and "-o" in line.split():
+        return "%timeit -o"
+    return None
 
 
 def _varying(func: ast.expr) -> str | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from nb_cudaguard.replay.analysis import (
+    SKIPPED,
     CellFacts,
     analyse,
     analyse_cell,
@@ -310,6 +311,56 @@ def test_a_handler_or_hook_a_cell_installs_is_setup(shell, cell):
     assert _facts(shell, f"import signal, sys\n{cell}").setup
 
 
+def test_an_env_magic_is_named_as_os_environ(shell):
+    # A failed cell's ``%set_env MODE=debug`` is missing from this process's ``os.environ``:
+    # the note says where, so a reader (and ``os.environ.get`` in a later cell) finds it.
+    assert _facts(shell, "%set_env MODE=debug").setup == "%set_env MODE=debug (os.environ)"
+    assert _facts(shell, "%env LEVEL 3").setup == "%env LEVEL 3 (os.environ)"
+    assert _facts(shell, "%cd data").setup == "%cd data"
+
+
+def test_lines_that_make_magics_run_again_as_setup(shell):
+    # ``%load_ext autoreload`` then ``%autoreload 2``: skipped, the next line finds no magic.
+    header = "%load_ext autoreload\n%autoreload 2\nimport numpy as np"
+    assert runnable_source(header) == header
+    assert runnable_source("%load_ext nb_cudaguard").startswith(SKIPPED)
+    assert _facts(shell, header).setup == "%load_ext autoreload"
+    assert _facts(shell, "%alias mk mkdir -p %s").setup == "%alias mk"
+    assert _facts(shell, "%alias_magic t timeit").setup == "%alias_magic t"
+
+
+def test_aimport_imports_and_binds_its_modules(shell):
+    # autoreload's ``%aimport a, b.c`` imports each and pushes its top-level name.
+    facts = _facts(shell, "%aimport helpers, pkg.mod, -skipme")
+    assert facts.defines >= {"helpers", "pkg"} and facts.imports >= {"helpers", "pkg"}
+    assert "skipme" not in facts.defines
+    assert facts.imported_from["helpers"] == "helpers"
+
+
+def test_line_magics_that_show_a_value_bind_underscore(shell):
+    # ``%time x * 5`` shows (and keeps as ``_``) the expression's value; ``%time y = f()`` and
+    # ``%matplotlib inline`` show nothing.
+    for cell, shows in (
+        ("%time x * 5", True),
+        ("%time y = x", False),
+        ("%timeit -o f()", True),
+        ("%matplotlib inline", False),
+        ("names = 1\n%who_ls", True),
+    ):
+        assert ("_" in _facts(shell, cell).defines) is shows, cell
+
+
+def test_who_ls_reads_the_whole_namespace(shell):
+    assert _facts(shell, "names = %who_ls int").reads_all
+    assert not _facts(shell, "%ls").reads_all
+
+
+def test_globals_inside_a_comprehension_reads_the_whole_namespace(shell):
+    # ``[n for n in names if n not in globals()]``: a clean-up check, the module's namespace.
+    facts = _facts(shell, "gone = sorted(n for n in ('a', 'b') if n not in globals())")
+    assert facts.reads_all and facts.opaque
+
+
 def test_links_name_what_a_value_was_built_from(shell):
     facts = _facts(shell, "opt = torch.optim.AdamW(model.parameters(), lr=lr)\nx = opt\ny = x")
     assert facts.links["opt"] == {"torch", "model", "lr"}
@@ -577,7 +628,8 @@ def test_a_plain_change_in_place_is_one_a_version_counter_sees(shell):
         ("sorted(base);", False),
         ("print(base)", False),
         ("x = 1", False),
-        ("%time f(a)", False),
+        ("%time f(a)", True),  # ``%time`` returns the expression's value (execution.py)
+        ("%time y = f(a)", False),
     ],
 )
 def test_a_cell_that_shows_a_value_binds_underscore(shell, cell: str, shows: bool):

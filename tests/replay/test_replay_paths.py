@@ -7,7 +7,7 @@ import ast
 
 import pytest
 
-from nb_cudaguard.replay.analysis import analyse
+from nb_cudaguard.replay.analysis import analyse, quick_transform
 from nb_cudaguard.replay.paths import file_uses, path_events
 from nb_cudaguard.replay.planner import plan_replay, with_files
 
@@ -217,3 +217,92 @@ def test_a_change_in_place_of_an_array_not_mapped_writable_writes_no_file(mappin
     facts = [analyse(c) for c in cells]
     uses = file_uses([f.paths for f in facts], [f.mutates for f in facts])
     assert not uses[1].writes and not uses[2].writes
+
+
+def _typed(*cells: str) -> list[str]:
+    """Cells as typed (``!cmd``, ``%%writefile``), as IPython's transform writes them."""
+    return [quick_transform(c) or c for c in cells]
+
+
+@pytest.mark.parametrize(
+    ("typed", "kinds"),
+    [
+        ("%%writefile helpers.py\ndef f():\n    return 1\n", {"writes": {"helpers.py"}}),
+        ("%%writefile -a cfg.txt\nlr=0.1\n", {"appends": {"cfg.txt"}}),
+        ("!echo a > log.txt 2>/dev/null", {"writes": {"log.txt"}}),
+        ("!echo b >> log.txt", {"appends": {"log.txt"}}),
+        ("%%bash\nfor i in 1 2; do echo $i >> n.txt; done", {"appends": {"n.txt"}}),
+        ("!mkdir -p d && rm -f d/* && touch d/x.csv", {"removes": {"d"}, "writes": {"d/x.csv"}}),
+        ("files = !ls -1 d", {"lists": {"d"}}),
+        ("!cp a.txt b.txt; wget -q -O c.zip http://x", {"reads": {"a.txt"},
+                                                        "writes": {"b.txt", "c.zip"}}),
+        ("!echo $x > {out}", {}),  # paths IPython expands: not followed
+        ("import helpers\nfrom utils.io import load", {"reads": {"helpers.py", "utils.py"}}),
+        ("%aimport helpers", {"reads": {"helpers.py"}}),
+    ],
+)  # fmt: skip
+def test_ipython_escapes_and_imports_read_and_write_files(typed, kinds):
+    (use,) = _uses(*_typed(typed))
+    found = {k: getattr(use, k) for k in ("reads", "writes", "appends", "lists", "removes")}
+    assert {k: v for k, v in found.items() if v} == kinds
+
+
+def test_a_module_imported_before_a_writefile_rewrote_it_is_named():
+    # ``%autoreload 2`` notebooks: helpers.py edited by ``%%writefile`` after ``a`` was made
+    # from it; a replay imports today's file, so ``a`` may differ.
+    plan = _plan(
+        _typed(
+            "%%writefile ar.py\ndef f():\n    return 1\n",
+            "import ar\na = ar.f()",
+            "%%writefile ar.py\ndef f():\n    return 2\n",
+            "print(a)",
+        )
+    )
+    assert "a" in plan.unrepeatable_names
+    assert (
+        dict(plan.unrepeatable)[1]
+        == "reads ar.py, which a later cell wrote over since it first ran"
+    )
+
+
+def test_a_shell_listing_a_later_shell_command_added_a_file_to_is_named():
+    plan = _plan(_typed("files = !ls d\nn = len(files)", "!touch d/y.csv", "print(n)"))
+    assert dict(plan.unrepeatable) == {0: "lists d, where a later cell put d/y.csv since it ran"}
+    assert {"files", "n"} <= set(plan.unrepeatable_names)
+
+
+def test_programs_run_are_found():
+    (use,) = _uses(*_typed("!python gen.py --n 2 && ls out"))
+    assert (use.runs, use.lists) == ({"python gen.py --n 2"}, {"out"})
+    assert _uses(*_typed("%run train.py"))[0].runs == {"%run train.py"}
+    assert _uses(*_typed("%%script python\nprint(1)\n"))[0].runs == {"%%script python"}
+    assert not _uses(*_typed("!nvidia-smi"))[0].runs
+
+
+def test_a_file_a_later_cells_program_may_have_written_is_named():
+    # ``!python gen.py`` appends to gen.txt; a failed cell ran it again after ``rows`` read it.
+    plan = _plan(
+        _typed(
+            "!python gen.py",
+            "rows = open('gen.txt').read().split()",
+            "!python gen.py",
+            "print(rows)",
+        )
+    )
+    assert dict(plan.unrepeatable)[1] == (
+        "reads gen.txt, which another cell's program (python gen.py) may write"
+    )
+    assert "rows" in plan.unrepeatable_names
+
+
+def test_unpackers_downloads_and_pythons_own_runners_may_write_any_file():
+    for typed in (
+        "!tar -xf data.tar -C out",
+        "!unzip -q data.zip -d out",
+        "!wget -q http://x/data.zip",
+        "import subprocess\nsubprocess.run(['python', 'gen.py'], check=True)",
+        "import os\nos.system('bash prep.sh')",
+    ):
+        assert _uses(*_typed(typed))[0].runs, typed
+    (use,) = _uses("import subprocess\nsubprocess.run(['touch', 'd/a.txt'])")
+    assert (use.runs, use.writes) == (frozenset(), {"d/a.txt"})

@@ -1183,3 +1183,17 @@ def test_the_replays_own_lines_do_not_go_through_a_print_or_stdout_a_cell_put_in
         assert recorded.user_ns["seen"] == before
     finally:
         builtins.print, sys.stdout = original
+
+
+def test_ipythons_previous_input_read_back_is_named(recorded):
+    # ``note = _i``: IPython binds ``_i`` at every cell, so it is always "here"; but it is this
+    # kernel's previous input (a ``%cudaguard`` line), not the previous kernel's.
+    cells = ["lr = 0.1", "note = _i", "print(note)\n[][0]"]
+    saved = _run(recorded, cells)
+    # only this test's cells (the shell's history holds other tests' cells too)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    assert recorded.user_ns["note"] == "lr = 0.1"
+    _new_process(recorded, ["lr", "note"])
+    summary = _replay(recorded, saved)
+    assert "reads _i, not rebuilt" in summary, summary

@@ -284,3 +284,31 @@ def test_a_name_kept_that_a_thread_not_run_again_changed_is_named():
         _plan(["metrics = [1]", "metrics.append(2)", "print(metrics)"], {"metrics"}).kept_running
         == ()
     )
+
+
+def test_a_cell_that_reads_the_whole_namespace_is_named_with_what_it_builds():
+    # ``names = %who_ls int`` lists what the namespace holds when it runs: in a replay, the
+    # restored names too, and not those no planned cell rebuilds.
+    plan = _plan(
+        ["a = 1", "names = get_ipython().run_line_magic('who_ls', 'int')\nn = len(names)", "b = 2",
+         "print(n)"]
+    )  # fmt: skip
+    assert dict(plan.unrepeatable)[1] == "reads the whole namespace, which holds other names here"
+    assert {"names", "n"} <= set(plan.unrepeatable_names)
+
+
+def test_a_name_no_cell_rebuilds_is_named_with_what_is_built_from_it():
+    # ``note = _i``: IPython's previous input here is this kernel's (a ``%cudaguard`` line).
+    plan = _plan(["lr = 0.1", "note = _i\nshort = note[:3]", "print(short)"])
+    assert plan.unresolved == ("_i",)
+    assert dict(plan.unrepeatable)[1] == "reads _i, not rebuilt"
+    assert {"note", "short"} <= set(plan.unrepeatable_names)
+
+
+def test_a_timeit_result_reads_the_clock():
+    # ``res = %timeit -o stmt``: the times it holds are measured anew in every run.
+    source = "res = get_ipython().run_line_magic('timeit', '-o -q -n 1 sum(x)')\nbest = res.best"
+    reads = unrepeatable(ast.parse(source), source)
+    assert (reads.varying, reads.differs) == ("%timeit -o reads the clock", {"res", "best"})
+    plain = "get_ipython().run_line_magic('timeit', 'sum(x)')"
+    assert not unrepeatable(ast.parse(plain), plain).varying
