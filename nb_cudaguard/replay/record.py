@@ -539,6 +539,10 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
         return None
     if not isinstance(attributes, dict) or _c_state(kind):
         return None
+    if "_cache" in attributes and kind.__module__.startswith("pandas."):
+        # pandas' ``cache_readonly`` memo (pandas/_libs/properties.pyx, ``CachedProperty``):
+        # filled as the object is read (a groupby's grouper, ``gb.size()``), never a change.
+        return [value for key, value in attributes.items() if key != "_cache"]
     return list(attributes.values())
 
 

@@ -1055,3 +1055,16 @@ def test_a_frame_changed_by_a_failed_cell_is_named_not_its_popped_column_rebuilt
     summary = plan_summary(make_plan(recorded, saved), saved.cells)
     assert "y12" not in summary
     assert "failed when it ran, after it bound or changed frame12" in summary
+
+
+def test_reading_a_groupby_is_no_change_of_it():
+    # Its grouper fills pandas' ``cache_readonly`` memo as it is read: a cell that only read
+    # ``gb`` "changed gb", and the plan ran it again for that.
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"g": [1, 2, 1, 2], "a": [1.0, 2.0, 3.0, 4.0]})
+    grouped = frame.groupby("g")
+    before = _see(grouped)
+    assert grouped["a"].mean().tolist() == [2.0, 3.0] and grouped.size().tolist() == [2, 2]
+    assert _see(grouped)[1] == before[1]
+    frame.loc[0, "a"] = 5.0  # the frame it holds, changed in place: a change of it
+    assert _see(grouped)[1] != before[1]
