@@ -338,7 +338,10 @@ def _getter(keys: list[str]) -> _Reader:
 
 
 def _note_types(torch: Any, numpy: Any) -> None:
-    """torch's and numpy's types, once imported: how their values are read (each noted once)."""
+    """torch's, numpy's and pandas' types, once imported: how their values are read (each noted
+    once)."""
+    if not _PANDAS_NOTED:
+        _note_pandas()
     if torch is not None and "torch" not in _NOTED:
         _MODULE[:] = [torch.nn.Module]
         _TORCH_KEYS.update(vars(torch.nn.Module()))
@@ -355,6 +358,76 @@ def _note_types(torch: Any, numpy: Any) -> None:
 
 
 _NOTED: set[str] = set()  # "torch", "numpy", once their types are noted
+_PANDAS_NOTED: list[bool] = []  # [True] once pandas' types are noted
+
+
+def _note_pandas() -> None:
+    """pandas' block managers and indexes, once pandas is imported (whole: ``DataFrame`` is set
+    last in pandas/__init__.py): a frame's manager is a C object (pandas/_libs/internals.pyx),
+    which a walk could not see into, and an index fills a ``_cache`` dict as it is read
+    (``_engine``, ``is_unique``), which a walk would take for a change."""
+    pandas = sys.modules.get("pandas")
+    if pandas is None or not hasattr(pandas, "DataFrame"):
+        return
+    managers = sys.modules.get("pandas.core.internals.managers")
+    index = getattr(pandas, "Index", None)
+    if managers is None or not isinstance(index, type):
+        return
+    for name in ("BlockManager", "SingleBlockManager"):
+        kind = getattr(managers, name, None)
+        if isinstance(kind, type):
+            _TOKENS[kind] = _manager_seen
+    kinds = [index]
+    for kind in kinds:  # pandas' own subclasses (RangeIndex, MultiIndex, DatetimeIndex...)
+        _TOKENS[kind] = _index_seen
+        kinds += kind.__subclasses__()
+    _PANDAS_NOTED.append(True)
+
+
+def _index_seen(index: Any) -> tuple[tuple[Any, ...], bool]:
+    """An index by its identity and names: its values never change in place ("Immutable
+    sequence used for indexing and alignment", ``Index.__setitem__`` raises: pandas/core/
+    indexes/base.py); ``df.index.name = "id"`` sets a name."""
+    return (id(index), tuple(index.names)), True
+
+
+def _manager_seen(manager: Any) -> tuple[tuple[Any, ...], bool]:
+    """A frame's or series' block manager (pandas/core/internals/managers.py): its axes, its
+    blocks, where each block's columns go (``mgr_locs``) and each block's values, read as an
+    array's are. A new, dropped or renamed column, a new index or dtype gives other blocks or
+    axes; a write in place (``df.loc[m, "c"] = v``, ``fillna(inplace=True)``) changes a block's
+    values."""
+    tokens: list[Any] = [id(manager)]
+    tokens += [_index_seen(axis)[0] for axis in manager.axes]
+    whole = True
+    for block in manager.blocks:
+        token, all_read = _block_values_seen(block.values)
+        tokens.append((id(block), id(block.mgr_locs), token))
+        whole = whole and all_read
+    return tuple(tokens), whole
+
+
+def _block_values_seen(values: Any) -> tuple[Any, bool]:
+    """A block's values: a numpy array; an extension array over one (``Categorical``'s codes,
+    datetimes, the python-backed ``str`` dtype: ``_ndarray``, pandas/_libs/arrays.pyx), over
+    values and a mask (``Int64``: ``_data``, ``_mask``, pandas/core/arrays/masked.py), or over
+    an Arrow array, which never changes in place (``_pa_array``, replaced by a write:
+    pandas/core/arrays/arrow/array.py). Any other: not seen whole."""
+    numpy = sys.modules["numpy"]
+    if type(values) is numpy.ndarray:
+        return _array_seen(values)
+    inner = getattr(values, "_ndarray", None)
+    if isinstance(inner, numpy.ndarray):
+        token, whole = _array_seen(inner)
+        return (id(values), id(values.dtype), token), whole
+    data, mask = getattr(values, "_data", None), getattr(values, "_mask", None)
+    if isinstance(data, numpy.ndarray) and isinstance(mask, numpy.ndarray):
+        (data_token, data_whole), (mask_token, mask_whole) = _array_seen(data), _array_seen(mask)
+        return (id(values), data_token, mask_token), data_whole and mask_whole
+    arrow = getattr(values, "_pa_array", None)
+    if arrow is not None:
+        return (id(values), id(arrow)), True
+    return (id(values), type(values)), False
 
 
 def _called_in_python(kind: type) -> bool:
@@ -466,6 +539,10 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
         return None
     if not isinstance(attributes, dict) or _c_state(kind):
         return None
+    if "_cache" in attributes and kind.__module__.startswith("pandas."):
+        # pandas' ``cache_readonly`` memo (pandas/_libs/properties.pyx, ``CachedProperty``):
+        # filled as the object is read (a groupby's grouper, ``gb.size()``), never a change.
+        return [value for key, value in attributes.items() if key != "_cache"]
     return list(attributes.values())
 
 

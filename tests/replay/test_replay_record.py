@@ -1197,3 +1197,71 @@ def test_ipythons_previous_input_read_back_is_named(recorded):
     _new_process(recorded, ["lr", "note"])
     summary = _replay(recorded, saved)
     assert "reads _i, not rebuilt" in summary, summary
+
+
+def test_reading_a_series_is_no_change_of_it():
+    # An index fills its ``_cache`` as it is read (``_engine``, ``is_unique``): a walk took that
+    # for a change of every series over it (``y = df.pop("t")`` shares ``df``'s index), so a
+    # cell that only printed ``df`` changed ``y``, and the replay ran again the failed cell
+    # that bound it.
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": [1.0, 2.0, 3.0], "t": [0, 1, 0]})
+    y = frame.pop("t")
+    before = _see(y)
+    assert y.loc[1] == 1 and frame.index.is_unique and frame.to_json()
+    assert _see(y) == before
+
+
+def test_a_frame_is_seen_whole_and_its_changes_in_place_are_seen():
+    # A frame's block manager is a C object: a walk stopped there, never seeing a change.
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": [1.0, None], "b": [3, 4], "c": pd.Categorical(["x", "y"])})
+    seen = _see(frame)
+    assert seen[2]
+    for change in (
+        lambda f: f.loc.__setitem__((0, "a"), 9.0),
+        lambda f: f.fillna({"a": 0.0}, inplace=True),
+        lambda f: f.__setitem__("d", [5, 6]),
+        lambda f: setattr(f, "columns", ["a", "B", "c", "d"]),
+        lambda f: setattr(f.index, "name", "id"),
+        lambda f: f.pop("a"),
+        lambda f: f.loc.__setitem__((1, "c"), "x"),  # a categorical's codes, in place
+    ):
+        change(frame)
+        now = _see(frame)
+        assert now[1] != seen[1]
+        seen = now
+    assert _see(frame) == seen
+
+
+def test_a_frame_changed_by_a_failed_cell_is_named_not_its_popped_column_rebuilt(recorded):
+    pytest.importorskip("pandas")
+    saved = _run(
+        recorded,
+        [
+            "import pandas as pd\nframe12 = pd.DataFrame({'a': [1.0, 2.0], 't': [0, 1]})",
+            "y12 = frame12.pop('t')\nraise RuntimeError('CUDA out of memory')",
+            "cols12 = list(frame12.columns)",
+            "print(frame12.to_json(), cols12)\n[][0]",
+        ],
+    )
+    record = saved.cells[saved.failing - 2].record
+    assert record is not None and "frame12" in record.changed  # (the text sees no change)
+    assert "y12" not in (saved.cells[saved.failing].record or CellRecord()).changed
+    _new_process(recorded, ["frame12", "y12", "cols12", "pd"])
+    summary = plan_summary(make_plan(recorded, saved), saved.cells)
+    assert "y12" not in summary
+    assert "failed when it ran, after it bound or changed frame12" in summary
+
+
+def test_reading_a_groupby_is_no_change_of_it():
+    # Its grouper fills pandas' ``cache_readonly`` memo as it is read: a cell that only read
+    # ``gb`` "changed gb", and the plan ran it again for that.
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"g": [1, 2, 1, 2], "a": [1.0, 2.0, 3.0, 4.0]})
+    grouped = frame.groupby("g")
+    before = _see(grouped)
+    assert grouped["a"].mean().tolist() == [2.0, 3.0] and grouped.size().tolist() == [2, 2]
+    assert _see(grouped)[1] == before[1]
+    frame.loc[0, "a"] = 5.0  # the frame it holds, changed in place: a change of it
+    assert _see(grouped)[1] != before[1]
