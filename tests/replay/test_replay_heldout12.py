@@ -24,6 +24,10 @@ memo likewise made a cell that only read ``gb`` change it. Frames and series are
 their blocks' arrays, axes and names, indexes by identity and names, pandas' memo skipped. The
 other cases passed as written: regression cases.
 
+Each case runs with nothing restored and with everything restored; the four where what a name
+shares decides the answer (a popped column, a series or an array taken from a frame, a generator
+handed in) also with those names restored one by one: 61 runs, kept within CI's time.
+
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
 """
@@ -31,7 +35,7 @@ state before the failure, or the plan names each name that may differ.
 from __future__ import annotations
 
 import pytest
-from heldout_harness import assert_no_silent_difference, restores, run_case
+from heldout_harness import ALL, assert_no_silent_difference, restores, run_case
 
 pytest.importorskip("websocket")
 pytest.importorskip("jupyter_server")
@@ -54,7 +58,7 @@ FRAME = (
 DF = "[df.to_json(orient='split'), df.dtypes.astype(str).tolist(), df.attrs]"
 
 
-@restores("df")
+@ALL
 def test_drop_and_fillna_in_place_in_a_failed_cell(server, server_kernel, restore):
     # Cleaning: drop a column, fill the gaps; the cell's plot then ran out of memory.
     kid, pid = server_kernel
@@ -67,7 +71,7 @@ def test_drop_and_fillna_in_place_in_a_failed_cell(server, server_kernel, restor
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
 
 
-@restores("df")
+@ALL
 def test_column_assignment_and_loc_in_a_cell_that_succeeded(server, server_kernel, restore):
     # Feature engineering: a new column, a masked write into another.
     kid, pid = server_kernel
@@ -80,7 +84,7 @@ def test_column_assignment_and_loc_in_a_cell_that_succeeded(server, server_kerne
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("df")
+@ALL
 def test_column_assignment_and_loc_in_a_failed_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -101,7 +105,7 @@ def test_pop_the_target_in_a_failed_cell(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
 
 
-@restores("df")
+@ALL
 def test_sort_reset_index_and_rename_in_place(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -114,7 +118,7 @@ def test_sort_reset_index_and_rename_in_place(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("df")
+@ALL
 def test_columns_index_and_attrs_set_in_a_failed_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -127,7 +131,7 @@ def test_columns_index_and_attrs_set_in_a_failed_cell(server, server_kernel, res
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
 
 
-@restores("df", "codes")
+@ALL
 def test_categorical_codes_then_categories_renamed_in_a_failed_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -140,7 +144,7 @@ def test_categorical_codes_then_categories_renamed_in_a_failed_cell(server, serv
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
 
 
-@restores("df")
+@ALL
 def test_groupby_transform_features(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -153,7 +157,7 @@ def test_groupby_transform_features(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
 
 
-@restores("df")
+@ALL
 def test_sample_from_numpys_global_generator(server, server_kernel, restore):
     # ``df.sample(frac=1)`` with no random_state draws from numpy's global generator; a failed
     # cell drew again.
@@ -183,7 +187,7 @@ def test_sample_with_a_generator_handed_in(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(3,)))
 
 
-@restores("pd")
+@ALL
 def test_pandas_options_set_in_cells(server, server_kernel, restore):
     # ``pd.set_option`` in the opener, and again in a cell that failed.
     kid, pid = server_kernel
@@ -198,7 +202,7 @@ def test_pandas_options_set_in_cells(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,)))
 
 
-@restores("X_tr", "df")
+@ALL
 def test_train_test_split_without_a_random_state(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -214,7 +218,7 @@ def test_train_test_split_without_a_random_state(server, server_kernel, restore)
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("df", "kf")
+@ALL
 def test_kfold_shuffle_without_a_random_state_fills_a_fold_column(server, server_kernel, restore):
     # The fold column of every Kaggle opener; ``split`` draws from numpy's global generator.
     kid, pid = server_kernel
@@ -229,7 +233,7 @@ def test_kfold_shuffle_without_a_random_state_fills_a_fold_column(server, server
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
 
 
-@restores("le", "scaler", "df")
+@ALL
 def test_label_encoder_and_scaler_fitted_in_a_failed_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -245,7 +249,7 @@ def test_label_encoder_and_scaler_fitted_in_a_failed_cell(server, server_kernel,
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
 
 
-@restores("df", "t")
+@ALL
 def test_a_column_written_through_torch_from_numpy(server, server_kernel, restore):
     # ``torch.from_numpy(df['a'].to_numpy())`` shares the column's memory (pandas 3 hands a
     # read-only view; torch warns and writes anyway): centring ``t`` in place centres the column.
@@ -269,7 +273,7 @@ def test_a_series_taken_from_a_frame_then_changed(server, server_kernel, restore
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
 
 
-@restores("lookup")
+@ALL
 def test_an_iterrows_loop_that_failed_half_way(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -283,7 +287,7 @@ def test_an_iterrows_loop_that_failed_half_way(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
 
 
-@restores("ds", "df")
+@ALL
 def test_a_dataset_class_wrapping_a_frame(server, server_kernel, restore):
     # A torch-style Dataset over a frame; a failed cell scaled the frame it holds.
     kid, pid = server_kernel
@@ -302,7 +306,7 @@ def test_a_dataset_class_wrapping_a_frame(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,)))
 
 
-@restores("df", "test")
+@ALL
 def test_a_preprocess_helper_that_changes_the_frame_it_is_handed(server, server_kernel, restore):
     # ``preprocess(train); preprocess(test)``: the helper adds a column and drops one in place;
     # the second call's cell failed.
@@ -319,7 +323,7 @@ def test_a_preprocess_helper_that_changes_the_frame_it_is_handed(server, server_
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore, errors=(3,)))
 
 
-@restores("train", "test")
+@ALL
 def test_a_loop_over_the_train_and_test_frames(server, server_kernel, restore):
     # ``for d in (train, test): d[c] = ...``: the text names ``d``, the frames change.
     kid, pid = server_kernel
@@ -337,7 +341,7 @@ def test_a_loop_over_the_train_and_test_frames(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("gb")
+@ALL
 def test_a_groupby_kept_in_a_name_and_read_by_later_cells(server, server_kernel, restore):
     # A groupby fills caches as it is read; reading it changes nothing a cell sees.
     kid, pid = server_kernel
@@ -365,7 +369,7 @@ def test_a_values_array_changed_by_a_later_write_into_the_frame(server, server_k
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("model")
+@ALL
 def test_a_random_forest_fitted_without_a_random_state(server, server_kernel, restore):
     # ``RandomForestClassifier()`` with no random_state draws its trees' seeds from numpy's
     # global generator at ``fit``.
@@ -384,7 +388,7 @@ def test_a_random_forest_fitted_without_a_random_state(server, server_kernel, re
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("df")
+@ALL
 def test_a_chained_fillna_in_place_that_changes_nothing(server, server_kernel, restore):
     # ``df['b'].fillna(0, inplace=True)``: under copy on write (pandas 3) it fills a copy and
     # warns; the frame keeps its gaps.
@@ -398,7 +402,7 @@ def test_a_chained_fillna_in_place_that_changes_nothing(server, server_kernel, r
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("y")
+@ALL
 def test_pop_the_target_in_a_cell_that_succeeded(server, server_kernel, restore):
     # ``y = train.pop('target')``: the text reads it as binding ``y`` only; the frame changed.
     kid, pid = server_kernel
@@ -407,7 +411,7 @@ def test_pop_the_target_in_a_cell_that_succeeded(server, server_kernel, restore)
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@restores("df")
+@ALL
 def test_a_timed_feature_cell(server, server_kernel, restore):
     # ``%%time`` over a feature cell, as Kaggle notebooks time their steps.
     kid, pid = server_kernel
