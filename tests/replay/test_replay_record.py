@@ -489,16 +489,35 @@ _SETTINGS = {
         "__import__('unittest.mock').mock.patch.stopall()",
         "torch.nn.functional.gelu(torch.tensor([-1.0])).item()",
     ),
+    # State a library keeps that no record reads: only the statement, a library's function
+    # handed constants alone and its value dropped, says the cell set something up.
+    "socket's default timeout": (
+        "socket.setdefaulttimeout(7.5)",
+        "socket.setdefaulttimeout(None)",
+        "socket.getdefaulttimeout()",
+    ),
+    "a logger's level, through a call": (
+        "logging.getLogger('nbcg.effect').setLevel(logging.ERROR)",
+        "logging.getLogger('nbcg.effect').setLevel(logging.NOTSET)",
+        "logging.getLogger('nbcg.effect').level",
+    ),
+    "a registry": (
+        "mimetypes.add_type('text/x-nbcg', '.nbcg')",
+        "mimetypes.types_map.pop('.nbcg', None)",
+        "mimetypes.guess_type('a.nbcg')[0]",
+    ),
 }
 
 
 @pytest.mark.parametrize("setting", list(_SETTINGS))
 @pytest.mark.parametrize("through", ["a call in the cell", "a notebook function"])
 def test_a_setting_a_cell_changed_is_set_again_by_the_replay(recorded, setting, through):
-    # Where the cell's text shows nothing (a function defined earlier sets it), only what the
-    # record read at the cell's end tells that the cell must run again.
+    # Where the cell's text shows nothing (a function defined earlier sets it), what the record
+    # read at the cell's end (or, for a library's own state, the call's statement) tells that
+    # the cell must run again.
     change, default, read = _SETTINGS[setting]
-    cells = ["import os, sys, warnings, torch, numpy as np", "y = 1", f"seen = {read}\n[][0]"]
+    imports = "import os, sys, warnings, logging, mimetypes, socket, torch, numpy as np"
+    cells = [imports, "y = 1", f"seen = {read}\n[][0]"]
     if through == "a call in the cell":
         cells.insert(1, change)
     else:
@@ -718,50 +737,6 @@ def test_a_library_patched_by_a_route_the_text_does_not_spell_is_patched_again(r
     finally:
         mock.patch.stopall()
         F.gelu = gelu
-
-
-_FOR_EFFECT = {
-    "a module's default": (
-        "socket.setdefaulttimeout(7.5)",
-        "socket.setdefaulttimeout(None)",
-        "socket.getdefaulttimeout()",
-    ),
-    "a logger's level, through a call": (
-        "logging.getLogger('nbcg.effect').setLevel(logging.ERROR)",
-        "logging.getLogger('nbcg.effect').setLevel(logging.NOTSET)",
-        "logging.getLogger('nbcg.effect').level",
-    ),
-    "a registry": (
-        "mimetypes.add_type('text/x-nbcg', '.nbcg')",
-        "mimetypes.types_map.pop('.nbcg', None)",
-        "mimetypes.guess_type('a.nbcg')[0]",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(_FOR_EFFECT))
-@pytest.mark.parametrize("through", ["a call in the cell", "a notebook function"])
-def test_a_library_call_made_for_its_effect_runs_again(recorded, case, through):
-    # State a library keeps that no record reads: only the call's statement, a library's
-    # function handed constants alone and its value dropped, says the cell set something up.
-    change, default, read = _FOR_EFFECT[case]
-    cells = ["import logging, mimetypes, socket", "y = 1", f"seen = {read}\n[][0]"]
-    if through == "a call in the cell":
-        cells.insert(1, change)
-    else:
-        cells[1:1] = [f"def configure():\n    {change}", "configure()"]
-    try:
-        saved = _run(recorded, cells)
-        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
-        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
-        before = recorded.user_ns["seen"]
-        recorded.run_cell(default)  # as a new process has it
-        assert eval(read, recorded.user_ns) != before
-        _new_process(recorded, ["y", "seen", "configure"])
-        summary = _replay(recorded, saved)
-        assert eval(read, recorded.user_ns) == before, summary
-    finally:
-        recorded.run_cell(default)
 
 
 def test_what_a_library_sets_as_it_is_imported_is_no_setting_of_the_cell(
