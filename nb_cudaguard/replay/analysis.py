@@ -57,6 +57,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+from .escapes import aimported, ipython_call
 from .paths import PathEvents, path_events
 from .unrepeatable import REPEATABLE, Unrepeatable, unrepeatable
 
@@ -544,19 +545,6 @@ def _const_str(node: ast.expr) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-def _ipython_call(node: ast.expr) -> tuple[str, list[ast.expr]] | None:
-    """(method, args) for ``get_ipython().method(args...)``."""
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Call)
-        and isinstance(node.func.value.func, ast.Name)
-        and node.func.value.func.id == "get_ipython"
-    ):
-        return node.func.attr, list(node.args)
-    return None
-
-
 def _names_bound(target: ast.AST) -> Iterable[str]:
     for node in ast.walk(target):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -996,7 +984,7 @@ class _CellVisitor(ast.NodeVisitor):
     def _store_call(self, call: ast.Call) -> bool:
         """``c.append(v)`` and the like: ``c`` is filled with ``v``. True when handled."""
         found = _storing(call)
-        if found is None or _ipython_call(call) is not None:
+        if found is None or ipython_call(call) is not None:
             return False
         container, keys, values = found
         self.visit(call.func)
@@ -1389,7 +1377,7 @@ class _CellVisitor(ast.NodeVisitor):
         reads = self._visit_reading(node.value)
         copied = self.copied
         call = node.value.value if isinstance(node.value, ast.Await) else node.value
-        if isinstance(call, ast.Call) and _storing(call) and not _ipython_call(call):
+        if isinstance(call, ast.Call) and _storing(call) and not ipython_call(call):
             return  # a fill, done by visit_Call
         root = _method_call_root(node)
         if root is not None:
@@ -1462,7 +1450,7 @@ class _CellVisitor(ast.NodeVisitor):
             self._mutate(drawn)
         if self._magic(node):
             return
-        ipython = _ipython_call(node)
+        ipython = ipython_call(node)
         if ipython is not None and ipython[0] in ("push", "run_cell", "ex"):
             self.c.opaque.append(f"get_ipython().{ipython[0]}()")
         if ipython is not None and ipython[0] in ("system", "getoutput") and ipython[1]:
@@ -1499,7 +1487,7 @@ class _CellVisitor(ast.NodeVisitor):
     # --- magics --------------------------------------------------------------------------------
     def _magic(self, node: ast.expr) -> bool:
         """A ``%magic`` / ``%%magic`` call: its own rules. True when handled."""
-        ipython = _ipython_call(node)
+        ipython = ipython_call(node)
         if ipython is None or ipython[0] not in ("run_line_magic", "run_cell_magic"):
             return False
         method, args = ipython
@@ -1520,12 +1508,9 @@ class _CellVisitor(ast.NodeVisitor):
         if name in PYTHON_LINE_MAGICS:
             self._nested(line)
             return True
-        if name == "aimport":
-            # IPython/extensions/autoreload.py: ``%aimport a, b.c`` imports each and pushes its
-            # top-level name into the namespace (``-a`` only marks one not to reload).
-            for module in (m.strip() for m in line.split(",")):
-                if re.fullmatch(r"[A-Za-z_][\w.]*", module):
-                    self.visit(ast.Import(names=[ast.alias(name=module)]))
+        if name == "aimport":  # autoreload's: an import of each module
+            for module in aimported(line):
+                self.visit(ast.Import(names=[ast.alias(name=module)]))
             return True
         self._expanded(line)
         if name in NAMESPACE_MAGICS:  # ``names = %who_ls int``: the namespace as it is then
@@ -1621,7 +1606,7 @@ def _shows_a_value(tree: ast.Module, raw: str) -> bool:
         func = value.func
         if getattr(func, "id", None) in ("print", "display"):
             return False
-        ipython = _ipython_call(value)
+        ipython = ipython_call(value)
         if ipython is not None and not _magic_shows_a_value(*ipython):
             return False  # (a magic's value: mostly None, ``%matplotlib``'s)
     return not raw.rstrip().endswith(";")

@@ -19,6 +19,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .escapes import aimported, ipython_call, strings
+
 # Writers by their name's end, and where the path is among their arguments.
 _WRITERS = {
     "save": 1, "savez": 0, "savez_compressed": 0, "savetxt": 0, "imwrite": 0, "dump": 1,
@@ -232,9 +234,9 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
         func = node.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-        ipython = _ipython_call(node)
+        ipython = ipython_call(node)
         if ipython is not None:
-            self._ipython(*ipython)
+            self._ipython(ipython[0], strings(ipython[1]))
             return
         owner = func.value if isinstance(func, ast.Attribute) else None
         if name in _RUNNERS.get(_owner_name(owner), ()) and node.args:
@@ -300,9 +302,8 @@ class _Finder(ast.NodeVisitor):
         elif method == "run_line_magic" and name in ("system", "sx", "sc") and line:
             self._shell(line)
         elif method == "run_line_magic" and name == "aimport" and line:
-            for module in line.split(","):  # (autoreload's: an import of each)
-                if re.fullmatch(r"[A-Za-z_][\w.]*", module.strip()):
-                    self._imports(module.strip())
+            for module in aimported(line):  # (autoreload's: an import of each)
+                self._imports(module)
         elif method == "run_line_magic" and name == "run" and line:
             self.events.append(("runs", "", (f"%run {line}",)))
         elif method == "run_cell_magic" and line is not None and body is not None:
@@ -406,24 +407,6 @@ class _Finder(ast.NodeVisitor):
             if left is not None and right is not None:
                 return left + right
         return None
-
-
-def _ipython_call(node: ast.Call) -> tuple[str, list[str | None]] | None:
-    """(method, its arguments as strings, None where not a string) for
-    ``get_ipython().method(...)``: how IPython's transform writes ``!cmd`` and magics."""
-    func = node.func
-    if (
-        isinstance(func, ast.Attribute)
-        and isinstance(func.value, ast.Call)
-        and isinstance(func.value.func, ast.Name)
-        and func.value.func.id == "get_ipython"
-    ):
-        strings = [
-            a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None
-            for a in node.args
-        ]
-        return func.attr, strings
-    return None
 
 
 def _words(text: str) -> list[str]:

@@ -19,6 +19,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from .escapes import ipython_call, strings
+
 # Builtins whose result does not depend on the order they read their argument in.
 # (``print`` and ``display`` show it in another order: no state of the notebook's changes.)
 _UNORDERED_READERS = frozenset(
@@ -315,17 +317,11 @@ def _timed(node: ast.Call) -> str | None:
     """``%timeit -o`` where ``node`` is one (``res = %timeit -o stmt``): its ``TimeitResult``
     holds times measured now (IPython/core/magics/execution.py, ``-o``: "return a
     TimeitResult"), the clock's reading."""
-    func = node.func
-    if not (
-        isinstance(func, ast.Attribute)
-        and func.attr in ("run_line_magic", "run_cell_magic")
-        and isinstance(func.value, ast.Call)
-        and getattr(func.value.func, "id", None) == "get_ipython"
-        and len(node.args) >= 2
-    ):
+    ipython = ipython_call(node)
+    if ipython is None or ipython[0] not in ("run_line_magic", "run_cell_magic"):
         return None
-    name, line = (a.value if isinstance(a, ast.Constant) else None for a in node.args[:2])
-    if name == "timeit" and isinstance(line, str) and "-o" in line.split():
+    name, line = [*strings(ipython[1]), None, None][:2]
+    if name == "timeit" and line is not None and "-o" in line.split():
         return "%timeit -o"
     return None
 
