@@ -1155,11 +1155,18 @@ def with_unrepeatable(
 
     # The notebook's functions and classes that read one when called, and what they read.
     callables: dict[str, str] = {}
+    starters: set[str] = set()  # those of them that start a thread or a task when called
     for index, cell in enumerate(before):
         if not cell.callables:
             continue
-        inner = why(reads_of(index), inner=True)
-        callables.update(dict.fromkeys(cell.callables, "; ".join(inner)) if inner else {})
+        reads = reads_of(index)
+        inner = why(reads, inner=True)
+        if inner:
+            callables.update(dict.fromkeys(cell.callables, "; ".join(inner)))
+            if reads.concurrent_when_called:
+                starters.update(cell.callables)
+            else:
+                starters.difference_update(cell.callables)
     chosen = {s.index: s for s in plan.steps if not s.failing}
     found: list[tuple[int, str]] = []
     names: set[str] = set()
@@ -1187,12 +1194,9 @@ def with_unrepeatable(
     here = set(plan.kept).union(*(facts[i].defines | facts[i].mutates for i in chosen))
     running: dict[str, int] = {}
     for index, cell in enumerate(before):
-        if index in chosen or not (cell.unrepeatable.concurrent or cell.calls & callables.keys()):
+        if index in chosen or not (cell.unrepeatable.concurrent or cell.calls & starters):
             continue
-        started = reads_of(index).concurrent or any(
-            "runs on beside" in callables[n] for n in cell.calls & callables.keys()
-        )
-        if started:
+        if reads_of(index).concurrent or cell.calls & starters:
             changed = (cell.defines | cell.mutates | run_beside(index)) - cell.imports
             for name in sorted(changed - cell.callables - modules):
                 running.setdefault(name, index)
