@@ -516,17 +516,15 @@ def _one_argument_of(node: ast.expr, builtin: str) -> bool:
 def _module_imported(value: ast.expr) -> str | None:
     """The module a call imports and returns: ``importlib.import_module("torch.nn.functional")``
     (that module), ``__import__("torch.nn")`` (its top-level package); else None."""
-    if not isinstance(value, ast.Call) or not value.args or value.keywords:
+    if not isinstance(value, ast.Call) or len(value.args) != 1 or value.keywords:
         return None
-    first = value.args[0]
-    if not isinstance(first, ast.Constant) or not isinstance(first.value, str):
+    module = _const_str(value.args[0])
+    if module is None:
         return None
     called = _dotted(value.func)
-    if called in ("importlib.import_module", "import_module") and len(value.args) == 1:
-        return first.value
-    if called == "__import__" and len(value.args) == 1:
-        return first.value.partition(".")[0]
-    return None
+    if called in ("importlib.import_module", "import_module"):
+        return module
+    return module.partition(".")[0] if called == "__import__" else None
 
 
 def _attributes_changed(call: ast.Call) -> ast.expr | None:
@@ -1388,6 +1386,17 @@ class _CellVisitor(ast.NodeVisitor):
             if isinstance(call, ast.Call) and _untracked_root(call.func) == root:
                 self.c.untracked.add(root)
 
+    def _attributes_set(self, path: ast.expr) -> None:
+        """The attributes of what ``path`` leads to are set by a call (``setattr(F, "gelu",
+        g)``, ``vars(F).update(gelu=g)``): a patch of its root, or of its root's class."""
+        patched = _root_name(path)
+        if patched is not None:
+            self.c.patches.add(patched)
+            if _untracked_root(path) == patched:  # ``setattr(type(m), "f", g)``
+                self.c.untracked.add(patched)
+            if _through_class(path):
+                self.c.class_patches.add(patched)
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
@@ -1399,19 +1408,10 @@ class _CellVisitor(ast.NodeVisitor):
                 self.reading = outer
             return
         if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args:
-            patched = _root_name(node.args[0])
-            if patched is not None:
-                self.c.patches.add(patched)
-                if _untracked_root(node.args[0]) == patched:  # ``setattr(type(m), "f", g)``
-                    self.c.untracked.add(patched)
-                if _through_class(node.args[0]):
-                    self.c.class_patches.add(patched)
-        through_dict = _attributes_changed(node)
-        patched_root = _root_name(through_dict) if through_dict is not None else None
-        if patched_root is not None:
-            self.c.patches.add(patched_root)
-            if _through_class(through_dict):  # type: ignore[arg-type]
-                self.c.class_patches.add(patched_root)
+            self._attributes_set(node.args[0])
+        through_dict = _attributes_changed(node)  # ``vars(F).update(gelu=g)``
+        if through_dict is not None:
+            self._attributes_set(through_dict)
         if isinstance(func, ast.Name) and func.id in OPAQUE_CALLS:
             self.c.opaque.append(f"calls {func.id}()")
         dotted = _dotted(func) if isinstance(func, ast.Attribute) else None
