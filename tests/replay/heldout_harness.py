@@ -10,6 +10,13 @@ import re
 from dataclasses import dataclass
 
 import pytest
+
+# What every round needs: a real Jupyter server and its websocket frontend, and torch in the
+# kernel (a round that skips here is skipped whole, as pytest.importorskip at a module's top).
+pytest.importorskip("websocket")
+pytest.importorskip("jupyter_server")
+pytest.importorskip("torch")
+
 from jupyter_harness import wait_for_new_process
 from pytorch_texts import ASSERT_2_9
 

@@ -17,11 +17,6 @@ from __future__ import annotations
 import pytest
 from heldout_harness import ALL, assert_no_silent_difference, run_case
 
-pytest.importorskip("websocket")
-pytest.importorskip("jupyter_server")
-pytest.importorskip("torch")
-
-
 # --- 1. training: seed, DataLoader shuffle, SGD steps, scheduler ---------------------------------
 
 TRAIN = (

@@ -36,10 +36,6 @@ from __future__ import annotations
 import pytest
 from heldout_harness import ALL, assert_no_silent_difference, restores, run_case
 
-pytest.importorskip("websocket")
-pytest.importorskip("jupyter_server")
-pytest.importorskip("torch")
-
 # --- threads --------------------------------------------------------------------------------
 
 # A background metrics logger: it appends until stopped, two cells later; how many entries it

@@ -9,12 +9,7 @@ state before the failure, or the plan names each name that may differ.
 
 from __future__ import annotations
 
-import pytest
 from heldout_harness import ALL, assert_no_silent_difference, run_case
-
-pytest.importorskip("websocket")
-pytest.importorskip("jupyter_server")
-pytest.importorskip("torch")
 
 
 @ALL

@@ -12,12 +12,7 @@ state before the failure, or the plan names each name that may differ.
 
 from __future__ import annotations
 
-import pytest
 from heldout_harness import ALL, assert_no_silent_difference, restores, run_case
-
-pytest.importorskip("websocket")
-pytest.importorskip("jupyter_server")
-pytest.importorskip("torch")
 
 
 @restores("val")

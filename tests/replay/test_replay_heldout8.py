@@ -18,10 +18,6 @@ from __future__ import annotations
 import pytest
 from heldout_harness import ALL, assert_no_silent_difference, restores, run_case
 
-pytest.importorskip("websocket")
-pytest.importorskip("jupyter_server")
-pytest.importorskip("torch")
-
 OOM = "raise RuntimeError('CUDA out of memory')"
 
 
