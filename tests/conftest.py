@@ -237,8 +237,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
 
 @pytest.fixture
 def server_kernel(server: JupyterServer) -> Iterator[tuple[str, int]]:
-    """A kernel started through ``server``, once it answers: its id and its process's pid."""
-    with server.new_kernel() as started:
+    """A kernel started through ``server``, once it answers: its id and its process's pid. Its
+    shutdown goes on beside the next test (the server waits for it before it stops)."""
+    with server.new_kernel(wait_shutdown=False) as started:
         yield started
 
 

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -91,6 +92,7 @@ class JupyterServer:
     ) -> None:
         self.base = base
         self.token = token
+        self._shutdown: threading.Thread | None = None  # a kernel's shutdown going on beside
         self.port = free_port()
         for sub in ("runtime", "ipython", "config", "root"):
             (base / sub).mkdir(parents=True, exist_ok=True)
@@ -164,15 +166,29 @@ class JupyterServer:
         return str(info["id"])
 
     @contextlib.contextmanager
-    def new_kernel(self) -> Iterator[tuple[str, int]]:
+    def new_kernel(self, wait_shutdown: bool = True) -> Iterator[tuple[str, int]]:
         """A kernel started through this server, once it answers: its id and its process's pid.
-        Shut down on exit."""
+        Shut down on exit; with ``wait_shutdown=False`` the shutdown goes on beside the caller's
+        next step (a kernel that imported torch takes 0.6 s more to exit: torch's teardown), one
+        at a time, and stop() waits for it."""
         kid = self.start_kernel()
         try:
             pid, _ = wait_for_new_process(self, kid, old_pid=-1)
             yield kid, pid
         finally:
-            self.request("DELETE", f"/api/kernels/{kid}")
+            self._join_shutdown()
+            if wait_shutdown:
+                self.request("DELETE", f"/api/kernels/{kid}")
+            else:
+                self._shutdown = threading.Thread(
+                    target=self.request, args=("DELETE", f"/api/kernels/{kid}"), daemon=True
+                )
+                self._shutdown.start()
+
+    def _join_shutdown(self) -> None:
+        if self._shutdown is not None:
+            self._shutdown.join(60)
+            self._shutdown = None
 
     def restart_kernel(self, kid: str) -> None:
         status, _ = self.request("POST", f"/api/kernels/{kid}/restart")
@@ -187,6 +203,7 @@ class JupyterServer:
             return sock.execute(code, timeout=timeout, silent=silent)
 
     def stop(self) -> None:
+        self._join_shutdown()
         if self.process.poll() is None:
             self.process.terminate()
             try:
