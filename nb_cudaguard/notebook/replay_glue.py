@@ -39,6 +39,7 @@ from ..replay.paths import file_uses
 from ..replay.planner import (
     Plan,
     joined,
+    numbered,
     plan_replay,
     with_files,
     with_own_modules,
@@ -229,6 +230,7 @@ def make_plan(
     own = own_modules(modules)
     texts = with_own_modules(texts, _module_texts(own))
     facts = [joined(f, c.record) for f, c in zip(with_unseen_handed(texts), cells, strict=True)]
+    facts = numbered(facts, [c.count for c in cells])
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     from .keep_glue import restored_names
 
@@ -737,6 +739,8 @@ def run_steps(
             finally:
                 shell.user_ns.update(here)
             ok = bool(getattr(result, "success", False))
+            if ok:
+                _number_as_replayed(shell, cell, getattr(result, "result", None))
             ran.append(
                 Cell(cell.source, cell.count, not ok, time.perf_counter() - started, cell.record)
             )
@@ -765,6 +769,21 @@ def run_steps(
     if say or ok:
         _PRINT(f"nb_cudaguard: {said}", file=stream, flush=True)
     return Outcome(said, stopped=not ok)
+
+
+def _number_as_replayed(shell: InteractiveShell, cell: Cell, shown: Any) -> None:
+    """Bind the history names the replayed cell had in the previous kernel, which a later cell
+    may read by number: ``_i3`` its text, ``_3`` and ``Out[3]`` what it showed (IPython's
+    displayhook binds them by the number of the cell running, here the replay's own)."""
+    if cell.count is None:
+        return
+    ns = shell.user_ns
+    ns[f"_i{cell.count}"] = cell.source
+    if shown is not None:
+        ns[f"_{cell.count}"] = shown
+        outputs = ns.get("Out")
+        if isinstance(outputs, dict):
+            outputs[cell.count] = shown
 
 
 def rebuilt_by(namespace: Mapping[str, Any], before: Mapping[str, Any]) -> list[str]:

@@ -1479,6 +1479,22 @@ class _CellVisitor(ast.NodeVisitor):
         elif node.args or node.keywords:
             self._handed(node)
 
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        # IPython's output history read by number (``Out[3]``) is a read of the name that number
+        # binds (``_3``: IPython/core/displayhook.py), which the cell that ran as number 3 makes
+        # again when replayed.
+        if isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name):
+            number = node.slice
+            if (
+                isinstance(number, ast.Constant)
+                and type(number.value) is int
+                and number.value >= 0
+                and node.value.id in _NUMBERED
+            ):
+                self._load(f"_{number.value}")
+                return
+        self.generic_visit(node)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in ("user_ns", "user_global_ns"):  # get_ipython().user_ns[...] = ...
             self.c.opaque.append(f"uses .{node.attr}")
@@ -1700,6 +1716,11 @@ def quick_transform(raw: str) -> str | None:
             call = f"system({rest!r})"
         out.append(f"{indent}{lhs}get_ipython().{call}")
     return "\n".join(out) + "\n"
+
+
+# IPython's output history by number: ``Out[n]`` is ``_n``. (``In[n]`` stays a read of ``In``: a
+# replay binds ``_in`` again, but cannot put the previous kernel's inputs into this one's list.)
+_NUMBERED = ("Out", "_oh")
 
 
 def _facts(tree: ast.Module, transform: Transform | None, text: str) -> CellFacts:

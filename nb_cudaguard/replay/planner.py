@@ -1079,6 +1079,18 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
     )
 
 
+def numbered(facts: Sequence[CellFacts], counts: Sequence[int | None]) -> list[CellFacts]:
+    """The cells' facts with the history names each binds by its number in the previous kernel
+    (``_i3``; ``_3`` where it showed a value), which a replay binds again."""
+    out = []
+    for cell, count in zip(facts, counts, strict=True):
+        if count is not None:
+            names = {f"_i{count}", f"_{count}"} if "_" in cell.defines else {f"_i{count}"}
+            cell = replace(cell, defines=cell.defines | names)
+        out.append(cell)
+    return out
+
+
 def with_records(
     plan: Plan, facts: Sequence[CellFacts], records: Sequence[CellRecord | None]
 ) -> Plan:

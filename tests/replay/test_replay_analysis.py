@@ -638,6 +638,23 @@ def test_a_cell_that_shows_a_value_binds_underscore(shell, cell: str, shows: boo
 
 
 @pytest.mark.parametrize(
+    ("cell", "reads"),
+    [
+        ("y = Out[3] + 1", {"_3"}),
+        ("y = _oh[12]", {"_12"}),
+        ("y = _3 + Out[4]", {"_3", "_4"}),
+        ("y = Out[-1]", {"Out"}),  # by position: whatever this kernel's last output is
+        ("y = Out[k]", {"Out", "k"}),
+        ("y = In[3]", {"In"}),  # this kernel's own inputs: a replay cannot put the old ones in
+    ],
+)
+def test_an_output_read_by_number_is_a_read_of_its_name(shell, cell: str, reads: set[str]):
+    # ``Out[3]`` is what ``_3`` is (IPython/core/displayhook.py's ``update_user_ns``): the
+    # cell that ran as number 3 binds it again when replayed.
+    assert _facts(shell, cell).uses == reads
+
+
+@pytest.mark.parametrize(
     ("code", "mutates", "setup", "reads_all"),
     [
         # a stream's reads move it on, a result used or not; one the cell opened is its own

@@ -243,13 +243,10 @@ def test_cell_timeit_mutating_a_list(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@xfail_without_restore(
-    "not silent: the plan names Out, _3 and _i3 as not rebuilt, and the replay stops at "
-    "the NameError; binding the previous kernel's numbered outputs to what the replayed cells "
-    "show is not done",
-)
+@ALL
 def test_numbered_output_read_back(server, server_kernel, restore):
-    # ``Out[n]`` / ``_n`` read back by number: numbers differ in the new process.
+    # ``Out[n]`` / ``_n`` / ``_in`` read back by number: numbers differ in the new process, so
+    # the replay binds them again by the replayed cells' numbers in the previous one.
     kid, pid = server_kernel
     cells = (
         "x = 7",
