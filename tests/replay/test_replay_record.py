@@ -461,6 +461,17 @@ _SETTINGS = {
         "os.environ.get('NBCG_SEED')",
     ),
     "chdir": ("os.chdir('/')", f"os.chdir({_CWD!r})", "os.getcwd()"),
+    # The standard library's own: a division's digits, an interpreter setting.
+    "decimal's context": (
+        "decimal.setcontext(decimal.Context(prec=4))",
+        "decimal.setcontext(decimal.Context())",
+        "str(decimal.Decimal(1) / 3)",
+    ),
+    "the switch interval": (
+        "sys.setswitchinterval(0.01)",
+        "sys.setswitchinterval(0.005)",
+        "sys.getswitchinterval()",
+    ),
     "sys_path": (
         "sys.path.append('/nbcg-lib')",
         "sys.path[:] = [p for p in sys.path if p != '/nbcg-lib']",
@@ -550,7 +561,7 @@ def test_a_setting_a_cell_changed_is_set_again_by_the_replay(recorded, setting, 
     # read at the cell's end (or, for a library's own state, the call's statement) tells that
     # the cell must run again.
     change, default, read = _SETTINGS[setting]
-    imports = "import os, sys, warnings, logging, mimetypes, socket, torch, numpy as np"
+    imports = "import os, sys, decimal, warnings, logging, mimetypes, socket, torch, numpy as np"
     cells = [imports, "y = 1", f"seen = {read}\n[][0]"]
     if through == "a call in the cell":
         cells.insert(1, change)
