@@ -210,6 +210,22 @@ def _rebuild_array(
     return array
 
 
+def _reduce_memoryview(view: memoryview) -> tuple[Any, ...]:
+    """A view of a whole object as a view of that object (pickled once with the rest, so
+    ``view[0] = 7`` writes into the restored ``frame`` again). cloudpickle writes a memoryview as
+    the ``bytes`` it shows: another type, read-only, viewing nothing. A slice or a cast is not
+    kept (the replay builds it again), nor is a released view."""
+    try:
+        base = view.obj
+        whole = memoryview(base) if base is not None else None
+    except (ValueError, TypeError) as error:  # released, or a base that no longer exports
+        raise pickle.PicklingError(f"a memoryview that cannot be kept ({error})") from error
+    layout = (view.format, view.shape, view.strides, view.readonly)
+    if whole is None or (whole.format, whole.shape, whole.strides, whole.readonly) != layout:
+        raise pickle.PicklingError("a memoryview of part of an object, or cast: not kept")
+    return memoryview, (base,)
+
+
 def _memory_at(start: int, length: int) -> memoryview:
     """``length`` bytes at ``start``, without a copy. Only ever called for ranges that arrays
     and storages kept alive by the caller span."""
@@ -438,6 +454,8 @@ class KeepPickler:
                     and obj.__globals__ is namespace
                 ):
                     return _reduce_notebook_function(obj)
+                elif kind is memoryview:
+                    return _reduce_memoryview(obj)
                 return super().reducer_override(obj)
 
         def _reduce_array(array: Any) -> Any:

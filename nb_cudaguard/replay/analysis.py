@@ -356,6 +356,9 @@ class CellFacts:
     # numpy; ``from torch.backends import cudnn``: torch.backends.cudnn), so a setting the record
     # reads under the library's name is named as the notebook spells it.
     imported_as: Mapping[str, str] = field(default_factory=dict)
+    # Modules it puts in ``sys.modules`` by name (``sys.modules["stub"] = m``, a stand-in for a
+    # missing package) -> what the value reads: a later ``import stub`` binds that object.
+    registers: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -411,6 +414,7 @@ class _Collect:
     handed: dict[str, set[str]] = field(default_factory=dict)
     imported_from: dict[str, str] = field(default_factory=dict)
     imported_as: dict[str, str] = field(default_factory=dict)
+    registers: dict[str, set[str]] = field(default_factory=dict)
     draws: list[str] = field(default_factory=list)
     untracked: set[str] = field(default_factory=set)
     patches: set[str] = field(default_factory=set)
@@ -452,6 +456,7 @@ class _Collect:
             reads_all=self.reads_all,
             written=frozenset(self.written),
             imported_as={n: m for n, m in self.imported_as.items() if n in self.imports},
+            registers={m: frozenset(r) for m, r in self.registers.items()},
         )
 
     def _handed(self) -> dict[str, frozenset[str]]:
@@ -1112,6 +1117,13 @@ class _CellVisitor(ast.NodeVisitor):
                 if _untracked_root(target) == root:
                     self.c.untracked.add(root)
                 self._hold(root, stored or set())
+            if (
+                isinstance(target, ast.Subscript)
+                and _dotted(target.value) == "sys.modules"
+                and isinstance(target.slice, ast.Constant)
+                and isinstance(target.slice.value, str)
+            ):
+                self.c.registers[target.slice.value] = set(stored or ())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
                 self.c.setup.append("sets an environment variable, os.environ")
             path = target.value if isinstance(target, ast.Subscript) else target

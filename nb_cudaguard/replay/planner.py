@@ -133,6 +133,7 @@ def plan_replay(
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
+    facts = with_registered(facts)
     modules = module_names(facts, own_modules)
     facts = with_setters(with_calls(with_handed(facts, modules), modules), modules)
     present = set(present)
@@ -166,6 +167,27 @@ def module_names(facts: Sequence[CellFacts], own_modules: Collection[str] = ()) 
             for effects in cell.effects.values():
                 others |= effects.assigns
     return (imported | _BUILTINS) - others
+
+
+def with_registered(facts: Sequence[CellFacts]) -> list[CellFacts]:
+    """Each cell's facts with what it imports from a module an earlier cell put in
+    ``sys.modules`` (``sys.modules["stub"] = m``, then ``import stub as s``, ``from stub import
+    x``) built from that cell's object, not imported afresh: a change to ``m`` is ``s``'s and
+    ``x``'s, and a new process has no such module until that cell runs."""
+    out, registered = list(facts), dict[str, frozenset[str]]()
+    for index, cell in enumerate(facts):
+        links = {}
+        for name, dotted in cell.imported_as.items():
+            for module, sources in registered.items():
+                if sources and (dotted == module or dotted.startswith(module + ".")):
+                    links[name] = sources
+        if links:
+            joined = {**cell.links}
+            for name, sources in links.items():
+                joined[name] = joined.get(name, frozenset()) | sources
+            out[index] = replace(cell, imports=cell.imports - links.keys(), links=joined)
+        registered.update(cell.registers)
+    return out
 
 
 def with_setters(facts: Sequence[CellFacts], modules: Collection[str]) -> list[CellFacts]:

@@ -180,7 +180,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 stack.append(obj.__self__)
         elif isinstance(obj, type):  # a library's class (an ABC's type is ABCMeta): its
             append(_class_token(obj))  # attributes by identity (``tqdm.monitor_interval = 0``)
-        elif isinstance(obj, ModuleType) or (callable(obj) and not _called_in_python(kind)):
+        elif isinstance(obj, ModuleType) or (callable(obj) and _function_like(kind)):
             append(id(obj))  # a function, class or module: by identity (modules: apart)
         else:
             append((id(obj), kind))
@@ -445,6 +445,34 @@ def _called_in_python(kind: type) -> bool:
 
 
 _CALLED_IN_PYTHON: dict[type, bool] = {}
+
+
+def _function_like(kind: type) -> bool:
+    """Whether ``kind``'s callables are functions, seen by identity: not called through a
+    Python ``__call__``, and a function's type (builtins', numpy's ufuncs, a Cython function
+    with its ``__code__``, operator's getters). A C callable that keeps state of its own is
+    not: ``sqlite3.connect(':memory:')`` holds a database an INSERT changes, a ctypes
+    function pointer its ``restype``; walked as any other C object (not seen whole)."""
+    found = _FUNCTION_LIKE.get(kind)
+    if found is None:
+        if len(_FUNCTION_LIKE) > 256:
+            _FUNCTION_LIKE.clear()
+        module = kind.__module__.partition(".")[0]
+        found = _FUNCTION_LIKE[kind] = not _called_in_python(kind) and (
+            module in _FUNCTION_MODULES
+            or module in _FIXED_MODULES
+            or inspect.getattr_static(kind, "__code__", None) is not None
+        )
+    return found
+
+
+_FUNCTION_LIKE: dict[type, bool] = {}
+# Modules whose C callables hold no state a cell changes: functions, descriptors, a
+# ``weakref.ref`` (what it refers to is walked where a name holds it), ``itemgetter(1)``,
+# torch's compiled functions (its stateful objects have branches of their own in the walk).
+_FUNCTION_MODULES = frozenset(
+    {"builtins", "operator", "_operator", "functools", "weakref", "torch"}
+)
 
 
 def _held_by(definition: Any) -> list[Any]:

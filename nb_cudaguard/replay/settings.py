@@ -94,7 +94,39 @@ def _process_readers() -> list[tuple[str, Callable[[], Any]]]:
         # every later call in this thread: C getters (Python/sysmodule.c), a few ns each.
         ("sys.setprofile", sys.getprofile),
         ("sys.settrace", sys.gettrace),
+        # The standard library's own, which change what later cells compute or log: where
+        # their module is not imported (yet), unreadable, so importing it sets nothing.
+        ("decimal.setcontext", _decimal_context),
+        ("sys.set_int_max_str_digits", getattr(sys, "get_int_max_str_digits", _unreadable)),
+        ("sys.setswitchinterval", sys.getswitchinterval),
+        ("logging.disable", _logging_disabled),
+        ("socket.setdefaulttimeout", _socket_timeout),
     ]
+
+
+def _unreadable() -> Any:
+    return _UNREADABLE
+
+
+def _decimal_context() -> Any:
+    """The current ``decimal`` context's settings (``setcontext``, ``getcontext().prec = 5``),
+    not its flags, which any inexact division raises (Lib/_pydecimal.py, ``Context``)."""
+    decimal = sys.modules.get("decimal")
+    if decimal is None:
+        return _UNREADABLE
+    c = decimal.getcontext()
+    traps = tuple(sorted(kind.__name__ for kind, on in c.traps.items() if on))
+    return (c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, traps)
+
+
+def _logging_disabled() -> Any:
+    logging = sys.modules.get("logging")
+    return _UNREADABLE if logging is None else logging.root.manager.disable
+
+
+def _socket_timeout() -> Any:
+    socket = sys.modules.get("socket")
+    return _UNREADABLE if socket is None else socket.getdefaulttimeout()
 
 
 def _started_patches() -> tuple[int, ...]:

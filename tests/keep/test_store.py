@@ -126,6 +126,20 @@ def test_a_view_comes_back_a_view_of_its_restored_base(profile):
     assert new["view"][1] == 30.0 and new["rows"][1, 0] == 30.0
 
 
+def test_a_memoryview_comes_back_a_view_of_its_restored_object_or_is_not_kept(profile):
+    # cloudpickle writes one as the bytes it shows: a ``bytes``, writing into nothing.
+    ns = notebook(
+        "frame = bytearray(4)\nview = memoryview(frame)\nro = memoryview(b'ab')\n"
+        "part = memoryview(frame)[1:]\nwide = memoryview(frame).cast('i')"
+    )
+    manifest, _, new = save_and_restore(ns, profile)
+    assert type(new["view"]) is memoryview and new["view"].obj is new["frame"]
+    new["view"][0] = 7  # one memory, as before
+    assert new["frame"][0] == 7 and new["ro"].tobytes() == b"ab" and new["ro"].readonly
+    # A slice or a cast: not kept, so the replay builds it again (never a ``bytes``).
+    assert {s.name for s in manifest.skipped} == {"part", "wide"}
+
+
 def test_unrelated_values_of_one_dtype_are_written_once_each(profile):
     # dtypes, devices and classes are pickled by name and shared by everything: they must not
     # join unrelated arrays into one group (each would be written twice).

@@ -1011,6 +1011,23 @@ def test_what_a_notebook_function_returns_follows_the_globals_it_reads():
     assert plan.failed_changes == ((1, ("hist",), ("r", "s")),)
 
 
+def test_a_module_put_in_sys_modules_is_the_object_a_later_import_binds():
+    # A stand-in for a missing package: ``import stub15 as s`` and ``from stub15 import x``
+    # bind the failed cell's changed ``stub`` (or what it holds), not a module imported afresh.
+    facts = facts_of(
+        [
+            "import sys, types\nstub = types.ModuleType('stub15')\nstub.x = 1\n"
+            "sys.modules['stub15'] = stub",
+            "stub.x = 2\nraise RuntimeError",
+            "import stub15 as s\nfrom stub15 import x\nv = s.x",
+            "print(v, x)",
+        ]
+    )
+    assert "stub" in facts[0].registers["stub15"]
+    plan = plan_replay(facts, 3, set(), {1})
+    assert plan.failed_changes == ((1, ("stub",), ("s", "v", "x")),)
+
+
 def test_a_lambda_bound_to_a_name_is_called_as_a_function():
     # What it returns follows the globals it reads; what it changes is changed where it is
     # called.

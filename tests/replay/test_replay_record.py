@@ -309,6 +309,40 @@ def test_functions_bound_to_the_global_generators_are_seen_whole():
     assert fingerprint(own.random) != before
 
 
+def test_a_c_callable_holding_state_is_not_seen_as_a_function():
+    # ``sqlite3.connect(':memory:')`` is callable and written in C, as a function is; but it
+    # holds a database an INSERT changes, which no walk can read: not seen whole. Functions,
+    # ufuncs and operator's getters stay seen whole, by identity.
+    import ctypes
+    import operator
+    import sqlite3
+
+    con = sqlite3.connect(":memory:")
+    try:
+        assert fingerprint(con)[1] is False
+        assert _see(con)[2] is False  # (a name's own look at a cell's end, too)
+    finally:
+        con.close()
+    assert fingerprint(ctypes.CFUNCTYPE(None)(lambda: None))[1] is False  # its ``restype``
+    for function in (len, [].append, str.join, np.add, np.sum, operator.itemgetter(1), F.relu):
+        assert fingerprint(function)[1] is True, function
+
+
+def test_an_insert_by_a_failed_cell_into_an_in_memory_database_is_named(recorded):
+    cells = [
+        "import sqlite3\ncon = sqlite3.connect(':memory:')\ncon.execute('create table t(x)')",
+        "con.execute('insert into t values (1)')\nraise RuntimeError('CUDA out of memory')",
+        "m = 1",
+        "rows = con.execute('select count(*) from t').fetchone()[0] + m\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["con", "m", "sqlite3"])
+    summary = _replay(recorded, saved)
+    assert "con" in summary.split("then that cell", 1)[1], summary
+
+
 def test_a_fingerprint_sees_state_held_by_what_is_called():
     class Stopper:  # called, not a method named: ``stopper(val_loss)``
         def __init__(self) -> None:
@@ -427,6 +461,17 @@ _SETTINGS = {
         "os.environ.get('NBCG_SEED')",
     ),
     "chdir": ("os.chdir('/')", f"os.chdir({_CWD!r})", "os.getcwd()"),
+    # The standard library's own: a division's digits, an interpreter setting.
+    "decimal's context": (
+        "decimal.setcontext(decimal.Context(prec=4))",
+        "decimal.setcontext(decimal.Context())",
+        "str(decimal.Decimal(1) / 3)",
+    ),
+    "the switch interval": (
+        "sys.setswitchinterval(0.01)",
+        "sys.setswitchinterval(0.005)",
+        "sys.getswitchinterval()",
+    ),
     "sys_path": (
         "sys.path.append('/nbcg-lib')",
         "sys.path[:] = [p for p in sys.path if p != '/nbcg-lib']",
@@ -516,7 +561,7 @@ def test_a_setting_a_cell_changed_is_set_again_by_the_replay(recorded, setting, 
     # read at the cell's end (or, for a library's own state, the call's statement) tells that
     # the cell must run again.
     change, default, read = _SETTINGS[setting]
-    imports = "import os, sys, warnings, logging, mimetypes, socket, torch, numpy as np"
+    imports = "import os, sys, decimal, warnings, logging, mimetypes, socket, torch, numpy as np"
     cells = [imports, "y = 1", f"seen = {read}\n[][0]"]
     if through == "a call in the cell":
         cells.insert(1, change)
