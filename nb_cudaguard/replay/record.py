@@ -146,7 +146,9 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             if not _module_tokens(obj, append, seen, stack):
                 whole = False
         elif torch is not None and isinstance(obj, torch.optim.Optimizer):
-            append((id(obj), len(obj.state)))
+            # Its hooks' dicts (``opt.register_step_post_hook(log)``), each by its count.
+            hooks = [len(v) for k, v in vars(obj).items() if k.endswith("_hooks") and v]
+            append((id(obj), len(obj.state), *hooks))
             for group in obj.param_groups:  # (settings that are no number: Adam's betas)
                 settings = [v for k, v in group.items() if k != "params"]
                 tokens.extend(v if type(v) in _IMMUTABLE else id(v) for v in settings)
@@ -484,9 +486,13 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
     except Exception:  # sparse, meta, or a tensor subclass without storage
         pointer = None
     # What moves no version counter: ``requires_grad`` (``p.requires_grad_(False)`` freezes a
-    # layer), hooks (``w.register_hook(clip)``), attributes (``p.no_decay = True``).
+    # layer), hooks (``w.register_hook(clip)``, and ``register_post_accumulate_grad_hook``'s,
+    # kept apart: torch >= 2.1), attributes (``p.no_decay = True``).
     requires_grad = tensor.requires_grad
     hooks, own = tensor._backward_hooks, tensor.__dict__
+    after = getattr(tensor, "_post_accumulate_grad_hooks", None)
+    if after:
+        hooks = (*(hooks or ()), *after)
     # A leaf's grad only: reading a non-leaf's .grad makes torch warn (it is never filled).
     grad = tensor.grad if requires_grad and tensor.is_leaf else None
     if grad is not None:

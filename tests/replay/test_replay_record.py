@@ -283,6 +283,10 @@ def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_p
         lambda: model[0].history.append(1.0),  # changed inside it
         lambda: model[1].register_forward_hook(lambda *a: None),
         lambda: setattr(model[0].weight, "no_decay", True),
+        # hooks kept apart from ``register_hook``'s, and the optimizer's own hooks' dicts
+        lambda: model[0].weight.register_post_accumulate_grad_hook(lambda p: None),
+        lambda: opt.register_step_post_hook(lambda *a: None),
+        lambda: opt.register_step_pre_hook(lambda *a: None),
         lambda: opt.step(),  # the moments, in place
         lambda: opt.state[model[0].bias]["exp_avg"].add_(1),
         lambda: model.train(False),
