@@ -160,7 +160,19 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
         ("torch.set_printoptions", vars(torch._tensor_str.PRINT_OPTS).copy),
         # Hooks on every module (``register_module_forward_hook``): how many of each kind.
         ("torch.nn.modules.module.register_module_forward_hook", _global_hooks(torch)),
+        # Hooks on every optimizer's step (``register_optimizer_step_pre_hook``).
+        ("torch.optim.optimizer.register_optimizer_step_pre_hook", _optimizer_hooks(torch)),
     ]
+    # Autocast left on (``torch.autocast("cpu").__enter__()``, ``set_autocast_enabled``): on
+    # and to what dtype, per device; the getters that take a device are torch >= 2.4's.
+    try:
+        for kind in ("cpu", "cuda"):
+            torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
+            readers.append((f"torch.autocast({kind!r})", _autocast(torch, kind)))
+    except (TypeError, AttributeError, RuntimeError):
+        pass
+    if hasattr(torch, "is_inference_mode_enabled"):  # ``torch.inference_mode().__enter__()``
+        readers.append(("torch.inference_mode", torch.is_inference_mode_enabled))
     # Settings with a C getter only (torch/csrc/Module.cpp), where this torch has them: which
     # attention kernels and reduced-precision paths run, ``use_deterministic_algorithms``'
     # ``warn_only``.
@@ -197,6 +209,17 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
             device = partial(getattr, context, "device_context", None)
         readers.append(("torch.set_default_device", device))
     return readers
+
+
+def _autocast(torch: Any, device: str) -> Callable[[], Any]:
+    enabled, dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+    return lambda: (enabled(device), dtype(device))
+
+
+def _optimizer_hooks(torch: Any) -> Callable[[], Any]:
+    module = sys.modules[torch.optim.Optimizer.__module__]  # (no attribute of torch.optim)
+    found = [v for k, v in vars(module).items() if k.startswith("_global_") and isinstance(v, dict)]
+    return lambda: tuple(map(len, found))
 
 
 def _global_hooks(torch: Any) -> Callable[[], Any]:

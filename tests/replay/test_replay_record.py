@@ -412,14 +412,42 @@ def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
         assert _see(value)[1] != seen[1], value
 
 
-def test_a_global_module_hook_is_a_setting_a_cell_changes():
+_MODULE_HOOKS = "torch.nn.modules.module.register_module_forward_hook"
+_OPTIMIZER_HOOKS = "torch.optim.optimizer.register_optimizer_step_pre_hook"
+_OPTIMIZER = sys.modules[torch.optim.Optimizer.__module__]  # (no attribute of torch.optim)
+
+
+@pytest.mark.parametrize(
+    ("register", "setting"),
+    [
+        (torch.nn.modules.module.register_module_forward_hook, _MODULE_HOOKS),
+        (torch.nn.modules.module.register_module_full_backward_hook, _MODULE_HOOKS),
+        (_OPTIMIZER.register_optimizer_step_pre_hook, _OPTIMIZER_HOOKS),
+        (_OPTIMIZER.register_optimizer_step_post_hook, _OPTIMIZER_HOOKS),
+    ],
+)
+def test_a_global_module_or_optimizer_hook_is_a_setting_a_cell_changes(register, setting):
     before = process_settings()
-    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o)
+    handle = register(lambda *args: None)
     try:
         moved = settings_changed(before, process_settings())
     finally:
         handle.remove()
-    assert moved == ("torch.nn.modules.module.register_module_forward_hook",)
+    assert moved == (setting,)
+
+
+@pytest.mark.parametrize("mode", ["autocast", "inference_mode"])
+def test_a_mode_entered_and_left_open_is_a_setting_a_cell_changes(mode):
+    # ``torch.autocast("cpu").__enter__()`` in a cell: later cells' matmuls run in bfloat16.
+    before = process_settings()
+    context = torch.autocast("cpu") if mode == "autocast" else torch.inference_mode()
+    context.__enter__()
+    try:
+        moved = settings_changed(before, process_settings())
+    finally:
+        context.__exit__(None, None, None)
+    # (inference mode turns grad mode off too)
+    assert ("torch.autocast('cpu')" if mode == "autocast" else "torch.inference_mode") in moved
 
 
 _CWD = os.getcwd()
