@@ -173,6 +173,16 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
         pass
     if hasattr(torch, "is_inference_mode_enabled"):  # ``torch.inference_mode().__enter__()``
         readers.append(("torch.inference_mode", torch.is_inference_mode_enabled))
+    # The default pack/unpack hooks of what autograd saves, left pushed
+    # (``saved_tensors_hooks(pack, unpack).__enter__()``, torch/autograd/graph.py): the top of
+    # their stack, by identity (ignoring tracing, where reading it would raise).
+    top = getattr(c._autograd, "_top_saved_tensors_default_hooks", None)
+    if callable(top):
+        readers.append(("torch.autograd.graph.saved_tensors_hooks", partial(top, True)))
+    # ``disable_saved_tensors_hooks(message).__enter__()``: the message, None while enabled.
+    disabled = getattr(c._autograd, "_saved_tensors_hooks_get_disabled_error_message", None)
+    if callable(disabled):
+        readers.append(("torch.autograd.graph.disable_saved_tensors_hooks", disabled))
     # Settings with a C getter only (torch/csrc/Module.cpp), where this torch has them: which
     # attention kernels and reduced-precision paths run, ``use_deterministic_algorithms``'
     # ``warn_only``.

@@ -436,18 +436,29 @@ def test_a_global_module_or_optimizer_hook_is_a_setting_a_cell_changes(register,
     assert moved == (setting,)
 
 
-@pytest.mark.parametrize("mode", ["autocast", "inference_mode"])
-def test_a_mode_entered_and_left_open_is_a_setting_a_cell_changes(mode):
+_MODES = {
+    "torch.autocast('cpu')": lambda: torch.autocast("cpu"),
+    "torch.inference_mode": torch.inference_mode,  # (it turns grad mode off too)
+    "torch.autograd.graph.saved_tensors_hooks": lambda: torch.autograd.graph.saved_tensors_hooks(
+        lambda t: t, lambda t: t
+    ),
+    "torch.autograd.graph.disable_saved_tensors_hooks": lambda: (
+        torch.autograd.graph.disable_saved_tensors_hooks("not here")
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", list(_MODES))
+def test_a_mode_entered_and_left_open_is_a_setting_a_cell_changes(setting):
     # ``torch.autocast("cpu").__enter__()`` in a cell: later cells' matmuls run in bfloat16.
     before = process_settings()
-    context = torch.autocast("cpu") if mode == "autocast" else torch.inference_mode()
+    context = _MODES[setting]()
     context.__enter__()
     try:
         moved = settings_changed(before, process_settings())
     finally:
         context.__exit__(None, None, None)
-    # (inference mode turns grad mode off too)
-    assert ("torch.autocast('cpu')" if mode == "autocast" else "torch.inference_mode") in moved
+    assert setting in moved
 
 
 _CWD = os.getcwd()
