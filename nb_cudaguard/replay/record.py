@@ -151,6 +151,8 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             append((id(obj), len(obj.state), *hooks))
             for group in obj.param_groups:  # (settings that are no number: Adam's betas)
                 settings = [v for k, v in group.items() if k != "params"]
+                # its parameters by identity (``group["params"].append(p)`` adds one)
+                tokens.append(tuple(map(id, group["params"])))
                 tokens.extend(v if type(v) in _IMMUTABLE else id(v) for v in settings)
                 stack.extend(_mutable(settings))
             for state in obj.state.values():
@@ -493,12 +495,14 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
     after = getattr(tensor, "_post_accumulate_grad_hooks", None)
     if after:
         hooks = (*(hooks or ()), *after)
-    # A leaf's grad only: reading a non-leaf's .grad makes torch warn (it is never filled).
-    grad = tensor.grad if requires_grad and tensor.is_leaf else None
+    # A leaf's grad, and a non-leaf's where ``h.retain_grad()`` asked torch to fill it (reading
+    # another non-leaf's .grad makes torch warn: it is never filled).
+    retains = requires_grad and not tensor.is_leaf and tensor.retains_grad
+    grad = tensor.grad if requires_grad and (retains or tensor.is_leaf) else None
     if grad is not None:
         token: tuple[Any, ...] = (id(tensor), tensor._version, pointer, id(grad), grad._version)
     else:
-        token = (id(tensor), tensor._version, pointer, requires_grad)
+        token = (id(tensor), tensor._version, pointer, requires_grad, retains)
     if hooks or own:  # (most tensors have neither: no tuple built for them)
         return (*token, hooks and tuple(hooks), own and (tuple(own), tuple(map(id, own.values()))))
     return token

@@ -188,6 +188,9 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
     # ``warn_only``.
     for name, private in (
         ("torch.use_deterministic_algorithms", "_get_deterministic_algorithms_warn_only"),
+        ("torch.set_warn_always", "_get_warnAlways"),
+        # (``set_multithreading_enabled(False).__enter__()``: autograd's backward on one thread)
+        ("torch.autograd.set_multithreading_enabled", "_is_multithreading_enabled"),
         ("torch.backends.cudnn.allow_tf32", "_get_cudnn_allow_tf32"),
         ("torch.backends.cuda.enable_flash_sdp", "_get_flash_sdp_enabled"),
         ("torch.backends.cuda.enable_mem_efficient_sdp", "_get_mem_efficient_sdp_enabled"),

@@ -290,12 +290,19 @@ def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_p
         lambda: opt.step(),  # the moments, in place
         lambda: opt.state[model[0].bias]["exp_avg"].add_(1),
         lambda: model.train(False),
+        lambda: opt.param_groups[0]["params"].append(torch.nn.Parameter(torch.ones(1))),
     ]
     for change in changes:
         before = [fingerprint(model)[0], fingerprint(opt)[0]]
         assert [fingerprint(model)[0], fingerprint(opt)[0]] == before  # reading moves nothing
         change()
         assert [fingerprint(model)[0], fingerprint(opt)[0]] != before, change
+    # A non-leaf told to keep its grad (``h.retain_grad()``), then given one by a backward.
+    hidden = model[0](torch.ones(1, 2))
+    for change in (hidden.retain_grad, lambda: hidden.sum().backward()):
+        before = fingerprint(hidden)[0]
+        change()
+        assert fingerprint(hidden)[0] != before, change
     bare = torch.nn.Module.__new__(torch.nn.Linear)  # never ran nn.Module.__init__
     assert fingerprint(bare)[1] is False
 
@@ -433,6 +440,28 @@ def test_a_global_module_or_optimizer_hook_is_a_setting_a_cell_changes(register,
         moved = settings_changed(before, process_settings())
     finally:
         handle.remove()
+    assert moved == (setting,)
+
+
+@pytest.mark.parametrize(
+    ("setting", "read", "write"),
+    [
+        ("torch.set_warn_always", torch.is_warn_always_enabled, torch.set_warn_always),
+        (
+            "torch.autograd.set_multithreading_enabled",
+            torch._C._is_multithreading_enabled,
+            torch._C._set_multithreading_enabled,
+        ),
+    ],
+)
+def test_a_torch_flag_a_helper_flips_is_a_setting_a_cell_changes(setting, read, write):
+    was = read()
+    before = process_settings()
+    write(not was)
+    try:
+        moved = settings_changed(before, process_settings())
+    finally:
+        write(was)
     assert moved == (setting,)
 
 
