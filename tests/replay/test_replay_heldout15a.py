@@ -2,24 +2,27 @@
 cover (tests/replay/test_replay_heldout.py, whose harness this shares): hooks of every kind
 (a module's forward pre and full backward hooks with a handle removed in a failed cell, a
 parameter's post-accumulate-grad hook, an optimizer's step hook, a global optimizer step hook,
-global module hooks from a helper), autocast, inference mode and autograd's saved-tensor hooks
-entered and never left, a layer frozen, a model made double, pruned, loaded with
-``strict=False`` and given a buffer in failed cells, weights initialised by ``model.apply``
-after a seed inside a helper, a ``GradScaler("cpu")`` beside an EMA copy, a
-``ReduceLROnPlateau`` with an early-stopping counter, and a ``DataLoader`` shuffling a
-``random_split`` subset by a generator of its own, beside a ``BatchSampler`` of a
-``SubsetRandomSampler``, each taken partly.
+global module hooks from a helper), a parameter appended to an optimizer's group by hand, a
+non-leaf told to ``retain_grad()``, autocast, inference mode and autograd's saved-tensor hooks
+entered and never left, ``set_warn_always`` and autograd's multithreading flag from a helper, a
+layer frozen, a model made double, pruned, loaded with ``strict=False`` and given a buffer in
+failed cells, weights initialised by ``model.apply`` after a seed inside a helper, a
+``GradScaler("cpu")`` beside an EMA copy, a ``ReduceLROnPlateau`` with an early-stopping
+counter, and a ``DataLoader`` shuffling a ``random_split`` subset by a generator of its own,
+beside a ``BatchSampler`` of a ``SubsetRandomSampler``, each taken partly.
 
-Four found silent differences, fixed with this round: a cell that only registered a
-parameter's ``register_post_accumulate_grad_hook`` or an optimizer's ``register_step_post_hook``
-was skipped (neither changed the fingerprint: the hooks are now part of it, replay/record.py);
-so was a cell that registered a global ``register_optimizer_step_pre_hook`` (through a helper),
-one that entered ``torch.autocast("cpu")`` and left it entered (``amp.__enter__()``), and one
-that pushed ``saved_tensors_hooks(pack, unpack)`` (these are settings now, with inference mode
-and ``disable_saved_tensors_hooks``, replay/settings.py). What a failed cell did (the model
-frozen, made double, pruned, loaded, a hook removed, a scheduler stepped) cannot be repeated:
-the plan names what it bound or changed and what was built from it later. The other cases
-passed as written.
+Found silent differences, fixed with this round: a cell that only registered a parameter's
+``register_post_accumulate_grad_hook`` or an optimizer's ``register_step_post_hook``, appended
+a parameter to ``opt.param_groups[0]["params"]`` or called ``h.retain_grad()`` was skipped
+(none changed the fingerprint: these are part of it now, replay/record.py); so was a cell that
+registered a global ``register_optimizer_step_pre_hook`` (through a helper), one that entered
+``torch.autocast("cpu")`` and left it entered (``amp.__enter__()``), and one that pushed
+``saved_tensors_hooks(pack, unpack)`` (settings now, with inference mode,
+``disable_saved_tensors_hooks``, ``set_warn_always`` and the multithreading flag,
+replay/settings.py). A restore dropped a retained non-leaf grad (keep/pickling.py keeps it).
+What a failed cell did (the model frozen, made double, pruned, loaded, a hook removed, a
+scheduler stepped) cannot be repeated: the plan names what it bound or changed and what was
+built from it later. The other cases passed as written.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
@@ -58,18 +61,27 @@ def test_module_hooks_with_a_handle_removed_in_a_failed_cell(server, server_kern
 
 
 @ALL
-def test_a_parameter_hook_and_an_optimizer_step_hook(server, server_kernel, restore):
-    # Hooks that bind nothing: a count of accumulated grads, a log of each step's lr.
+def test_what_parameters_and_an_optimizer_gain_that_binds_nothing(server, server_kernel, restore):
+    # Hooks (a count of accumulated grads, a log of each step's lr), a parameter appended to a
+    # group's list by hand, a non-leaf told to keep its grad: no cell binds a name for them.
     kid, pid = server_kernel
     cells = (
         "import torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(3, 1)\n"
+        "extra = torch.nn.Parameter(torch.zeros(1))\n"
         "opt = torch.optim.SGD(net.parameters(), lr=0.1)\naccumulated, lrs = [], []",
         "net.weight.register_post_accumulate_grad_hook(lambda p: accumulated.append(1))",
         "opt.register_step_post_hook(lambda o, a, k: lrs.append(o.param_groups[0]['lr']))",
-        "for _ in range(2):\n    opt.zero_grad()\n    net(torch.ones(2, 3)).sum().backward()\n"
-        "    opt.step()",
+        "opt.param_groups[0]['params'].append(extra)",
+        "for _ in range(2):\n    opt.zero_grad()\n"
+        "    (net(torch.ones(2, 3)).sum() + extra.sum()).backward()\n    opt.step()",
+        "h = net(torch.ones(2, 3)) * 2",
+        "h.retain_grad()",
+        "h.sum().backward()",
     )
-    fp = "{'accumulated': len(accumulated), 'lrs': lrs, 'net': net.weight.tolist()}"
+    fp = (
+        "{'accumulated': len(accumulated), 'lrs': lrs, 'net': net.weight.tolist(), "
+        "'extra': extra.tolist(), 'h': h.grad.tolist() if h.is_leaf or h.retains_grad else None}"
+    )
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
@@ -114,10 +126,14 @@ def test_global_module_hooks_installed_by_a_helper(server, server_kernel, restor
 
 @ALL
 def test_autocast_and_inference_mode_entered_and_left(server, server_kernel, restore):
-    # ``__enter__()`` by hand (a context manager's body cut out of a ``with``): never left.
+    # ``__enter__()`` by hand (a context manager's body cut out of a ``with``): never left; a
+    # helper that makes torch warn always and runs autograd on one thread.
     kid, pid = server_kernel
     cells = (
-        "import torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(3, 2)",
+        "import torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(3, 2)\n"
+        "def strict():\n    torch.set_warn_always(True)\n"
+        "    torch.autograd.set_multithreading_enabled(False).__enter__()",
+        "strict()",
         "amp = torch.autocast('cpu', dtype=torch.bfloat16)\namp.__enter__()",
         "y = net(torch.ones(1, 3))",
         "mode = torch.inference_mode()\nmode.__enter__()",
@@ -125,7 +141,8 @@ def test_autocast_and_inference_mode_entered_and_left(server, server_kernel, res
     )
     fp = (
         "{'y': str(y.dtype), 'z': [str(z.dtype), z.is_inference()], "
-        "'torch': [torch.is_autocast_enabled('cpu'), torch.is_inference_mode_enabled()]}"
+        "'torch': [torch.is_autocast_enabled('cpu'), torch.is_inference_mode_enabled(), "
+        "torch.is_warn_always_enabled(), torch._C._is_multithreading_enabled()]}"
     )
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
