@@ -155,6 +155,7 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
             direct("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
         ),
         ("torch.set_num_threads", torch.get_num_threads),
+        ("torch.set_flush_denormal", _denormals_kept),
         ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
         # ``set_printoptions`` sets attributes of one object: its ``__dict__`` copied in C.
         ("torch.set_printoptions", vars(torch._tensor_str.PRINT_OPTS).copy),
@@ -222,6 +223,16 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
             device = partial(getattr, context, "device_context", None)
         readers.append(("torch.set_default_device", device))
     return readers
+
+
+_DENORMAL = 1e-310  # (a name, not a literal: a product of literals is folded when compiled)
+
+
+def _denormals_kept() -> bool:
+    """``set_flush_denormal(True)`` has no getter: it sets the CPU's flush-to-zero flags, which
+    Python's own float product and comparison obey too. A bool: comparing the products later
+    would itself be flushed."""
+    return _DENORMAL * 1.0 != 0.0
 
 
 def _autocast(torch: Any, device: str) -> Callable[[], Any]:

@@ -443,6 +443,9 @@ def test_a_global_module_or_optimizer_hook_is_a_setting_a_cell_changes(register,
     assert moved == (setting,)
 
 
+_TINY = 1e-310  # a denormal
+
+
 @pytest.mark.parametrize(
     ("setting", "read", "write"),
     [
@@ -452,6 +455,8 @@ def test_a_global_module_or_optimizer_hook_is_a_setting_a_cell_changes(register,
             torch._C._is_multithreading_enabled,
             torch._C._set_multithreading_enabled,
         ),
+        # (no getter: whether a denormal survives a product, as the reader sees it)
+        ("torch.set_flush_denormal", lambda: _TINY * 1.0 == 0.0, torch.set_flush_denormal),
     ],
 )
 def test_a_torch_flag_a_helper_flips_is_a_setting_a_cell_changes(setting, read, write):
