@@ -4,7 +4,8 @@ cover (tests/replay/test_replay_heldout.py, whose harness this shares): hooks of
 parameter's post-accumulate-grad hook, an optimizer's step hook, a global optimizer step hook,
 global module hooks from a helper), a parameter appended to an optimizer's group by hand, a
 non-leaf told to ``retain_grad()``, autocast, inference mode and autograd's saved-tensor hooks
-entered and never left, ``set_warn_always`` and autograd's multithreading flag from a helper, a
+entered and never left, ``set_warn_always``, ``set_flush_denormal`` and autograd's
+multithreading flag from a helper, a
 layer frozen, a model made double, pruned, loaded with ``strict=False`` and given a buffer in
 failed cells, weights initialised by ``model.apply`` after a seed inside a helper, a
 ``GradScaler("cpu")`` beside an EMA copy, a ``ReduceLROnPlateau`` with an early-stopping
@@ -19,7 +20,9 @@ registered a global ``register_optimizer_step_pre_hook`` (through a helper), one
 ``torch.autocast("cpu")`` and left it entered (``amp.__enter__()``), and one that pushed
 ``saved_tensors_hooks(pack, unpack)`` (settings now, with inference mode,
 ``disable_saved_tensors_hooks``, ``set_warn_always`` and the multithreading flag,
-replay/settings.py). A restore dropped a retained non-leaf grad (keep/pickling.py keeps it).
+replay/settings.py); so was one whose helper called ``torch.set_flush_denormal(True)``, which
+has no getter (read by a product of Python floats, which obeys the same CPU flags). A restore
+dropped a retained non-leaf grad (keep/pickling.py keeps it).
 What a failed cell did (the model frozen, made double, pruned, loaded, a hook removed, a
 scheduler stepped) cannot be repeated: the plan names what it bound or changed and what was
 built from it later. The other cases passed as written.
@@ -127,11 +130,11 @@ def test_global_module_hooks_installed_by_a_helper(server, server_kernel, restor
 @ALL
 def test_autocast_and_inference_mode_entered_and_left(server, server_kernel, restore):
     # ``__enter__()`` by hand (a context manager's body cut out of a ``with``): never left; a
-    # helper that makes torch warn always and runs autograd on one thread.
+    # helper that makes torch warn always, flush denormals and run autograd on one thread.
     kid, pid = server_kernel
     cells = (
         "import torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(3, 2)\n"
-        "def strict():\n    torch.set_warn_always(True)\n"
+        "def strict():\n    torch.set_warn_always(True)\n    torch.set_flush_denormal(True)\n"
         "    torch.autograd.set_multithreading_enabled(False).__enter__()",
         "strict()",
         "amp = torch.autocast('cpu', dtype=torch.bfloat16)\namp.__enter__()",
@@ -142,7 +145,8 @@ def test_autocast_and_inference_mode_entered_and_left(server, server_kernel, res
     fp = (
         "{'y': str(y.dtype), 'z': [str(z.dtype), z.is_inference()], "
         "'torch': [torch.is_autocast_enabled('cpu'), torch.is_inference_mode_enabled(), "
-        "torch.is_warn_always_enabled(), torch._C._is_multithreading_enabled()]}"
+        "torch.is_warn_always_enabled(), torch._C._is_multithreading_enabled(), "
+        "(torch.tensor([1e-310], dtype=torch.float64) * 1).tolist()]}"
     )
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
