@@ -488,7 +488,9 @@ class KeepPickler:
             """(the leaf's ``.grad`` where it can be written: on the CPU, or a CUDA one with a
             snapshot; its hooks; a plain tensor's ``__dict__``), or None where all are empty."""
             grad = None
-            if tensor.requires_grad and tensor.is_leaf:  # (a non-leaf's .grad warns)
+            # A leaf's, or a non-leaf's that ``retain_grad()`` fills (another's .grad warns):
+            # the non-leaf comes back as a leaf, which holds one.
+            if tensor.requires_grad and (tensor.is_leaf or tensor.retains_grad):
                 grad = tensor.grad
                 if (
                     grad is not None

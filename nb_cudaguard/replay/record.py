@@ -146,9 +146,13 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             if not _module_tokens(obj, append, seen, stack):
                 whole = False
         elif torch is not None and isinstance(obj, torch.optim.Optimizer):
-            append((id(obj), len(obj.state)))
+            # Its hooks' dicts (``opt.register_step_post_hook(log)``), each by its count.
+            hooks = [len(v) for k, v in vars(obj).items() if k.endswith("_hooks") and v]
+            append((id(obj), len(obj.state), *hooks))
             for group in obj.param_groups:  # (settings that are no number: Adam's betas)
                 settings = [v for k, v in group.items() if k != "params"]
+                # its parameters by identity (``group["params"].append(p)`` adds one)
+                tokens.append(tuple(map(id, group["params"])))
                 tokens.extend(v if type(v) in _IMMUTABLE else id(v) for v in settings)
                 stack.extend(_mutable(settings))
             for state in obj.state.values():
@@ -512,15 +516,21 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
     except Exception:  # sparse, meta, or a tensor subclass without storage
         pointer = None
     # What moves no version counter: ``requires_grad`` (``p.requires_grad_(False)`` freezes a
-    # layer), hooks (``w.register_hook(clip)``), attributes (``p.no_decay = True``).
+    # layer), hooks (``w.register_hook(clip)``, and ``register_post_accumulate_grad_hook``'s,
+    # kept apart: torch >= 2.1), attributes (``p.no_decay = True``).
     requires_grad = tensor.requires_grad
     hooks, own = tensor._backward_hooks, tensor.__dict__
-    # A leaf's grad only: reading a non-leaf's .grad makes torch warn (it is never filled).
-    grad = tensor.grad if requires_grad and tensor.is_leaf else None
+    after = getattr(tensor, "_post_accumulate_grad_hooks", None)
+    if after:
+        hooks = (*(hooks or ()), *after)
+    # A leaf's grad, and a non-leaf's where ``h.retain_grad()`` asked torch to fill it (reading
+    # another non-leaf's .grad makes torch warn: it is never filled).
+    retains = requires_grad and not tensor.is_leaf and tensor.retains_grad
+    grad = tensor.grad if requires_grad and (retains or tensor.is_leaf) else None
     if grad is not None:
         token: tuple[Any, ...] = (id(tensor), tensor._version, pointer, id(grad), grad._version)
     else:
-        token = (id(tensor), tensor._version, pointer, requires_grad)
+        token = (id(tensor), tensor._version, pointer, requires_grad, retains)
     if hooks or own:  # (most tensors have neither: no tuple built for them)
         return (*token, hooks and tuple(hooks), own and (tuple(own), tuple(map(id, own.values()))))
     return token

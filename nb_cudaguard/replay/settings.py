@@ -186,17 +186,43 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
             direct("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
         ),
         ("torch.set_num_threads", torch.get_num_threads),
+        ("torch.set_flush_denormal", _denormals_kept),
         ("torch.autograd.set_detect_anomaly", torch.is_anomaly_enabled),
         # ``set_printoptions`` sets attributes of one object: its ``__dict__`` copied in C.
         ("torch.set_printoptions", vars(torch._tensor_str.PRINT_OPTS).copy),
         # Hooks on every module (``register_module_forward_hook``): how many of each kind.
         ("torch.nn.modules.module.register_module_forward_hook", _global_hooks(torch)),
+        # Hooks on every optimizer's step (``register_optimizer_step_pre_hook``).
+        ("torch.optim.optimizer.register_optimizer_step_pre_hook", _optimizer_hooks(torch)),
     ]
+    # Autocast left on (``torch.autocast("cpu").__enter__()``, ``set_autocast_enabled``): on
+    # and to what dtype, per device; the getters that take a device are torch >= 2.4's.
+    try:
+        for kind in ("cpu", "cuda"):
+            torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
+            readers.append((f"torch.autocast({kind!r})", _autocast(torch, kind)))
+    except (TypeError, AttributeError, RuntimeError):
+        pass
+    if hasattr(torch, "is_inference_mode_enabled"):  # ``torch.inference_mode().__enter__()``
+        readers.append(("torch.inference_mode", torch.is_inference_mode_enabled))
+    # The default pack/unpack hooks of what autograd saves, left pushed
+    # (``saved_tensors_hooks(pack, unpack).__enter__()``, torch/autograd/graph.py): the top of
+    # their stack, by identity (ignoring tracing, where reading it would raise).
+    top = getattr(c._autograd, "_top_saved_tensors_default_hooks", None)
+    if callable(top):
+        readers.append(("torch.autograd.graph.saved_tensors_hooks", partial(top, True)))
+    # ``disable_saved_tensors_hooks(message).__enter__()``: the message, None while enabled.
+    disabled = getattr(c._autograd, "_saved_tensors_hooks_get_disabled_error_message", None)
+    if callable(disabled):
+        readers.append(("torch.autograd.graph.disable_saved_tensors_hooks", disabled))
     # Settings with a C getter only (torch/csrc/Module.cpp), where this torch has them: which
     # attention kernels and reduced-precision paths run, ``use_deterministic_algorithms``'
     # ``warn_only``.
     for name, private in (
         ("torch.use_deterministic_algorithms", "_get_deterministic_algorithms_warn_only"),
+        ("torch.set_warn_always", "_get_warnAlways"),
+        # (``set_multithreading_enabled(False).__enter__()``: autograd's backward on one thread)
+        ("torch.autograd.set_multithreading_enabled", "_is_multithreading_enabled"),
         ("torch.backends.cudnn.allow_tf32", "_get_cudnn_allow_tf32"),
         ("torch.backends.cuda.enable_flash_sdp", "_get_flash_sdp_enabled"),
         ("torch.backends.cuda.enable_mem_efficient_sdp", "_get_mem_efficient_sdp_enabled"),
@@ -228,6 +254,27 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
             device = partial(getattr, context, "device_context", None)
         readers.append(("torch.set_default_device", device))
     return readers
+
+
+_DENORMAL = 1e-310  # (a name, not a literal: a product of literals is folded when compiled)
+
+
+def _denormals_kept() -> bool:
+    """``set_flush_denormal(True)`` has no getter: it sets the CPU's flush-to-zero flags, which
+    Python's own float product and comparison obey too. A bool: comparing the products later
+    would itself be flushed."""
+    return _DENORMAL * 1.0 != 0.0
+
+
+def _autocast(torch: Any, device: str) -> Callable[[], Any]:
+    enabled, dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+    return lambda: (enabled(device), dtype(device))
+
+
+def _optimizer_hooks(torch: Any) -> Callable[[], Any]:
+    module = sys.modules[torch.optim.Optimizer.__module__]  # (no attribute of torch.optim)
+    found = [v for k, v in vars(module).items() if k.startswith("_global_") and isinstance(v, dict)]
+    return lambda: tuple(map(len, found))
 
 
 def _global_hooks(torch: Any) -> Callable[[], Any]:

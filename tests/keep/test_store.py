@@ -504,8 +504,13 @@ def test_gradients_held_in_grad_come_back(profile):
     leaf = torch.ones(2, requires_grad=True)
     lin(torch.randn(4, 3)).sum().backward()
     (leaf * 3).sum().backward()
-    namespace = {"lin": lin, "leaf": leaf, "none": torch.nn.Linear(2, 2)}
+    # a non-leaf told to keep its grad (``h.retain_grad()``): its grad too
+    hidden = leaf * 2
+    hidden.retain_grad()
+    (hidden * 5).sum().backward()
+    namespace = {"lin": lin, "leaf": leaf, "none": torch.nn.Linear(2, 2), "hidden": hidden}
     _, _, new = save_and_restore(namespace, profile)
+    assert torch.equal(new["hidden"].grad, hidden.grad)
     assert torch.equal(new["lin"].weight.grad, lin.weight.grad)
     assert torch.equal(new["lin"].bias.grad, lin.bias.grad)
     assert torch.equal(new["leaf"].grad, leaf.grad) and new["leaf"].is_leaf

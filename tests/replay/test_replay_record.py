@@ -283,15 +283,26 @@ def test_a_fingerprint_sees_what_a_module_or_an_optimizer_gains_and_changes_in_p
         lambda: model[0].history.append(1.0),  # changed inside it
         lambda: model[1].register_forward_hook(lambda *a: None),
         lambda: setattr(model[0].weight, "no_decay", True),
+        # hooks kept apart from ``register_hook``'s, and the optimizer's own hooks' dicts
+        lambda: model[0].weight.register_post_accumulate_grad_hook(lambda p: None),
+        lambda: opt.register_step_post_hook(lambda *a: None),
+        lambda: opt.register_step_pre_hook(lambda *a: None),
         lambda: opt.step(),  # the moments, in place
         lambda: opt.state[model[0].bias]["exp_avg"].add_(1),
         lambda: model.train(False),
+        lambda: opt.param_groups[0]["params"].append(torch.nn.Parameter(torch.ones(1))),
     ]
     for change in changes:
         before = [fingerprint(model)[0], fingerprint(opt)[0]]
         assert [fingerprint(model)[0], fingerprint(opt)[0]] == before  # reading moves nothing
         change()
         assert [fingerprint(model)[0], fingerprint(opt)[0]] != before, change
+    # A non-leaf told to keep its grad (``h.retain_grad()``), then given one by a backward.
+    hidden = model[0](torch.ones(1, 2))
+    for change in (hidden.retain_grad, lambda: hidden.sum().backward()):
+        before = fingerprint(hidden)[0]
+        change()
+        assert fingerprint(hidden)[0] != before, change
     bare = torch.nn.Module.__new__(torch.nn.Linear)  # never ran nn.Module.__init__
     assert fingerprint(bare)[1] is False
 
@@ -442,14 +453,80 @@ def test_a_fingerprint_sees_state_a_walk_met_only_by_identity():
         assert _see(value)[1] != seen[1], value
 
 
-def test_a_global_module_hook_is_a_setting_a_cell_changes():
+_MODULE_HOOKS = "torch.nn.modules.module.register_module_forward_hook"
+_OPTIMIZER_HOOKS = "torch.optim.optimizer.register_optimizer_step_pre_hook"
+_OPTIMIZER = sys.modules[torch.optim.Optimizer.__module__]  # (no attribute of torch.optim)
+
+
+@pytest.mark.parametrize(
+    ("register", "setting"),
+    [
+        (torch.nn.modules.module.register_module_forward_hook, _MODULE_HOOKS),
+        (torch.nn.modules.module.register_module_full_backward_hook, _MODULE_HOOKS),
+        (_OPTIMIZER.register_optimizer_step_pre_hook, _OPTIMIZER_HOOKS),
+        (_OPTIMIZER.register_optimizer_step_post_hook, _OPTIMIZER_HOOKS),
+    ],
+)
+def test_a_global_module_or_optimizer_hook_is_a_setting_a_cell_changes(register, setting):
     before = process_settings()
-    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o)
+    handle = register(lambda *args: None)
     try:
         moved = settings_changed(before, process_settings())
     finally:
         handle.remove()
-    assert moved == ("torch.nn.modules.module.register_module_forward_hook",)
+    assert moved == (setting,)
+
+
+_TINY = 1e-310  # a denormal
+
+
+@pytest.mark.parametrize(
+    ("setting", "read", "write"),
+    [
+        ("torch.set_warn_always", torch.is_warn_always_enabled, torch.set_warn_always),
+        (
+            "torch.autograd.set_multithreading_enabled",
+            torch._C._is_multithreading_enabled,
+            torch._C._set_multithreading_enabled,
+        ),
+        # (no getter: whether a denormal survives a product, as the reader sees it)
+        ("torch.set_flush_denormal", lambda: _TINY * 1.0 == 0.0, torch.set_flush_denormal),
+    ],
+)
+def test_a_torch_flag_a_helper_flips_is_a_setting_a_cell_changes(setting, read, write):
+    was = read()
+    before = process_settings()
+    write(not was)
+    try:
+        moved = settings_changed(before, process_settings())
+    finally:
+        write(was)
+    assert moved == (setting,)
+
+
+_MODES = {
+    "torch.autocast('cpu')": lambda: torch.autocast("cpu"),
+    "torch.inference_mode": torch.inference_mode,  # (it turns grad mode off too)
+    "torch.autograd.graph.saved_tensors_hooks": lambda: torch.autograd.graph.saved_tensors_hooks(
+        lambda t: t, lambda t: t
+    ),
+    "torch.autograd.graph.disable_saved_tensors_hooks": lambda: (
+        torch.autograd.graph.disable_saved_tensors_hooks("not here")
+    ),
+}
+
+
+@pytest.mark.parametrize("setting", list(_MODES))
+def test_a_mode_entered_and_left_open_is_a_setting_a_cell_changes(setting):
+    # ``torch.autocast("cpu").__enter__()`` in a cell: later cells' matmuls run in bfloat16.
+    before = process_settings()
+    context = _MODES[setting]()
+    context.__enter__()
+    try:
+        moved = settings_changed(before, process_settings())
+    finally:
+        context.__exit__(None, None, None)
+    assert setting in moved
 
 
 _CWD = os.getcwd()
