@@ -31,6 +31,7 @@ class Kept:
     note: str = ""
     ram: bool = False  # the file is in the manifest's RAM directory, not the profile's
     global_of: str | None = None  # ``module:attribute`` of the notebook's own module it was
+    graph: bool = False  # it held a tensor autograd computed: restored as a leaf, graph lost
 
 
 @dataclass(frozen=True)

@@ -312,6 +312,9 @@ class Pickled:
     buffers: list[tuple[int, int]] = field(default_factory=list)  # out-of-band, in order
     identities: set[tuple[str, int]] = field(default_factory=set)  # of shared state
     alive: list[Any] = field(default_factory=list)  # ids are compared while these live
+    # A tensor autograd computed (``loss = out.sum()``) was among them: it comes back a leaf,
+    # without the graph that reached the model (``loss.backward()`` would reach nothing).
+    graph: bool = False
 
     def layout(self) -> tuple[list[tuple[int, int, int]], int]:
         """The blocks as (start, length, offset in the file), and where the pickle starts."""
@@ -471,6 +474,10 @@ class KeepPickler:
 
         def _reduce_tensor(tensor: Any) -> Any:
             reduced = _reduce_tensor_data(tensor)
+            if tensor.grad_fn is not None and not (
+                isinstance(reduced, tuple) and reduced[0] is _rebuild_view
+            ):  # (a view of a leaf is rebuilt as a view of it: its graph comes back)
+                found.graph = True
             state = _leaf_state(tensor)
             if state is None:
                 return reduced

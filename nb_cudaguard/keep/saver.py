@@ -263,6 +263,7 @@ class Saver:
                         e.note,
                         ram,
                         self.module_globals.get(e.name),
+                        e.pickled.graph,
                     )
                 )
                 self.done.add(e.name)

@@ -146,6 +146,13 @@ def restored_text(done: Restored, seconds: float, now: float | None = None) -> s
                 f"`{item.name}` is its {item.note}, on the CPU: `{item.name}.to('cuda')` moves it "
                 "back to the GPU."
             )
+    graphless = [k.name for k in done.restored if k.graph]
+    if graphless:
+        parts.append(
+            f"{_names(graphless)} held tensors autograd computed: they came back as leaves, "
+            "without the graph to what they were computed from (a `backward()` through them "
+            "would reach nothing); a replay builds them again."
+        )
     for name, why in done.failed:
         parts.append(f"`{name}` could not be restored: {why}.")
     for name, why in done.unbound:

@@ -348,24 +348,31 @@ def restore(
     return text
 
 
-def restored_names(shell: InteractiveShell) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def restored_names(
+    shell: InteractiveShell,
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The names restores have put back into this kernel from what its previous process kept,
     in order (the keep's record; empty where there is none): what a replay must not build
-    again; and of those, the ones kept at the restart, after the failing cell (not a
-    ``%cudaguard keep`` snapshot, taken after the last cell that succeeded)."""
+    again; of those, the ones kept at the restart, after the failing cell (not a
+    ``%cudaguard keep`` snapshot, taken after the last cell that succeeded); and the ones that
+    held a tensor autograd computed, which came back a leaf, without its graph."""
     from ..keep import store
 
     connection, profile = where_kept(shell)
     if connection is None or profile is None:
-        return (), ()
+        return (), (), ()
     try:
         manifest = store.read_manifest(profile[0], connection)
     except Exception:
-        return (), ()
+        return (), (), ()
     if manifest is None:
-        return (), ()
+        return (), (), ()
     restored = manifest.restored
-    return tuple(k.name for k in restored), tuple(k.name for k in restored if k.kind != "snapshot")
+    return (
+        tuple(k.name for k in restored),
+        tuple(k.name for k in restored if k.kind != "snapshot"),
+        tuple(k.name for k in restored if k.graph),
+    )
 
 
 def discard(

@@ -234,7 +234,7 @@ def make_plan(
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     from .keep_glue import restored_names
 
-    restored, after_failure = restored_names(shell)
+    restored, after_failure, graphless = restored_names(shell)
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
     plan = plan_replay(
@@ -248,6 +248,7 @@ def make_plan(
         changed_here=changed_here,
         fresh=[n for n in restored if _from_module(shell.user_ns.get(n)) in own],
         iterators=[n for n in restored if isinstance(shell.user_ns.get(n), Iterator)],
+        graphless=graphless,
     )
     plan = with_records(plan, facts, [c.record for c in cells])
     sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]

@@ -94,6 +94,11 @@ class Plan:
     kept_running: tuple[tuple[str, int], ...] = ()
     # Files the cells it runs leave otherwise than the previous kernel did: (path, how).
     files_changed: tuple[tuple[str, str], ...] = ()
+    # Restored names that held a tensor autograd computed, a leaf since (``loss.backward()``
+    # would reach nothing): those the failing cell reads, built again by the cell that made
+    # them; and the others, left so, with why: (name, why not built again).
+    graphless: tuple[str, ...] = ()
+    graph_lost: tuple[tuple[str, str], ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -115,6 +120,7 @@ def plan_replay(
     changed_here: Collection[str] = (),
     fresh: Collection[str] = (),
     iterators: Collection[str] = (),
+    graphless: Collection[str] = (),
 ) -> Plan:
     """The cells to run, in order, ending with ``failing`` (an index into ``facts``).
 
@@ -129,7 +135,8 @@ def plan_replay(
     left them (the notebook's own modules, and what the namespace holds from them: their
     globals are the module's file's): every cell that changed them runs again;
     ``iterators``: present names that hold an iterator (``zip``, ``iter(xs)``), which any read
-    may advance (``list(it)``, ``for x in it``).
+    may advance (``list(it)``, ``for x in it``); ``graphless``: restored names that held a
+    tensor autograd computed, restored as a leaf (its graph to the model is lost).
     """
     if not 0 <= failing < len(facts):
         raise ValueError(f"failing cell {failing} is not among the {len(facts)} cells")
@@ -142,7 +149,7 @@ def plan_replay(
     planner = _Planner(
         facts, failing, present, set(failed), modules, restored, yours, set(fresh) & restored
     )
-    plan = planner.run(set(after_failure) & restored, set(iterators))
+    plan = planner.run(set(after_failure) & restored, set(iterators), set(graphless) & restored)
     return replace(plan, drop=deleted_before(facts, failing))
 
 
@@ -536,8 +543,14 @@ class _Planner:
         }
         self.unseeded: set[int] = set()
 
-    def run(self, after_failure: Collection[str] = (), iterators: Collection[str] = ()) -> Plan:
+    def run(
+        self,
+        after_failure: Collection[str] = (),
+        iterators: Collection[str] = (),
+        graphless: Collection[str] = (),
+    ) -> Plan:
         target = self.facts[self.failing]
+        rebuilt_graphs, graph_lost = self._regraph(graphless, target)
         # A restored value kept after the failing cell has what that cell did to it before it
         # failed (``history.append(loss)``, ``labels -= 1``): built again, so that the cell
         # starts from the state before the failure.
@@ -610,7 +623,49 @@ class _Planner:
             from_yours=self._from_yours(steps),
             failed_changes=self._failed_changes(steps),
             failed_setup=self._failed_setup(steps),
+            graphless=tuple(sorted(n for n in rebuilt_graphs if n in self.stale)),
+            graph_lost=graph_lost,
         )
+
+    def _regraph(
+        self, graphless: Collection[str], target: CellFacts
+    ) -> tuple[set[str], tuple[tuple[str, str], ...]]:
+        """Restored names that lost their autograd graph: those the failing cell reads
+        (``loss.backward()``) are built again by the cell that bound them, where that cell
+        changes no other name here (a forward pass); else, or where not read, they stay leaves,
+        named: re-running a training step would step the restored model once more."""
+        rebuilt, lost = set(), []
+        for name in sorted(graphless):
+            if name not in target.uses:
+                lost.append((name, "the failing cell does not read it"))
+                continue
+            binder = next(
+                (
+                    i
+                    for i in self._touching(name, self.failing)
+                    if name in self.facts[i].defines - self.facts[i].mutates
+                ),
+                None,
+            )
+            if binder is None or binder in self.failed:
+                lost.append((name, "no cell that ran to its end made it"))
+                continue
+            made = self.facts[binder]
+            others = sorted(made.mutates & self.present - set(graphless))
+            # What it read as restored is as the later cells left it (``opt.step()`` after
+            # the loss was computed): built again from that, it would not be the same.
+            read = made.uses & self.present - set(graphless)
+            moved = sorted(
+                {n for f in self.facts[binder + 1 : self.failing] for n in f.mutates & read}
+            )
+            if others:
+                lost.append((name, f"the cell that made it also changes {', '.join(others[:6])}"))
+            elif moved:
+                lost.append((name, f"what it was made from changed later: {', '.join(moved[:6])}"))
+            elif self._mark_stale(name, "restored without its autograd graph"):
+                self.need(name, self.failing, self.failing)
+                rebuilt.add(name)
+        return rebuilt, tuple(lost)
 
     def _with_later_definitions(self, steps: list[Step]) -> list[Step]:
         """``steps``, where a cell calls a notebook function or class the namespace has that a

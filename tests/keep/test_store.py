@@ -18,6 +18,7 @@ CELLS = """
 import numpy as np, torch
 from dataclasses import dataclass
 
+torch.manual_seed(0)  # (unseeded, all four ReLUs were dead for the ones now and then: no step)
 scale = 3
 
 def times(v):
@@ -516,6 +517,28 @@ def test_gradients_held_in_grad_come_back(profile):
     assert torch.equal(new["leaf"].grad, leaf.grad) and new["leaf"].is_leaf
     assert new["none"].weight.grad is None
     assert type(new["lin"].weight) is torch.nn.Parameter and new["lin"].weight.requires_grad
+
+
+def test_what_held_a_tensor_autograd_computed_is_marked_as_back_without_its_graph(profile):
+    # ``loss = out.sum()`` comes back a leaf: ``loss.backward()`` would no longer reach the
+    # model. The keep says which names held such a tensor (a replay builds them again); a view
+    # of a leaf comes back a view of it, graph and all, and a leaf has none to lose.
+    lin = torch.nn.Linear(3, 2)
+    out = lin(torch.ones(4, 3))
+    loss = out.pow(2).sum()
+    namespace = {
+        "lin": lin,
+        "loss": loss,
+        "history": {"losses": [loss.detach()], "last": out},
+        "row": lin.weight[0],
+        "detached": loss.detach(),
+    }
+    manifest, done, new = save_and_restore(namespace, profile)
+    marked = {k.name for k in manifest.kept if k.graph}
+    assert marked == {"loss", "history"}, manifest.kept
+    assert {k.name for k in done.restored if k.graph} == {"loss", "history"}
+    assert new["loss"].is_leaf and new["row"].grad_fn is not None
+    assert new["row"]._base is new["lin"].weight
 
 
 def test_a_tensors_hooks_and_attributes_come_back(profile):

@@ -123,3 +123,13 @@ def test_the_offer_says_which_names_come_back_together():
     )
     text = offer_text(manifest(kept=kept), now=1008.0)
     assert "Restored together (they share objects or memory): model, opt." in text
+
+
+def test_a_restore_says_which_names_came_back_without_their_autograd_graph():
+    loss = Kept("loss", "Tensor", 64, "v1.bin", graph=True)
+    model = Kept("model", "Linear", 640, "v2.bin")
+    text = restored_text(Restored((loss, model), (), ()), 0.1)
+    assert (
+        "`loss` held tensors autograd computed: they came back as leaves, without the graph"
+    ) in text
+    assert "`model` held" not in text

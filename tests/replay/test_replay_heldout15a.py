@@ -22,7 +22,9 @@ registered a global ``register_optimizer_step_pre_hook`` (through a helper), one
 ``disable_saved_tensors_hooks``, ``set_warn_always`` and the multithreading flag,
 replay/settings.py); so was one whose helper called ``torch.set_flush_denormal(True)``, which
 has no getter (read by a product of Python floats, which obeys the same CPU flags). A restore
-dropped a retained non-leaf grad (keep/pickling.py keeps it).
+dropped a retained non-leaf grad (keep/pickling.py keeps it), and brought back a ``loss`` that
+autograd computed as a leaf, while the plan took it for kept: the failing cell's
+``loss.backward()`` reached nothing (the keep marks such names; the replay builds them again).
 What a failed cell did (the model frozen, made double, pruned, loaded, a hook removed, a
 scheduler stepped) cannot be repeated: the plan names what it bound or changed and what was
 built from it later. The other cases passed as written.
@@ -310,3 +312,47 @@ def test_a_shuffled_loader_over_a_split_and_a_batch_sampler(server, server_kerne
     )
     outcome = run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,))
     assert_no_silent_difference(outcome)
+
+
+# --- autograd graphs ------------------------------------------------------------------------
+
+
+@ALL
+def test_a_loss_kept_with_its_graph_for_the_failing_cells_backward(server, server_kernel, restore):
+    # A cell computes the outputs and the loss; the next (the failing one) calls
+    # ``loss.backward()``. A restored ``loss`` is a leaf: its backward would reach nothing, the
+    # model's grads would stay empty, and a device assert raised in backward would not come
+    # back. It is built again from the restored model instead.
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 2)\nx = torch.ones(4, 3)",
+        "out = model(x)\nloss = out.pow(2).sum()\nlog = {'loss': loss, 'step': 1}",
+    )
+    fp = (
+        "{'loss': [loss.item(), loss.is_leaf, type(loss.grad_fn).__name__], "
+        "'log': [log['loss'] is loss, log['step']], 'out': out.grad_fn is not None, "
+        "'reaches': [type(f).__name__ for f, _ in loss.grad_fn.next_functions] "
+        "if loss.grad_fn else None}"
+    )
+    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+@ALL
+def test_a_loss_left_by_a_training_loop_read_by_the_failing_cell(server, server_kernel, restore):
+    # The loss of a training loop's last step, read by the next cell. Restored, it is a leaf;
+    # its cell cannot be run again (it would step the restored model once more): named.
+    kid, pid = server_kernel
+    cells = (
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx = torch.ones(4, 3)",
+        "for _ in range(3):\n    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n"
+        "    loss.backward()\n    opt.step()",
+    )
+    fp = (
+        "{'loss': [round(loss.item(), 6), loss.is_leaf], "
+        "'w': [round(v, 6) for v in model.weight.flatten().tolist()]}"
+    )
+    outcome = run_case(server, kid, pid, cells, fp, restore=restore)
+    assert_no_silent_difference(outcome)
+    if restore == "":
+        assert "loss (the cell that made it also changes model" in outcome.plan

@@ -872,6 +872,70 @@ def test_a_restored_value_the_user_changed_that_must_give_way_is_named_as_lost()
     assert plan.overwritten and plan.overwritten[0][0] == "labels"
 
 
+# A restored tensor autograd computed is a leaf (keep/pickling.py marks its name).
+MODEL = "import torch\nmodel = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(model.parameters())"
+HERE = {"torch", "model", "opt", "x", "out", "loss"}
+
+
+def _graph_plan(cells: list[str], changed_here=()):
+    # What the record saw each cell do (the text alone takes ``model(x)`` for a change of x).
+    changes = {"opt.step()": {"model", "opt"}, "loss.backward()": {"model"}}
+    records = [
+        CellRecord(
+            bound=frozenset({"out", "loss"} & set(facts.defines)),
+            changed=frozenset(n for part, names in changes.items() if part in cell for n in names),
+        )
+        for cell, facts in zip(cells, facts_of(cells), strict=True)
+    ]
+    return plan_replay(
+        [joined(f, r) for f, r in zip(facts_of(cells), records, strict=True)],
+        len(cells) - 1,
+        HERE,
+        restored=HERE - {"torch"},
+        changed_here=changed_here,
+        graphless={"out", "loss"},
+    )
+
+
+def test_a_loss_restored_without_its_graph_is_built_again_by_its_forward_cell():
+    cells = [MODEL, "x = torch.ones(4, 3)", "out = model(x)\nloss = out.sum()", "loss.backward()"]
+    plan = _graph_plan(cells)
+    assert plan.indices == (2, 3)
+    assert "defines loss again (restored without its autograd graph)" in plan.steps[0].reasons
+    assert plan.graphless == ("loss",)
+    assert plan.graph_lost == (("out", "the failing cell does not read it"),)
+
+
+@pytest.mark.parametrize(
+    ("forward", "between", "why"),
+    [
+        # a training step: built again, it would step the restored model once more
+        (
+            "out = model(x)\nloss = out.sum()\nloss.backward()\nopt.step()",
+            "pass",
+            "the cell that made it also changes model, opt",
+        ),
+        # the model it was computed from was stepped after: built again, another loss
+        ("out = model(x)\nloss = out.sum()", "opt.step()", "what it was made from changed later"),
+    ],
+)
+def test_a_loss_whose_cell_cannot_be_run_again_the_same_stays_a_leaf_and_is_named(
+    forward: str, between: str, why: str
+):
+    cells = [MODEL, "x = torch.ones(4, 3)", forward, between, "loss.backward()"]
+    plan = _graph_plan(cells)
+    assert plan.graphless == () and 2 not in plan.indices
+    assert dict(plan.graph_lost)["loss"].startswith(why), plan.graph_lost
+    assert "loss" in plan.kept
+
+
+def test_a_loss_the_user_computed_again_after_the_restore_is_theirs():
+    cells = [MODEL, "x = torch.ones(4, 3)", "out = model(x)\nloss = out.sum()", "loss.backward()"]
+    plan = _graph_plan(cells, changed_here={"loss"})
+    assert plan.indices == (3,) and plan.graphless == ()
+    assert plan.yours == (("loss", "restored without its autograd graph"),)
+
+
 def test_a_snapshot_taken_before_the_failing_cell_is_left_as_restored():
     cells = ["history = []", "history.append(0)", "history.append(1)\nh = history[0]"]
     plan = _plan(cells, present={"history"}, restored={"history"})  # not after the failure
