@@ -939,6 +939,8 @@ class _CellVisitor(ast.NodeVisitor):
         if self.control:
             self._derives(name, (), add=True)
         for source in self._sources(name, fill):
+            if source in _READ_ONLY_FUNCTIONS and source not in self.bound:
+                continue  # (``for pe, p in zip(ema, model)``: made by ``zip``, not held by it)
             self._load(source)
             self.c.mutates.add(source)
             self.c.defines.add(source)

@@ -37,6 +37,14 @@ class Row:
 ROWS = [
     # --- IPython syntax, after the real transform ---------------------------------------------
     Row("time-line-magic-assigns", "%time x = f(a)", defines=("x",), uses=("f", "a")),
+    Row(
+        # an EMA update: the pairs are made by ``zip``, which holds nothing the loop changes
+        "a-builtin-making-the-loop-pairs-is-not-changed",
+        "for pe, p in zip(ema.parameters(), model.parameters()):\n    pe.mul_(0.9)",
+        mutates=("ema",),
+        not_mutates=("zip",),
+        not_defines=("zip",),
+    ),
     Row("time-line-magic-result-assigned", "x = %time f(a)", defines=("x",), uses=("f", "a")),
     Row(
         "time-cell-magic-body",
