@@ -520,17 +520,21 @@ def _tensor_token(tensor: Any) -> tuple[Any, ...]:
     # kept apart: torch >= 2.1), attributes (``p.no_decay = True``).
     requires_grad = tensor.requires_grad
     hooks, own = tensor._backward_hooks, tensor.__dict__
-    after = getattr(tensor, "_post_accumulate_grad_hooks", None)
-    if after:
-        hooks = (*(hooks or ()), *after)
-    # A leaf's grad, and a non-leaf's where ``h.retain_grad()`` asked torch to fill it (reading
-    # another non-leaf's .grad makes torch warn: it is never filled).
-    retains = requires_grad and not tensor.is_leaf and tensor.retains_grad
-    grad = tensor.grad if requires_grad and (retains or tensor.is_leaf) else None
-    if grad is not None:
-        token: tuple[Any, ...] = (id(tensor), tensor._version, pointer, id(grad), grad._version)
+    if requires_grad:  # (hooks, grads and retain_grad() need it: the rest reads nothing more)
+        after = getattr(tensor, "_post_accumulate_grad_hooks", None)
+        if after:
+            hooks = (*(hooks or ()), *after)
+        # A leaf's grad, and a non-leaf's where ``h.retain_grad()`` asked torch to fill it
+        # (reading another non-leaf's .grad makes torch warn: it is never filled).
+        leaf = tensor.is_leaf
+        retains = not leaf and tensor.retains_grad
+        grad = tensor.grad if leaf or retains else None
+        if grad is not None:
+            token: tuple[Any, ...] = (id(tensor), tensor._version, pointer, id(grad), grad._version)
+        else:
+            token = (id(tensor), tensor._version, pointer, True, retains)
     else:
-        token = (id(tensor), tensor._version, pointer, requires_grad, retains)
+        token = (id(tensor), tensor._version, pointer, False)
     if hooks or own:  # (most tensors have neither: no tuple built for them)
         return (*token, hooks and tuple(hooks), own and (tuple(own), tuple(map(id, own.values()))))
     return token
