@@ -57,7 +57,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from .escapes import aimported, ipython_call
+from .escapes import aimported, ipython_call, string
 from .paths import PathEvents, path_events
 from .unrepeatable import REPEATABLE, Unrepeatable, unrepeatable
 
@@ -523,7 +523,7 @@ def _module_imported(value: ast.expr) -> str | None:
     (that module), ``__import__("torch.nn")`` (its top-level package); else None."""
     if not isinstance(value, ast.Call) or len(value.args) != 1 or value.keywords:
         return None
-    module = _const_str(value.args[0])
+    module = string(value.args[0])
     if module is None:
         return None
     called = _dotted(value.func)
@@ -542,10 +542,6 @@ def _attributes_changed(call: ast.Call) -> ast.expr | None:
     if _is_vars_of(owner) or (isinstance(owner, ast.Attribute) and owner.attr == "__dict__"):
         return owner
     return None
-
-
-def _const_str(node: ast.expr) -> str | None:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def _names_bound(target: ast.AST) -> Iterable[str]:
@@ -1119,13 +1115,10 @@ class _CellVisitor(ast.NodeVisitor):
                 if _untracked_root(target) == root:
                     self.c.untracked.add(root)
                 self._hold(root, stored or set())
-            if (
-                isinstance(target, ast.Subscript)
-                and _dotted(target.value) == "sys.modules"
-                and isinstance(target.slice, ast.Constant)
-                and isinstance(target.slice.value, str)
-            ):
-                self.c.registers[target.slice.value] = set(stored or ())
+            if isinstance(target, ast.Subscript) and _dotted(target.value) == "sys.modules":
+                registered = string(target.slice)
+                if registered is not None:
+                    self.c.registers[registered] = set(stored or ())
             if isinstance(target, ast.Subscript) and _is_environ(target.value):
                 self.c.setup.append("sets an environment variable, os.environ")
             path = target.value if isinstance(target, ast.Subscript) else target
@@ -1468,7 +1461,7 @@ class _CellVisitor(ast.NodeVisitor):
         if ipython is not None and ipython[0] in ("push", "run_cell", "ex"):
             self.c.opaque.append(f"get_ipython().{ipython[0]}()")
         if ipython is not None and ipython[0] in ("system", "getoutput") and ipython[1]:
-            self._expanded(_const_str(ipython[1][0]) or "")  # !cmd $name {expr}
+            self._expanded(string(ipython[1][0]) or "")  # !cmd $name {expr}
         if self._store_call(node):
             return
         if isinstance(func, ast.Name) and func.id[:1].isupper() and self.reading is not None:
@@ -1521,13 +1514,13 @@ class _CellVisitor(ast.NodeVisitor):
         if ipython is None or ipython[0] not in ("run_line_magic", "run_cell_magic"):
             return False
         method, args = ipython
-        name = _const_str(args[0]) if args else None
-        line = _const_str(args[1]) if len(args) > 1 else ""
+        name = string(args[0]) if args else None
+        line = string(args[1]) if len(args) > 1 else ""
         if name is None or line is None:
             self.c.opaque.append("a magic called with computed arguments")
             return True
         if method == "run_cell_magic":
-            body = _const_str(args[2]) if len(args) > 2 else None
+            body = string(args[2]) if len(args) > 2 else None
             if name in PYTHON_CELL_MAGICS and body is not None:
                 if name == "capture" and line.split():
                     self._store(line.split()[-1])
@@ -1648,8 +1641,8 @@ def _magic_shows_a_value(method: str, args: list[ast.expr]) -> bool:
     ``!!cmd`` (``getoutput``). Others return None, and leave ``_`` as it was."""
     if method == "getoutput":
         return True
-    name = _const_str(args[0]) if args else None
-    line = (_const_str(args[1]) if len(args) > 1 else "") or ""
+    name = string(args[0]) if args else None
+    line = (string(args[1]) if len(args) > 1 else "") or ""
     if method != "run_line_magic" or name is None:
         return False
     if name == "time":

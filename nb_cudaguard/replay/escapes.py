@@ -25,11 +25,14 @@ def ipython_call(node: ast.expr) -> tuple[str, list[ast.expr]] | None:
     return None
 
 
+def string(node: ast.expr) -> str | None:
+    """The string ``node`` is, where it is a string literal; else None."""
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
 def strings(args: list[ast.expr]) -> list[str | None]:
     """The arguments as the strings they are, None for one that is not a string literal."""
-    return [
-        a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None for a in args
-    ]
+    return [string(a) for a in args]
 
 
 def aimported(line: str) -> list[str]:

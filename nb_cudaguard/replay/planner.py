@@ -635,6 +635,7 @@ class _Planner:
         changes no other name here (a forward pass); else, or where not read, they stay leaves,
         named: re-running a training step would step the restored model once more."""
         rebuilt, lost = set(), []
+        kept = self.present - set(graphless)  # (what a re-run must leave as it is)
         for name in sorted(graphless):
             if name not in target.uses:
                 lost.append((name, "the failing cell does not read it"))
@@ -651,10 +652,10 @@ class _Planner:
                 lost.append((name, "no cell that ran to its end made it"))
                 continue
             made = self.facts[binder]
-            others = sorted(made.mutates & self.present - set(graphless))
+            others = sorted(made.mutates & kept)
             # What it read as restored is as the later cells left it (``opt.step()`` after
             # the loss was computed): built again from that, it would not be the same.
-            read = made.uses & self.present - set(graphless)
+            read = made.uses & kept
             moved = sorted(
                 {n for f in self.facts[binder + 1 : self.failing] for n in f.mutates & read}
             )

@@ -191,9 +191,16 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
         # ``set_printoptions`` sets attributes of one object: its ``__dict__`` copied in C.
         ("torch.set_printoptions", vars(torch._tensor_str.PRINT_OPTS).copy),
         # Hooks on every module (``register_module_forward_hook``): how many of each kind.
-        ("torch.nn.modules.module.register_module_forward_hook", _global_hooks(torch)),
-        # Hooks on every optimizer's step (``register_optimizer_step_pre_hook``).
-        ("torch.optim.optimizer.register_optimizer_step_pre_hook", _optimizer_hooks(torch)),
+        (
+            "torch.nn.modules.module.register_module_forward_hook",
+            _global_hooks(torch.nn.modules.module),
+        ),
+        # Hooks on every optimizer's step (``register_optimizer_step_pre_hook``; its module is
+        # no attribute of torch.optim).
+        (
+            "torch.optim.optimizer.register_optimizer_step_pre_hook",
+            _global_hooks(sys.modules[torch.optim.Optimizer.__module__]),
+        ),
     ]
     # Autocast left on (``torch.autocast("cpu").__enter__()``, ``set_autocast_enabled``): on
     # and to what dtype, per device; the getters that take a device are torch >= 2.4's.
@@ -271,13 +278,7 @@ def _autocast(torch: Any, device: str) -> Callable[[], Any]:
     return lambda: (enabled(device), dtype(device))
 
 
-def _optimizer_hooks(torch: Any) -> Callable[[], Any]:
-    module = sys.modules[torch.optim.Optimizer.__module__]  # (no attribute of torch.optim)
-    found = [v for k, v in vars(module).items() if k.startswith("_global_") and isinstance(v, dict)]
-    return lambda: tuple(map(len, found))
-
-
-def _global_hooks(torch: Any) -> Callable[[], Any]:
-    module = torch.nn.modules.module
+def _global_hooks(module: Any) -> Callable[[], Any]:
+    """How many hooks each of ``module``'s global hook dicts holds (``_global_...``)."""
     found = [v for k, v in vars(module).items() if k.startswith("_global_") and isinstance(v, dict)]
     return lambda: tuple(map(len, found))

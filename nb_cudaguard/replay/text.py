@@ -154,15 +154,15 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             "they may differ: "
             + ", ".join(f"{name} ({cell_label(cells[i])})" for name, i in plan.kept_running)
         )
+    graphless = (
+        "restored without their autograd graph (leaves now: a backward() through them would "
+        "reach nothing)"
+    )
     if plan.graphless:
-        notes.append(
-            "restored without their autograd graph (leaves now: a backward() through them "
-            "would reach nothing), so built again: " + ", ".join(plan.graphless[:12])
-        )
+        notes.append(f"{graphless}, so built again: " + ", ".join(plan.graphless[:12]))
     if plan.graph_lost:
         notes.append(
-            "restored without their autograd graph (leaves now: a backward() through them "
-            "would reach nothing), and not built again: "
+            f"{graphless}, and not built again: "
             + ", ".join(f"{name} ({why})" for name, why in plan.graph_lost[:12])
         )
     if plan.files_changed:
