@@ -236,10 +236,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
 
 
 @pytest.fixture
-def server_kernel(server: JupyterServer) -> Iterator[tuple[str, int]]:
+def server_kernel(
+    server: JupyterServer, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, int]]:
     """A kernel started through ``server``, once it answers: its id and its process's pid. Its
-    shutdown goes on beside the next test (the server waits for it before it stops)."""
-    with server.new_kernel(wait_shutdown=False) as started:
+    shutdown goes on beside the next test (the server waits for it before it stops). In a
+    module marked ``kernels_ahead`` (one whose tests change nothing a kernel's start reads),
+    the next test's kernel starts while this test runs."""
+    ahead = request.node.get_closest_marker("kernels_ahead") is not None
+    with server.new_kernel(wait_shutdown=False, ahead=ahead) as started:
         yield started
 
 

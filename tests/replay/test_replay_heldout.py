@@ -17,6 +17,10 @@ from __future__ import annotations
 import pytest
 from heldout_harness import ALL, assert_no_silent_difference, run_case
 
+# The next test's kernel starts while one runs: these cases change nothing a kernel's
+# start reads (tests/conftest.py, server_kernel).
+pytestmark = pytest.mark.kernels_ahead
+
 # --- 1. training: seed, DataLoader shuffle, SGD steps, scheduler ---------------------------------
 
 TRAIN = (

@@ -34,6 +34,10 @@ from __future__ import annotations
 import pytest
 from heldout_harness import ALL, assert_no_silent_difference, restores, run_case
 
+# The next test's kernel starts while one runs: these cases change nothing a kernel's
+# start reads (tests/conftest.py, server_kernel).
+pytestmark = pytest.mark.kernels_ahead
+
 pytest.importorskip("numpy")
 
 OOM = "raise RuntimeError('CUDA out of memory')"
