@@ -242,12 +242,19 @@ def _buffer_address(raw: memoryview) -> int | None:
 # --- tensors -------------------------------------------------------------------------------------
 
 
-def _storage_from_region(region: memoryview) -> Any:
+def _storage_from_region(region: memoryview, shared: bool = False) -> Any:
     import torch
 
     if len(region) == 0:
-        return torch.empty(0, dtype=torch.uint8).untyped_storage()
-    return torch.frombuffer(region, dtype=torch.uint8).untyped_storage()
+        storage = torch.empty(0, dtype=torch.uint8).untyped_storage()
+    else:
+        storage = torch.frombuffer(region, dtype=torch.uint8).untyped_storage()
+    if shared:
+        # ``t.share_memory_()`` (for workers started later: Hogwild, a ``multiprocessing``
+        # queue) moved it to shared memory; the mapped file is private, so it moves again, in
+        # place: every tensor rebuilt on this storage is shared, as before.
+        storage.share_memory_()
+    return storage
 
 
 def _rebuild_tensor(
@@ -286,11 +293,12 @@ def _rebuild_view(base: Any, offset: int, size: tuple[int, ...], stride: tuple[i
 class _StorageBytes:
     """One CPU storage as a region; the same storage seen twice is one object (pickle's memo)."""
 
-    def __init__(self, region: _Region) -> None:
+    def __init__(self, region: _Region, shared: bool = False) -> None:
         self.region = region
+        self.shared = shared
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _storage_from_region, (self.region,)
+        return _storage_from_region, (self.region, *((True,) if self.shared else ()))
 
 
 def _device_of(value: Any) -> str | None:
@@ -560,7 +568,8 @@ class KeepPickler:
             holder = storages.get(pointer) if length else None
             if holder is None:
                 holder = _StorageBytes(
-                    add_region(pointer, length, tensor) if length else _Region(0, 0)
+                    add_region(pointer, length, tensor) if length else _Region(0, 0),
+                    bool(storage.is_shared()),
                 )
                 if length:
                     storages[pointer] = holder

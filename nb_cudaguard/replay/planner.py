@@ -1308,7 +1308,10 @@ def with_unrepeatable(
             if reads.concurrent:
                 own = set(cell.defines | cell.mutates) | run_beside(index)
             elif reads.varying and reasons == [reads.varying]:
-                own = set(reads.differs)  # the clock's value alone: not what the cell timed
+                # The clock's value alone: not what the cell timed. Not a module a call
+                # reseeded (``torch.seed()``): the replay sets its generator's state back
+                # before each later cell; what this cell drew from it is named.
+                own = set(reads.differs) - modules
             else:  # which of them follow a set's order, its text cannot say
                 own = set(cell.defines | cell.mutates)
         else:

@@ -57,6 +57,10 @@ CONCURRENT_CALLS = frozenset(
 )  # fmt: skip
 # Generators made with no seed: seeded from the OS's entropy, anew in every process.
 _UNSEEDED = frozenset({"default_rng", "SeedSequence", "RandomState", "Random", "PCG64", "Philox"})
+# Generators seeded again with no seed (or None): from the OS's entropy or the clock, anew in
+# every process (``torch.seed()``, ``Generator.seed()``, ``torch.cuda.seed_all()``,
+# ``random.seed()``, ``np.random.seed()``).
+_RESEEDS = frozenset({"seed", "seed_all"})
 # Called by these alone they are someone else's (``model.time()``): only through these modules.
 _VARYING_OWNERS = frozenset({"time", "datetime", "date", "uuid", "os", "secrets", "tempfile"})
 
@@ -99,7 +103,7 @@ UNWALKED = Unrepeatable(complete=False)
 # A cell that may build a set, hash a string or read the clock, the OS or the process.
 _MAY_MATTER = re.compile(
     r"set\b|\{|\bhash\b|\bid\s*\(|\.pop\b|\b(?:"
-    + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED | CONCURRENT_CALLS | {"timeit"}))
+    + "|".join(sorted(VARYING_CALLS.keys() | _UNSEEDED | _RESEEDS | CONCURRENT_CALLS | {"timeit"}))
     + r")\b"
 )
 
@@ -287,7 +291,9 @@ class _Finder(ast.NodeVisitor):
             # same objects made again in a new process have other ids.
             read = ADDRESS
         if read is None and not node.args and not node.keywords:
-            read = "fresh entropy" if called in _UNSEEDED else None
+            read = "fresh entropy" if called in _UNSEEDED | _RESEEDS else None
+        elif read is None and called in _RESEEDS and _only_none(node):
+            read = "fresh entropy"
         if timed is not None:
             read, spelled = "the clock", timed
         else:
@@ -311,6 +317,12 @@ class _Finder(ast.NodeVisitor):
             for keyword in node.keywords:
                 self._ordered(keyword.value)
         self.generic_visit(node)
+
+
+def _only_none(node: ast.Call) -> bool:
+    """``seed(None)``, ``seed(seed=None)``: as with no argument."""
+    values = [*node.args, *(k.value for k in node.keywords)]
+    return len(values) == 1 and isinstance(values[0], ast.Constant) and values[0].value is None
 
 
 def _timed(node: ast.Call) -> str | None:

@@ -127,6 +127,21 @@ def test_a_view_comes_back_a_view_of_its_restored_base(profile):
     assert new["view"][1] == 30.0 and new["rows"][1, 0] == 30.0
 
 
+def test_a_tensor_moved_to_shared_memory_comes_back_in_shared_memory(profile):
+    # ``share_memory_()`` before handing a tensor to workers: still shared after the restart,
+    # with its views on the same (shared) memory; a tensor never shared is not moved.
+    ns = notebook(
+        "import torch\nshared = torch.arange(6.).share_memory_()\nrows = shared.view(2, 3)\n"
+        "plain = torch.ones(2)"
+    )
+    _, _, new = save_and_restore(ns, profile)
+    assert new["shared"].is_shared() and new["rows"].is_shared()
+    assert new["shared"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    new["shared"][4] = 40.0
+    assert new["rows"][1, 1] == 40.0
+    assert not new["plain"].is_shared()
+
+
 def test_a_memoryview_comes_back_a_view_of_its_restored_object_or_is_not_kept(profile):
     # cloudpickle writes one as the bytes it shows: a ``bytes``, writing into nothing.
     ns = notebook(

@@ -205,6 +205,40 @@ def test_a_generator_made_with_no_seed_reads_fresh_entropy(code, fresh):
     assert ("fresh entropy" in unrepeatable(ast.parse(code)).varying) is fresh
 
 
+@pytest.mark.parametrize(
+    ("code", "fresh"),
+    [
+        ("torch.seed()", True),
+        ("g.seed()", True),
+        ("s = gen.seed()", True),
+        ("random.seed()", True),
+        ("np.random.seed(None)", True),
+        ("torch.cuda.seed_all()", True),
+        ("random.seed(0)", False),
+        ("np.random.seed(seed=1)", False),
+        ("g.manual_seed(0)", False),
+    ],
+)
+def test_a_generator_seeded_again_with_no_seed_reads_fresh_entropy(code, fresh):
+    # ``torch.seed()``, ``Generator.seed()``, ``random.seed()``, ``np.random.seed()``: seeded
+    # from the OS (or the clock), anew in every process.
+    assert ("fresh entropy" in unrepeatable(ast.parse(code)).varying) is fresh
+
+
+def test_what_is_drawn_after_a_generator_is_seeded_from_the_os_is_named():
+    cells = [
+        "import torch\ng = torch.Generator()\ng.seed()\nperm = torch.randperm(6, generator=g)",
+        "torch.seed()\nnoise = torch.rand(3)\nw = torch.ones(2)",
+        "later = torch.randperm(3, generator=g)\nones = torch.ones(2)",
+        "print(later)",
+    ]
+    plan = _plan(cells, set())
+    # What the reseeding cell builds through torch (its text cannot tell ``rand`` from
+    # ``ones``), and what is drawn from ``g`` later; not ``torch`` itself, whose generator the
+    # replay sets back before each later cell, nor what later cells build through it.
+    assert plan.unrepeatable_names == ("g", "later", "noise", "perm", "w")
+
+
 def test_an_id_is_read_as_an_address_and_names_what_it_builds():
     found = unrepeatable(ast.parse("names = {id(p): n for n, p in net.named_parameters()}"))
     assert "id() reads an object's address" in found.varying
