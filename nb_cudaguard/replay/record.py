@@ -574,7 +574,7 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
     if slots is not None:  # ``__slots__`` of Python classes (``@dataclass(slots=True)``)
         values: list[Any] = [getattr(obj, name, _UNSET) for name in slots]
         values += vars(obj).values() if hasattr(obj, "__dict__") else ()
-        return values
+        return values + _descriptors(kind)
     try:
         attributes = vars(obj)
     except TypeError:
@@ -585,7 +585,43 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
         # pandas' ``cache_readonly`` memo (pandas/_libs/properties.pyx, ``CachedProperty``):
         # filled as the object is read (a groupby's grouper, ``gb.size()``), never a change.
         return [value for key, value in attributes.items() if key != "_cache"]
-    return list(attributes.values())
+    return [*attributes.values(), *_descriptors(kind)]
+
+
+def _descriptors(kind: type) -> list[Any]:
+    """The data descriptors written in Python on ``kind``'s classes: ``obj.lr = 0.5`` through
+    one's ``__set__`` may keep the value in the descriptor (a ``WeakKeyDictionary`` keyed by
+    the instance), not in the instance, so the instance's state includes what they hold.
+    (``property`` and slots' descriptors are written in C and keep nothing of their own.)"""
+    bases = kind.__mro__[:-1]
+    sizes = tuple(len(vars(base)) for base in bases)  # a class given an attribute: look again
+    found = _DESCRIPTORS.get(kind)
+    if found is not None and found[0] == sizes:
+        return found[1]
+    descriptors = [
+        value
+        for base in bases
+        for value in vars(base).values()
+        if type(value).__flags__ & _HEAP_TYPE and _sets_in_python(type(value))
+    ]
+    if len(_DESCRIPTORS) > 256:
+        _DESCRIPTORS.clear()
+    _DESCRIPTORS[kind] = (sizes, descriptors)
+    return descriptors
+
+
+def _sets_in_python(kind: type) -> bool:
+    """Whether ``kind``'s ``__set__`` or ``__delete__`` is Python code (one of Cython, as
+    pandas' ``AxisProperty``, keeps nothing of its own but C fields)."""
+    for base in kind.__mro__:
+        for name in ("__set__", "__delete__"):
+            if isinstance(vars(base).get(name), FunctionType):
+                return True
+    return False
+
+
+# a class -> (its classes' attribute counts when looked at, its data descriptors then)
+_DESCRIPTORS: dict[type, tuple[tuple[int, ...], list[Any]]] = {}
 
 
 def _c_state(kind: type) -> bool:

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,49 @@ def test_an_insert_by_a_failed_cell_into_an_in_memory_database_is_named(recorded
     _new_process(recorded, ["con", "m", "sqlite3"])
     summary = _replay(recorded, saved)
     assert "con" in summary.split("then that cell", 1)[1], summary
+
+
+def test_a_fingerprint_sees_what_a_data_descriptor_keeps_for_the_instance():
+    # ``obj.lr = 0.5`` through a descriptor's ``__set__`` that keeps it in a WeakKeyDictionary
+    # on the class: the instance's ``__dict__`` stays empty, yet ``obj.lr`` changed.
+    class Positive:
+        def __init__(self) -> None:
+            self.values: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+        def __get__(self, obj: Any, owner: Any = None) -> Any:
+            return self if obj is None else self.values.get(obj, 1.0)
+
+        def __set__(self, obj: Any, value: float) -> None:
+            self.values[obj] = value
+
+    class Cfg:
+        lr = Positive()
+
+    cfg = Cfg()
+    before, whole = fingerprint(cfg)
+    assert whole and fingerprint(cfg)[0] == before
+    cfg.lr = 0.5
+    assert fingerprint(cfg)[0] != before
+
+
+def test_a_setting_kept_by_a_descriptor_set_in_a_failed_cell_is_named(recorded):
+    cells = [
+        "import weakref\nclass Positive:\n    def __init__(self):\n"
+        "        self.values = weakref.WeakKeyDictionary()\n"
+        "    def __get__(self, obj, owner=None):\n"
+        "        return self if obj is None else self.values.get(obj, 1.0)\n"
+        "    def __set__(self, obj, v):\n        self.values[obj] = v\n"
+        "class Cfg:\n    lr = Positive()\ncfg = Cfg()",
+        "cfg.lr = 0.5\nraise RuntimeError('CUDA out of memory')",
+        "seen = cfg.lr\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["weakref", "Positive", "Cfg", "cfg", "seen"])
+    summary = _replay(recorded, saved)
+    assert recorded.user_ns["seen"] == 1.0  # the failed cell's store is not repeated...
+    assert "cfg" in summary.split("then that cell", 1)[1], summary  # ...and the plan says so
 
 
 def test_a_fingerprint_sees_state_held_by_what_is_called():
