@@ -130,6 +130,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 return False
             if kind not in _CONTAINERS:  # OrderedDict, Counter, a namedtuple: their attributes
                 stack.extend(_plain_attributes(obj) or ())  # (a defaultdict's factory: by id)
+                stack.extend(_notebook_classes(kind))
             if isinstance(obj, dict):
                 values = tuple(obj.values())
                 append((id(obj), tuple(map(id, obj)), tuple(map(id, values))))
@@ -165,6 +166,8 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             held = _held_by(obj)
             append((id(obj), tuple(map(id, held))))
             stack.extend(_mutable(held))
+            if kind is not FunctionType:  # a class: what it inherits, what its metaclass holds
+                stack.extend(_notebook_classes(kind) + _notebook_classes(obj)[1:])
         elif torch is not None and isinstance(obj, torch.Generator):
             # A generator of one's own (``torch.Generator().manual_seed(0)``): where it stands.
             append((id(obj), obj.get_state().numpy().tobytes()))
@@ -193,7 +196,15 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 whole = False  # a change inside it cannot be seen
             else:
                 stack.extend(attributes)
+            stack.extend(_notebook_classes(kind))
     return whole
+
+
+def _notebook_classes(kind: type) -> list[type]:
+    """The notebook's classes among ``kind`` and its bases: an instance reads what they hold
+    (``r.tags.append(t)`` with ``tags = []`` on the class; a singleton kept by a metaclass),
+    so a change there is a change of the instance."""
+    return [base for base in kind.__mro__ if base.__module__ == "__main__"]
 
 
 def _generator(kind: type) -> Callable[[Any], Any] | Literal[False]:

@@ -13,6 +13,7 @@ import functools
 import importlib
 import os
 import random
+import re
 import sys
 import textwrap
 import time
@@ -396,6 +397,39 @@ def test_a_setting_kept_by_a_descriptor_set_in_a_failed_cell_is_named(recorded):
     summary = _replay(recorded, saved)
     assert recorded.user_ns["seen"] == 1.0  # the failed cell's store is not repeated...
     assert "cfg" in summary.split("then that cell", 1)[1], summary  # ...and the plan says so
+
+
+def test_a_fingerprint_sees_what_a_notebook_class_and_its_metaclass_hold():
+    # ``r.tags.append(t)`` with ``tags = []`` on the class; a singleton a metaclass keeps.
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(
+        "class Run:\n    tags = []\nclass Sub(Run):\n    pass\nr = Sub()\n"
+        "class Single(type):\n    made = {}\nclass Cache(metaclass=Single):\n    pass",
+        namespace,
+    )
+    r, cache = namespace["r"], namespace["Cache"]
+    before, cache_before = fingerprint(r)[0], fingerprint(cache)[0]
+    assert fingerprint(r)[0] == before and fingerprint(cache)[0] == cache_before
+    r.tags.append("warm")
+    namespace["Single"].made[cache] = object()
+    assert fingerprint(r)[0] != before
+    assert fingerprint(cache)[0] != cache_before
+
+
+def test_a_class_attribute_changed_through_an_instance_in_a_failed_cell_is_named(recorded):
+    cells = [
+        "class Run:\n    tags = []\nr = Run()",
+        "r.tags.append('warm')\nraise RuntimeError('CUDA out of memory')",
+        "n = len(r.tags)",
+        "seen = n\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["Run", "r", "n", "seen"])
+    summary = _replay(recorded, saved)
+    named = summary.split("then that cell", 1)[1]
+    assert re.search(r"\br\b", named) and re.search(r"\bn\b", named), summary
 
 
 def test_a_fingerprint_sees_state_held_by_what_is_called():
