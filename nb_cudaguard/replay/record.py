@@ -181,6 +181,12 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
         elif kind is functools.partial:  # what it was handed (``partial(collect, [])``)
             append(id(obj))
             stack.extend((obj.func, obj.args, obj.keywords))
+        elif kind is property:  # a class's (walked with its instances): its functions
+            append(id(obj))
+            stack.extend((obj.fget, obj.fset, obj.fdel))
+        elif kind is staticmethod or kind is classmethod:
+            append(id(obj))
+            stack.append(obj.__func__)
         elif kind is MethodType or kind is BuiltinFunctionType:
             append(id(obj))  # ``log = Logger().write``, ``add = [].append``: the object it is
             if _bound_state(obj):  # bound to

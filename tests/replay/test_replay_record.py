@@ -416,6 +416,18 @@ def test_a_fingerprint_sees_what_a_notebook_class_and_its_metaclass_hold():
     assert fingerprint(cache)[0] != cache_before
 
 
+def test_a_notebook_class_with_properties_and_static_methods_is_seen_whole():
+    # Walked with each instance: a ``property`` or ``staticmethod`` (C objects) by their functions.
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(
+        "class A:\n    @property\n    def p(self):\n        return 1\n"
+        "    @staticmethod\n    def s():\n        pass\n"
+        "    @classmethod\n    def c(cls):\n        pass\na = A()",
+        namespace,
+    )
+    assert fingerprint(namespace["A"])[1] and fingerprint(namespace["a"])[1]
+
+
 def test_a_class_attribute_changed_through_an_instance_in_a_failed_cell_is_named(recorded):
     cells = [
         "class Run:\n    tags = []\nr = Run()",
