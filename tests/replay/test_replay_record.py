@@ -444,6 +444,26 @@ def test_a_class_attribute_changed_through_an_instance_in_a_failed_cell_is_named
     assert re.search(r"\br\b", named) and re.search(r"\bn\b", named), summary
 
 
+def test_an_attribute_a_failed_cell_set_through_a_property_kept_elsewhere_is_named(recorded):
+    # The setter keeps the value in a global dict: the record sees ``overrides`` change, not
+    # ``cfg``, yet ``cfg.lr`` (and what a later cell read from it) is what the cell set.
+    cells = [
+        "overrides = {}\nclass Cfg:\n    @property\n    def lr(self):\n"
+        "        return overrides.get('lr', 1.0)\n    @lr.setter\n    def lr(self, v):\n"
+        "        overrides['lr'] = v\ncfg = Cfg()",
+        "cfg.lr = 0.5\nraise RuntimeError('CUDA out of memory')",
+        "lr = cfg.lr",
+        "seen = lr\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["overrides", "Cfg", "cfg", "lr", "seen"])
+    summary = _replay(recorded, saved)
+    named = summary.split("then that cell", 1)[1]
+    assert re.search(r"\bcfg\b", named) and re.search(r"\blr\b", named), summary
+
+
 def test_a_fingerprint_sees_state_held_by_what_is_called():
     class Stopper:  # called, not a method named: ``stopper(val_loss)``
         def __init__(self) -> None:
