@@ -108,6 +108,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
     it was seen within ``limit`` objects."""
     append = tokens.append
     whole = True
+    through: dict[type, list[Any]] = {}  # each class's ``_read_through``, once a walk
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
     _note_types(torch, numpy)
@@ -130,7 +131,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 return False
             if kind not in _CONTAINERS:  # OrderedDict, Counter, a namedtuple: their attributes
                 stack.extend(_plain_attributes(obj) or ())  # (a defaultdict's factory: by id)
-                stack.extend(_notebook_classes(kind))
+                stack.extend(through[kind] if kind in through else _read_through(kind, through))
             if isinstance(obj, dict):
                 values = tuple(obj.values())
                 append((id(obj), tuple(map(id, obj)), tuple(map(id, values))))
@@ -202,8 +203,15 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 whole = False  # a change inside it cannot be seen
             else:
                 stack.extend(attributes)
-            stack.extend(_notebook_classes(kind))
+            stack.extend(through[kind] if kind in through else _read_through(kind, through))
     return whole
+
+
+def _read_through(kind: type, known: dict[type, list[Any]]) -> list[Any]:
+    """What an instance of ``kind`` reads through its classes (noted in ``known``): their data
+    descriptors written in Python, the notebook's classes among them."""
+    found = known[kind] = _descriptors(kind) + _notebook_classes(kind)
+    return found
 
 
 def _notebook_classes(kind: type) -> list[type]:
@@ -591,7 +599,7 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
     if slots is not None:  # ``__slots__`` of Python classes (``@dataclass(slots=True)``)
         values: list[Any] = [getattr(obj, name, _UNSET) for name in slots]
         values += vars(obj).values() if hasattr(obj, "__dict__") else ()
-        return values + _descriptors(kind)
+        return values
     try:
         attributes = vars(obj)
     except TypeError:
@@ -602,7 +610,7 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
         # pandas' ``cache_readonly`` memo (pandas/_libs/properties.pyx, ``CachedProperty``):
         # filled as the object is read (a groupby's grouper, ``gb.size()``), never a change.
         return [value for key, value in attributes.items() if key != "_cache"]
-    return [*attributes.values(), *_descriptors(kind)]
+    return list(attributes.values())
 
 
 def _descriptors(kind: type) -> list[Any]:
