@@ -319,6 +319,8 @@ def _module_tokens(
         append(tuple(map(id, own)))
         if not _IMMUTABLE.issuperset(map(type, own)):  # ``self.history = []``: walked
             stack.extend(_mutable(own))
+        if type(module).__module__ == "__main__":  # ``type(self).calls += 1`` in ``forward``
+            stack.extend(_notebook_classes(type(module)))
         for child in children.values():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))

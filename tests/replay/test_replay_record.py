@@ -464,6 +464,25 @@ def test_an_attribute_a_failed_cell_set_through_a_property_kept_elsewhere_is_nam
     assert re.search(r"\bcfg\b", named) and re.search(r"\blr\b", named), summary
 
 
+def test_a_class_attribute_a_module_bumps_in_a_failed_cell_is_named_with_the_module(recorded):
+    # ``type(self).calls += 1`` in ``forward``: the change is in the notebook's ``nn.Module``
+    # class, which ``net.calls`` reads through.
+    cells = [
+        "import torch\nclass Net(torch.nn.Module):\n    calls = 0\n    def forward(self, x):\n"
+        "        type(self).calls += 1\n        return x\nnet = Net()",
+        "net(torch.ones(1))\nraise RuntimeError('CUDA out of memory')",
+        "c = net.calls",
+        "seen = c\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["Net", "net", "c", "seen"])
+    summary = _replay(recorded, saved)
+    named = summary.split("then that cell", 1)[1]
+    assert re.search(r"\bnet\b", named) and re.search(r"\bc\b", named), summary
+
+
 def test_a_fingerprint_sees_state_held_by_what_is_called():
     class Stopper:  # called, not a method named: ``stopper(val_loss)``
         def __init__(self) -> None:
