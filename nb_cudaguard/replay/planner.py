@@ -740,6 +740,10 @@ class _Planner:
                 continue
             facts = self.facts[index]
             changed = (facts.defines - facts.imports) | self._sharing(facts.mutates, index)
+            # An attribute it set (``cfg.lr = 0.5``) the record may not have seen change the
+            # object: a property's setter or a descriptor keeps it elsewhere (a global dict),
+            # yet reading it back gives what was set.
+            changed |= facts.patches - self.modules
             # A class or module put back is one imported afresh (pickled by reference): what
             # the failed cell set on it is not put back with it.
             imported = set().union(*(f.imports for f in self.facts[:index])) & self.present

@@ -108,6 +108,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
     it was seen within ``limit`` objects."""
     append = tokens.append
     whole = True
+    through: dict[type, list[Any]] = {}  # each class's ``_read_through``, once a walk
     torch = sys.modules.get("torch")
     numpy = sys.modules.get("numpy")
     _note_types(torch, numpy)
@@ -130,6 +131,7 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 return False
             if kind not in _CONTAINERS:  # OrderedDict, Counter, a namedtuple: their attributes
                 stack.extend(_plain_attributes(obj) or ())  # (a defaultdict's factory: by id)
+                stack.extend(through[kind] if kind in through else _read_through(kind, through))
             if isinstance(obj, dict):
                 values = tuple(obj.values())
                 append((id(obj), tuple(map(id, obj)), tuple(map(id, values))))
@@ -165,6 +167,8 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
             held = _held_by(obj)
             append((id(obj), tuple(map(id, held))))
             stack.extend(_mutable(held))
+            if kind is not FunctionType:  # a class: what it inherits, what its metaclass holds
+                stack.extend(_notebook_classes(kind) + _notebook_classes(obj)[1:])
         elif torch is not None and isinstance(obj, torch.Generator):
             # A generator of one's own (``torch.Generator().manual_seed(0)``): where it stands.
             append((id(obj), obj.get_state().numpy().tobytes()))
@@ -178,6 +182,12 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
         elif kind is functools.partial:  # what it was handed (``partial(collect, [])``)
             append(id(obj))
             stack.extend((obj.func, obj.args, obj.keywords))
+        elif kind is property:  # a class's (walked with its instances): its functions
+            append(id(obj))
+            stack.extend((obj.fget, obj.fset, obj.fdel))
+        elif kind is staticmethod or kind is classmethod:
+            append(id(obj))
+            stack.append(obj.__func__)
         elif kind is MethodType or kind is BuiltinFunctionType:
             append(id(obj))  # ``log = Logger().write``, ``add = [].append``: the object it is
             if _bound_state(obj):  # bound to
@@ -193,7 +203,22 @@ def _walk(stack: list[Any], tokens: list[Any], seen: set[int], limit: int = MAX_
                 whole = False  # a change inside it cannot be seen
             else:
                 stack.extend(attributes)
+            stack.extend(through[kind] if kind in through else _read_through(kind, through))
     return whole
+
+
+def _read_through(kind: type, known: dict[type, list[Any]]) -> list[Any]:
+    """What an instance of ``kind`` reads through its classes (noted in ``known``): their data
+    descriptors written in Python, the notebook's classes among them."""
+    found = known[kind] = _descriptors(kind) + _notebook_classes(kind)
+    return found
+
+
+def _notebook_classes(kind: type) -> list[type]:
+    """The notebook's classes among ``kind`` and its bases: an instance reads what they hold
+    (``r.tags.append(t)`` with ``tags = []`` on the class; a singleton kept by a metaclass),
+    so a change there is a change of the instance."""
+    return [base for base in kind.__mro__ if base.__module__ == "__main__"]
 
 
 def _generator(kind: type) -> Callable[[Any], Any] | Literal[False]:
@@ -294,6 +319,8 @@ def _module_tokens(
         append(tuple(map(id, own)))
         if not _IMMUTABLE.issuperset(map(type, own)):  # ``self.history = []``: walked
             stack.extend(_mutable(own))
+        if type(module).__module__ == "__main__":  # ``type(self).calls += 1`` in ``forward``
+            stack.extend(_notebook_classes(type(module)))
         for child in children.values():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
@@ -586,6 +613,42 @@ def _plain_attributes(obj: Any) -> list[Any] | None:
         # filled as the object is read (a groupby's grouper, ``gb.size()``), never a change.
         return [value for key, value in attributes.items() if key != "_cache"]
     return list(attributes.values())
+
+
+def _descriptors(kind: type) -> list[Any]:
+    """The data descriptors written in Python on ``kind``'s classes: ``obj.lr = 0.5`` through
+    one's ``__set__`` may keep the value in the descriptor (a ``WeakKeyDictionary`` keyed by
+    the instance), not in the instance, so the instance's state includes what they hold.
+    (``property`` and slots' descriptors are written in C and keep nothing of their own.)"""
+    bases = kind.__mro__[:-1]
+    sizes = tuple(len(vars(base)) for base in bases)  # a class given an attribute: look again
+    found = _DESCRIPTORS.get(kind)
+    if found is not None and found[0] == sizes:
+        return found[1]
+    descriptors = [
+        value
+        for base in bases
+        for value in vars(base).values()
+        if type(value).__flags__ & _HEAP_TYPE and _sets_in_python(type(value))
+    ]
+    if len(_DESCRIPTORS) > 256:
+        _DESCRIPTORS.clear()
+    _DESCRIPTORS[kind] = (sizes, descriptors)
+    return descriptors
+
+
+def _sets_in_python(kind: type) -> bool:
+    """Whether ``kind``'s ``__set__`` or ``__delete__`` is Python code (one of Cython, as
+    pandas' ``AxisProperty``, keeps nothing of its own but C fields)."""
+    for base in kind.__mro__:
+        for name in ("__set__", "__delete__"):
+            if isinstance(vars(base).get(name), FunctionType):
+                return True
+    return False
+
+
+# a class -> (its classes' attribute counts when looked at, its data descriptors then)
+_DESCRIPTORS: dict[type, tuple[tuple[int, ...], list[Any]]] = {}
 
 
 def _c_state(kind: type) -> bool:

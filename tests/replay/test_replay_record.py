@@ -13,10 +13,12 @@ import functools
 import importlib
 import os
 import random
+import re
 import sys
 import textwrap
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -352,6 +354,133 @@ def test_an_insert_by_a_failed_cell_into_an_in_memory_database_is_named(recorded
     _new_process(recorded, ["con", "m", "sqlite3"])
     summary = _replay(recorded, saved)
     assert "con" in summary.split("then that cell", 1)[1], summary
+
+
+def test_a_fingerprint_sees_what_a_data_descriptor_keeps_for_the_instance():
+    # ``obj.lr = 0.5`` through a descriptor's ``__set__`` that keeps it in a WeakKeyDictionary
+    # on the class: the instance's ``__dict__`` stays empty, yet ``obj.lr`` changed.
+    class Positive:
+        def __init__(self) -> None:
+            self.values: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+        def __get__(self, obj: Any, owner: Any = None) -> Any:
+            return self if obj is None else self.values.get(obj, 1.0)
+
+        def __set__(self, obj: Any, value: float) -> None:
+            self.values[obj] = value
+
+    class Cfg:
+        lr = Positive()
+
+    cfg = Cfg()
+    before, whole = fingerprint(cfg)
+    assert whole and fingerprint(cfg)[0] == before
+    cfg.lr = 0.5
+    assert fingerprint(cfg)[0] != before
+
+
+def test_a_setting_kept_by_a_descriptor_set_in_a_failed_cell_is_named(recorded):
+    cells = [
+        "import weakref\nclass Positive:\n    def __init__(self):\n"
+        "        self.values = weakref.WeakKeyDictionary()\n"
+        "    def __get__(self, obj, owner=None):\n"
+        "        return self if obj is None else self.values.get(obj, 1.0)\n"
+        "    def __set__(self, obj, v):\n        self.values[obj] = v\n"
+        "class Cfg:\n    lr = Positive()\ncfg = Cfg()",
+        "cfg.lr = 0.5\nraise RuntimeError('CUDA out of memory')",
+        "seen = cfg.lr\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["weakref", "Positive", "Cfg", "cfg", "seen"])
+    summary = _replay(recorded, saved)
+    assert recorded.user_ns["seen"] == 1.0  # the failed cell's store is not repeated...
+    assert "cfg" in summary.split("then that cell", 1)[1], summary  # ...and the plan says so
+
+
+def test_a_fingerprint_sees_what_a_notebook_class_and_its_metaclass_hold():
+    # ``r.tags.append(t)`` with ``tags = []`` on the class; a singleton a metaclass keeps.
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(
+        "class Run:\n    tags = []\nclass Sub(Run):\n    pass\nr = Sub()\n"
+        "class Single(type):\n    made = {}\nclass Cache(metaclass=Single):\n    pass",
+        namespace,
+    )
+    r, cache = namespace["r"], namespace["Cache"]
+    before, cache_before = fingerprint(r)[0], fingerprint(cache)[0]
+    assert fingerprint(r)[0] == before and fingerprint(cache)[0] == cache_before
+    r.tags.append("warm")
+    namespace["Single"].made[cache] = object()
+    assert fingerprint(r)[0] != before
+    assert fingerprint(cache)[0] != cache_before
+
+
+def test_a_notebook_class_with_properties_and_static_methods_is_seen_whole():
+    # Walked with each instance: a ``property`` or ``staticmethod`` (C objects) by their functions.
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(
+        "class A:\n    @property\n    def p(self):\n        return 1\n"
+        "    @staticmethod\n    def s():\n        pass\n"
+        "    @classmethod\n    def c(cls):\n        pass\na = A()",
+        namespace,
+    )
+    assert fingerprint(namespace["A"])[1] and fingerprint(namespace["a"])[1]
+
+
+def test_a_class_attribute_changed_through_an_instance_in_a_failed_cell_is_named(recorded):
+    cells = [
+        "class Run:\n    tags = []\nr = Run()",
+        "r.tags.append('warm')\nraise RuntimeError('CUDA out of memory')",
+        "n = len(r.tags)",
+        "seen = n\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["Run", "r", "n", "seen"])
+    summary = _replay(recorded, saved)
+    named = summary.split("then that cell", 1)[1]
+    assert re.search(r"\br\b", named) and re.search(r"\bn\b", named), summary
+
+
+def test_an_attribute_a_failed_cell_set_through_a_property_kept_elsewhere_is_named(recorded):
+    # The setter keeps the value in a global dict: the record sees ``overrides`` change, not
+    # ``cfg``, yet ``cfg.lr`` (and what a later cell read from it) is what the cell set.
+    cells = [
+        "overrides = {}\nclass Cfg:\n    @property\n    def lr(self):\n"
+        "        return overrides.get('lr', 1.0)\n    @lr.setter\n    def lr(self, v):\n"
+        "        overrides['lr'] = v\ncfg = Cfg()",
+        "cfg.lr = 0.5\nraise RuntimeError('CUDA out of memory')",
+        "lr = cfg.lr",
+        "seen = lr\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["overrides", "Cfg", "cfg", "lr", "seen"])
+    summary = _replay(recorded, saved)
+    named = summary.split("then that cell", 1)[1]
+    assert re.search(r"\bcfg\b", named) and re.search(r"\blr\b", named), summary
+
+
+def test_a_class_attribute_a_module_bumps_in_a_failed_cell_is_named_with_the_module(recorded):
+    # ``type(self).calls += 1`` in ``forward``: the change is in the notebook's ``nn.Module``
+    # class, which ``net.calls`` reads through.
+    cells = [
+        "import torch\nclass Net(torch.nn.Module):\n    calls = 0\n    def forward(self, x):\n"
+        "        type(self).calls += 1\n        return x\nnet = Net()",
+        "net(torch.ones(1))\nraise RuntimeError('CUDA out of memory')",
+        "c = net.calls",
+        "seen = c\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+    saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+    _new_process(recorded, ["Net", "net", "c", "seen"])
+    summary = _replay(recorded, saved)
+    named = summary.split("then that cell", 1)[1]
+    assert re.search(r"\bnet\b", named) and re.search(r"\bc\b", named), summary
 
 
 def test_a_fingerprint_sees_state_held_by_what_is_called():
