@@ -32,7 +32,12 @@ state before the failure, or the plan names each name that may differ.
 
 from __future__ import annotations
 
+import pytest
 from heldout_harness import ALL, assert_no_silent_difference, run_case
+
+# The next test's kernel starts while one runs: these cases change nothing a kernel's
+# start reads (tests/conftest.py, server_kernel).
+pytestmark = pytest.mark.kernels_ahead
 
 OOM = "raise RuntimeError('CUDA out of memory')"
 
