@@ -49,8 +49,10 @@ from ..replay.planner import (
 )
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
+from ..replay.settings import set_again
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
 from ..replay.unrepeatable import Unrepeatable, unrepeatable
+from ..runtime.blocking import BLOCKING
 from .actions import blocking_restart_button, does_blocking, does_note
 from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
@@ -709,9 +711,12 @@ def run_steps(
     said = ""
     ok = True
     stream = sys.stdout
+    pending = list(plan.set_again)  # in the cells' order, as the plan lists them
     try:
         for number, step in enumerate(plan.steps, start=1):
             cell = saved.cells[step.index]
+            while pending and pending[0][0] < step.index:
+                _set_again_from(saved.cells[pending.pop(0)[0]], stream)
             _PRINT(
                 f"nb_cudaguard replay ({number}/{len(plan.steps)}): cell {cell_label(cell)}",
                 file=stream,
@@ -770,6 +775,23 @@ def run_steps(
     if say or ok:
         _PRINT(f"nb_cudaguard: {said}", file=stream, flush=True)
     return Outcome(said, stopped=not ok)
+
+
+def _set_again_from(cell: Cell, stream: Any) -> None:
+    """What a failed cell (not run again) set in ``os.environ`` and the directory it moved to,
+    set again from its record; the restart's ``CUDA_LAUNCH_BLOCKING`` stays as it is."""
+    record = cell.record
+    if record is None:
+        return
+    try:
+        set_again(record.environ, record.cwd, keep=frozenset(BLOCKING))
+    except Exception as internal:  # a directory gone since: say so, and go on
+        _PRINT(
+            f"nb_cudaguard: what cell {cell_label(cell)} set before it failed could not be set "
+            f"again ({type(internal).__name__}: {internal}).",
+            file=stream,
+            flush=True,
+        )
 
 
 def _number_as_replayed(shell: InteractiveShell, cell: Cell, shown: Any) -> None:

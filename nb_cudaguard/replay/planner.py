@@ -99,6 +99,10 @@ class Plan:
     # them; and the others, left so, with why: (name, why not built again).
     graphless: tuple[str, ...] = ()
     graph_lost: tuple[tuple[str, str], ...] = ()
+    # Cells that failed when they ran, not run again, whose environment variables and working
+    # directory the replay sets again from their record, before the next cell it runs:
+    # (index, what: "os.environ TOK, HOME", "the working directory").
+    set_again: tuple[tuple[int, str], ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -1135,8 +1139,12 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
     # (``torch.save(sd, buf)`` into an ``io.BytesIO``); one seen whole is a path, unchanged.
     changed = record.changed | (facts.written & record.unseen)
     setup = facts.setup
-    if record.settings:
-        setup = "; ".join(filter(None, [setup, "changes " + ", ".join(record.settings)]))
+    settings = record.settings
+    if record.environ or record.cwd:  # a failed cell's, set again from the record: not named
+        setup = _without_set_again(setup, record)
+        settings = tuple(s for s in settings if s not in _set_again(record))
+    if settings:
+        setup = "; ".join(filter(None, [setup, "changes " + ", ".join(settings)]))
     draws = facts.draws
     if record.rng or not record.drew:
         draws = ""
@@ -1161,6 +1169,31 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
     )
 
 
+def _set_again(record: CellRecord) -> set[str]:
+    """The settings a failed cell's record holds the values of (the replay sets them again)."""
+    return {
+        name for name, held in (("os.environ", record.environ), ("os.chdir", record.cwd)) if held
+    }
+
+
+# What the text says of a cell's environment and directory (analysis.py's setup parts): all
+# of it is in the record of a failed cell that changed them (the record reads every variable).
+# Not ``%cd``, ``%pushd``, ``%popd``: IPython keeps their directories in ``_dh`` and its stack
+# too (``%cd -`` goes back by them), which the directory set again does not fill.
+_ENVIRON_PARTS = re.compile(r".*\bos\.environ\)?$|%env\b.*|%set_env\b.*")
+_CWD_PARTS = re.compile(r"calls (os\.)?chdir\(\)")
+
+
+def _without_set_again(setup: str, record: CellRecord) -> str:
+    covered = []
+    if record.environ:
+        covered.append(_ENVIRON_PARTS)
+    if record.cwd:
+        covered.append(_CWD_PARTS)
+    parts = [p for p in setup.split("; ") if p and not any(c.fullmatch(p) for c in covered)]
+    return "; ".join(parts)
+
+
 def numbered(facts: Sequence[CellFacts], counts: Sequence[int | None]) -> list[CellFacts]:
     """The cells' facts with the history names each binds by its number in the previous kernel
     (``_i3``; ``_3`` where it showed a value), which a replay binds again."""
@@ -1181,7 +1214,25 @@ def with_records(
     unrecorded = tuple(s.index for s in plan.steps if records[s.index] is None)
     rebuilt = {n for s in plan.steps for n in facts[s.index].defines}
     unseen = {n for r in records if r is not None for n in r.unseen} & rebuilt
-    return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)))
+    run, last = set(plan.indices), max(plan.indices, default=-1)
+    set_again = tuple(
+        (index, _what_is_set(record))
+        for index, record in enumerate(records)
+        if record is not None
+        and (record.environ or record.cwd)
+        and index not in run
+        and index < last
+    )
+    return replace(plan, unrecorded=unrecorded, unseen=tuple(sorted(unseen)), set_again=set_again)
+
+
+def _what_is_set(record: CellRecord) -> str:
+    parts = []
+    if record.environ:  # the variables' names only: their values may be secrets
+        parts.append("os.environ " + ", ".join(key for key, _ in record.environ[:12]))
+    if record.cwd:
+        parts.append("the working directory")
+    return "; ".join(parts)
 
 
 def built_on(cell: CellFacts, names: Collection[str], modules: Collection[str] = ()) -> set[str]:

@@ -31,7 +31,12 @@ from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Literal
 
 from .rng import RngReader, drawn_from, encode_rng, random_state
-from .settings import SET_WHILE_IMPORTING, process_settings, settings_changed
+from .settings import (
+    SET_WHILE_IMPORTING,
+    process_settings,
+    set_before_failing,
+    settings_changed,
+)
 
 _CACHED_FUNCTION = getattr(functools, "_lru_cache_wrapper", None)
 MAX_NODES = 2000  # objects visited per name
@@ -58,6 +63,11 @@ class CellRecord:
     # change inside them may be missed
     unseen: frozenset[str] = frozenset()
     rng: str = ""  # the generators' state when it began (where it drew, or failed), encoded
+    # A cell that failed is not run again: what it set in ``os.environ`` before it raised (key,
+    # value; None where it removed the key) and the directory it left, for the replay to set
+    # again (settings.set_again). Not kept for a cell that succeeded: running it sets them.
+    environ: tuple[tuple[str, str | None], ...] = ()
+    cwd: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +78,8 @@ class CellRecord:
             "drew": list(self.drew),
             "unseen": sorted(self.unseen),
             "rng": self.rng,
+            "environ": [list(pair) for pair in self.environ],
+            "cwd": self.cwd,
         }
 
     @classmethod
@@ -78,9 +90,18 @@ class CellRecord:
                 raise TypeError(f"record {key} is not a list of names")
             return frozenset(value)
 
-        rng = data.get("rng", "")
-        if not isinstance(rng, str):
-            raise TypeError("record rng is not text")
+        rng, cwd = data.get("rng", ""), data.get("cwd", "")
+        if not isinstance(rng, str) or not isinstance(cwd, str):
+            raise TypeError("record rng or cwd is not text")
+        environ = data.get("environ", [])
+        if not isinstance(environ, list) or not all(
+            isinstance(pair, list)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and isinstance(pair[1], (str, type(None)))
+            for pair in environ
+        ):
+            raise TypeError("record environ is not a list of [key, value or null]")
         return cls(
             names("bound"),
             names("changed"),
@@ -89,6 +110,8 @@ class CellRecord:
             tuple(sorted(names("drew"))),
             names("unseen"),
             rng,
+            tuple((key, value) for key, value in environ),
+            cwd,
         )
 
 
@@ -872,8 +895,9 @@ class Recorder:
             changed += [n for n, m in self._origin.items() if m in shifted and n not in bound]
         settings = process_settings()
         changed_settings: tuple[str, ...] = ()
+        all_moved: tuple[str, ...] = ()
         if settings != self._settings:
-            changed_settings = settings_changed(self._settings, settings)
+            changed_settings = all_moved = settings_changed(self._settings, settings)
             if len(sys.modules) != self._loaded:
                 # Modules loaded during the cell set these as they load (numpy and torch add
                 # warnings filters, some libraries environment variables): a new process's
@@ -882,6 +906,9 @@ class Recorder:
                 changed_settings = tuple(
                     n for n in changed_settings if n not in SET_WHILE_IMPORTING
                 )
+        # (all it moved: what an import set too, the same values a new process's import sets;
+        # a failed cell's traceback itself may be what imported modules)
+        environ, cwd = set_before_failing(self._settings, settings, all_moved, failed)
         self._seen, self._modules, self._settings = now, modules, settings
         self._ids, self._renamed = tuple(map(_FIRST, now.values())), False
         self._rng_cell = cell
@@ -897,6 +924,8 @@ class Recorder:
                 (),
                 hidden_from_view,
                 encode_rng(self._rng) if failed and self._rng else "",
+                environ,
+                cwd,
             )
         else:  # most cells change nothing: one record, immutable, shared while the same
             record = self._quiet

@@ -62,6 +62,47 @@ def settings_changed(before: Settings | tuple[()], after: Settings) -> tuple[str
     return tuple(sorted(moved))
 
 
+# Set again by a replay where a cell that failed changed them (settings_changed's names).
+SET_AGAIN = frozenset({"os.environ", "os.chdir"})
+
+
+def set_before_failing(
+    before: Settings | tuple[()], after: Settings, changed: tuple[str, ...], failed: bool
+) -> tuple[tuple[tuple[str, str | None], ...], str]:
+    """What a cell that failed set in ``os.environ`` (key, value; None where it removed the
+    key) and the directory it moved to ("" where it did not): plain values, which a replay
+    sets again for a cell it does not run. Nothing for a cell that succeeded."""
+    if not failed or SET_AGAIN.isdisjoint(changed) or not before:
+        return (), ""
+    was, now = dict(zip(*before, strict=True)), dict(zip(*after, strict=True))
+    environ: list[tuple[str, str | None]] = []
+    if "os.environ" in changed:
+        # ``os.environ._data`` as read (bytes on POSIX): decoded as ``os.environ`` decodes it
+        decode_key = getattr(os.environ, "decodekey", str)
+        decode_value = getattr(os.environ, "decodevalue", str)
+        old, new = was["os.environ"], now["os.environ"]
+        for key in sorted(old.keys() | new.keys(), key=decode_key):
+            if key not in new:
+                environ.append((decode_key(key), None))
+            elif old.get(key) != new[key]:
+                environ.append((decode_key(key), decode_value(new[key])))
+    return tuple(environ), now["os.chdir"] if "os.chdir" in changed else ""
+
+
+def set_again(environ: tuple[tuple[str, str | None], ...], cwd: str, keep: frozenset[str]) -> None:
+    """What a failed cell set (``set_before_failing``), set again here; the variables in ``keep``
+    stay as this process has them (the restart's own ``CUDA_LAUNCH_BLOCKING``)."""
+    for key, value in environ:
+        if key in keep:
+            continue
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if cwd:
+        os.chdir(cwd)
+
+
 # ((torch, numpy), the readers), found once per pair of modules
 _READERS: list[tuple[tuple[Any, Any], _Readers]] = []
 

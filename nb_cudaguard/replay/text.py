@@ -118,6 +118,14 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
                 for i, setup, made in plan.failed_setup
             )
         )
+    if plan.set_again:
+        notes.append(
+            "; ".join(
+                f"{cell_label(cells[i])} failed when it ran, after it set {what}: it is not run "
+                "again, and that is set again from what was seen when it ran"
+                for i, what in plan.set_again
+            )
+        )
     if plan.overwritten:
         notes.append(
             "built again though you changed them after the restore (your change is lost): "

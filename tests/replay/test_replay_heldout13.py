@@ -25,10 +25,11 @@ and ``globals()`` in a comprehension, which read the whole namespace; the times 
 returns; a file another cell's program (``!python gen.py``) or an unpacked archive (``!tar
 -xf``) may have written. Four replays that stopped on what the plan did not make again, fixed
 too (another extension's ``%load_ext``, ``%alias``, ``%alias_magic``) or on ``_`` after ``%time
-expr``. Two cases stay expected failures with no restore, not silent: the plan names the
-difference and the replay stops at the error (numbered outputs read back by number; ``%env X``
-of a key only a failed cell set). The others passed on the code they were written against:
-regression cases.
+expr``. Two cases were expected failures with no restore, not silent (the plan named the
+difference and the replay stopped at the error), and pass since: outputs read back by number
+(bound again by the replay) and ``%env X`` of a key only a failed cell set (set again from
+that cell's record, replay/settings.py ``set_before_failing``). The others passed on the code
+they were written against: regression cases.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
@@ -46,14 +47,6 @@ pytestmark = pytest.mark.kernels_ahead
 pytest.importorskip("numpy")
 
 OOM = "raise RuntimeError('CUDA out of memory')"
-
-
-def xfail_without_restore(reason: str) -> pytest.MarkDecorator:
-    """Run with no restore (expected to fail, for ``reason``) and with everything restored."""
-    xfail = pytest.mark.xfail(strict=True, reason=reason)
-    return pytest.mark.parametrize(
-        "restore", [pytest.param(None, marks=xfail), ""], ids=["no-restore", "all"]
-    )
 
 
 @ALL
@@ -429,12 +422,10 @@ def test_in_read_back_by_number(server, server_kernel, restore):
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
-@xfail_without_restore(
-    "not silent: the plan names tok (the failed cell's os.environ write is not made "
-    "again), and the replay stops at %env's UsageError for the missing key",
-)
+@ALL
 def test_env_read_back_after_a_failed_cell_set_it(server, server_kernel, restore):
-    # ``tok = %env TOK13``: the value a failed cell put in ``os.environ``.
+    # ``tok = %env TOK13``: the value a failed cell put in ``os.environ``, set again by the
+    # replay from that cell's record (it is not run again).
     kid, pid = server_kernel
     cells = ("import os", f"os.environ['TOK13'] = 'abc'\n{OOM}", "tok = %env TOK13")
     fp = "{'tok': tok, 'os': os.environ.get('TOK13')}"

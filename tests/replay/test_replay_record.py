@@ -788,6 +788,67 @@ def test_a_setting_a_cell_changed_is_set_again_by_the_replay(recorded, setting, 
         recorded.run_cell(default)
 
 
+# (what a cell sets before it fails, how a new process has it, what the failing cell reads)
+_SET_BEFORE_FAILING = {
+    "a variable set": (
+        "os.environ['NBCG_TOKEN'] = 'abc'",
+        "os.environ.pop('NBCG_TOKEN', None)",
+        "os.environ.get('NBCG_TOKEN')",
+    ),
+    "a variable removed": (
+        "del os.environ['NBCG_GONE']",
+        "os.environ['NBCG_GONE'] = 'here'",
+        "os.environ.get('NBCG_GONE')",
+    ),
+    "%env": ("%env NBCG_TOKEN=xyz", "os.environ.pop('NBCG_TOKEN', None)", "%env NBCG_TOKEN"),
+    "the directory": ("os.chdir('/')", f"os.chdir({_CWD!r})", "os.getcwd()"),
+}
+
+
+@pytest.mark.parametrize("setting", list(_SET_BEFORE_FAILING))
+def test_what_a_failed_cell_set_in_the_environment_is_set_again(recorded, setting):
+    # ``os.environ['HF_TOKEN'] = ...`` in a cell that then failed: it is not run again, and the
+    # cells after it read the variable. The replay sets it again from the failed cell's record,
+    # and the plan no longer names it as missing.
+    change, default, read = _SET_BEFORE_FAILING[setting]
+    cells = [
+        "import os\nos.environ['NBCG_GONE'] = 'here'",
+        f"{change}\nraise RuntimeError('boom')",
+        f"seen = {read}\n[][0]",
+    ]
+    try:
+        saved = _run(recorded, cells)
+        mine = saved.cells[saved.failing - len(cells) + 1 : saved.failing + 1]
+        saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
+        record = mine[1].record
+        assert record is not None and (record.environ or record.cwd)
+        assert CellRecord.from_json(record.to_json()) == record  # as the next process reads it
+        before = recorded.user_ns["seen"]
+        recorded.run_cell(default)  # as a new process has it
+        _new_process(recorded, ["seen"])
+        plan = make_plan(recorded, saved)
+        assert plan.set_again and plan.set_again[0][0] == 1
+        assert not plan.failed_setup, plan.failed_setup
+        _replay(recorded, saved)
+        assert recorded.user_ns["seen"] == before
+    finally:
+        recorded.run_cell(default)
+        os.environ.pop("NBCG_TOKEN", None)
+        os.environ.pop("NBCG_GONE", None)
+
+
+def test_a_cell_that_succeeded_keeps_no_values_of_what_it_set(recorded):
+    # It runs again in a replay, which sets them: its record holds no environment's values.
+    try:
+        recorded.run_cell("import os\nos.environ['NBCG_TOKEN'] = 'abc'", store_history=True)
+        state = current_state(recorded)
+        record = state.recorder.records[recorded.execution_count - 1]
+        assert "os.environ" in record.settings
+        assert record.environ == () and record.cwd == ""
+    finally:
+        os.environ.pop("NBCG_TOKEN", None)
+
+
 # (the cells before the failing one, after the imports; what the failing cell reads)
 _THROUGH_FUNCTIONS = {
     "a module's function patched": (
