@@ -66,6 +66,7 @@ class CellRecord:
     # A cell that failed is not run again: what it set in ``os.environ`` before it raised (key,
     # value; None where it removed the key) and the directory it left, for the replay to set
     # again (settings.set_again). Not kept for a cell that succeeded: running it sets them.
+    # (Saved with the cells' text, in the profile's private directory: history.save_cells.)
     environ: tuple[tuple[str, str | None], ...] = ()
     cwd: str = ""
 
