@@ -122,7 +122,7 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
         notes.append(
             "; ".join(
                 f"{cell_label(cells[i])} failed when it ran, after it set {what}: it is not run "
-                "again, and that is set again from what was seen when it ran"
+                "again, and the replay sets these as they were when it ran"
                 for i, what in plan.set_again
             )
         )
