@@ -829,8 +829,11 @@ def test_what_a_failed_cell_set_in_the_environment_is_set_again(recorded, settin
         plan = make_plan(recorded, saved)
         assert plan.set_again and plan.set_again[0][0] == 1
         assert not plan.failed_setup, plan.failed_setup
-        _replay(recorded, saved)
+        summary = _replay(recorded, saved)
         assert recorded.user_ns["seen"] == before
+        # the plan says what it sets again: the variable's name (never its value), the directory
+        said = "the working directory" if setting == "the directory" else "os.environ NBCG_"
+        assert said in summary and "abc" not in summary and "xyz" not in summary, summary
     finally:
         recorded.run_cell(default)
         os.environ.pop("NBCG_TOKEN", None)
