@@ -41,7 +41,8 @@ VARYING_CALLS = {
          "process_time", "process_time_ns", "ctime", "now", "utcnow", "today"),
         "the clock",
     ),
-    **dict.fromkeys(("uuid1", "uuid4", "urandom", "token_hex", "token_bytes", "token_urlsafe"),
+    **dict.fromkeys(("uuid1", "uuid4", "urandom", "token_hex", "token_bytes", "token_urlsafe",
+                     "randbelow", "randbits", "choice"),  # (the last three: secrets' only)
                     "the OS's randomness"),
     **dict.fromkeys(("getpid", "getppid"), "the process's id"),
     **dict.fromkeys(("mkdtemp", "mkstemp", "mktemp"), "a temporary path"),
@@ -56,7 +57,10 @@ CONCURRENT_CALLS = frozenset(
      "run_coroutine_threadsafe", "apply_async", "map_async"}
 )  # fmt: skip
 # Generators made with no seed: seeded from the OS's entropy, anew in every process.
-_UNSEEDED = frozenset({"default_rng", "SeedSequence", "RandomState", "Random", "PCG64", "Philox"})
+# (``random.SystemRandom()`` draws from the OS's randomness at every call, as ``secrets`` does.)
+_UNSEEDED = frozenset(
+    {"default_rng", "SeedSequence", "RandomState", "Random", "PCG64", "Philox", "SystemRandom"}
+)
 # Generators seeded again with no seed (or None): from the OS's entropy or the clock, anew in
 # every process (``torch.seed()``, ``Generator.seed()``, ``torch.cuda.seed_all()``,
 # ``random.seed()``, ``np.random.seed()``).

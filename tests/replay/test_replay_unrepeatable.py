@@ -199,10 +199,36 @@ def test_only_what_is_bound_from_the_clock_is_named_not_what_a_timed_cell_trains
         ("rng = np.random.default_rng(0)", False),
         ("gen = random.Random()", True),
         ("gen = random.Random(42)", False),
+        ("sysrand = random.SystemRandom()", True),
     ],
 )
 def test_a_generator_made_with_no_seed_reads_fresh_entropy(code, fresh):
     assert ("fresh entropy" in unrepeatable(ast.parse(code)).varying) is fresh
+
+
+@pytest.mark.parametrize(
+    ("code", "os_random"),
+    [
+        ("pick = secrets.choice(words)", True),
+        ("n = secrets.randbelow(10)", True),
+        ("bits = secrets.randbits(8)", True),
+        ("pick = random.choice(words)", False),  # the global generator: its state is kept
+        ("pick = np.random.choice(words)", False),
+        ("pick = rng.choice(words)", False),
+    ],
+)
+def test_what_secrets_draws_reads_the_os_randomness(code, os_random):
+    # ``secrets`` draws from the OS (``SystemRandom``): anew in every process.
+    assert ("the OS's randomness" in unrepeatable(ast.parse(code)).varying) is os_random
+
+
+def test_a_token_drawn_by_secrets_or_a_system_random_is_named():
+    cells = [
+        "import random, secrets\nwords = ['a', 'b', 'c']\nsysrand = random.SystemRandom()",
+        "pick = secrets.choice(words)\nroll = sysrand.randint(1, 6)",
+        "print(pick, roll)",
+    ]
+    assert {"pick", "roll"} <= set(_plan(cells).unrepeatable_names)
 
 
 @pytest.mark.parametrize(
