@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import torch_caches, type_slots
+from .namespace_values import NamespaceValues
 from .ops import OpCheck
 from .type_slots import SequenceSlots
 
@@ -152,6 +153,7 @@ class _Entries:
         self.tables: frozenset[tuple[str, str]] = frozenset()
         self.subclass_hook: tuple[Any, Any] | None = None  # (torch's own, ours)
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attr, as found, ours)
+        self.namespaces: dict[int, NamespaceValues] = {}  # bind_early's, by id(namespace)
 
     def acquire(self) -> None:
         with self.lock:
@@ -207,12 +209,21 @@ class _Entries:
         self.ours = set(self.wrapper_ids)
         self.builtin_names = ()
 
+    def _values_of(self, namespace: dict[str, Any]) -> tuple[Any, ...]:
+        """What may hold an op in ``namespace`` (namespace_values.py), read in one C call."""
+        values = self.namespaces.get(id(namespace))
+        if values is None or values.namespace is not namespace:
+            if len(self.namespaces) >= 64:  # (the pytest plugin's: one per test module)
+                self.namespaces.clear()
+            values = self.namespaces[id(namespace)] = NamespaceValues(namespace)
+        return values()
+
     def bind_early(self, namespace: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         """Names in ``namespace`` bound to torch's own op before the guard started (``from
         torch import gather``) now name its wrapper; returns (name, op, wrapper) to undo."""
         wrappers = self.by_op
         # one pass at C speed over what may be a notebook's thousand names
-        if wrappers.keys().isdisjoint(map(id, namespace.values())):
+        if wrappers.keys().isdisjoint(map(id, self._values_of(namespace))):
             return []
         found = [(name, value) for name, value in namespace.items() if id(value) in wrappers]
         renamed = []
@@ -227,7 +238,7 @@ class _Entries:
         """Names bound to a wrapper inside the block (``from torch import gather`` in a guarded
         cell) name torch's op again, as they would have without the guard."""
         ours = self.wrapper_set
-        if ours.isdisjoint(map(id, namespace.values())):
+        if ours.isdisjoint(map(id, self._values_of(namespace))):
             return
         found = [(name, value) for name, value in namespace.items() if id(value) in ours]
         for name, value in found:
