@@ -216,7 +216,10 @@ class _Entries:
             if len(self.namespaces) >= 64:  # (the pytest plugin's: one per test module)
                 self.namespaces.clear()
             values = self.namespaces[id(namespace)] = NamespaceValues(namespace)
-        return values()
+        try:
+            return values()
+        except Exception:  # another thread changed the namespace as it was read: all of it
+            return tuple(namespace.values())  # (one C call: no thread runs meanwhile)
 
     def bind_early(self, namespace: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         """Names in ``namespace`` bound to torch's own op before the guard started (``from

@@ -33,10 +33,14 @@ class NamespaceValues:
 
     def __call__(self) -> tuple[Any, ...]:
         try:
-            return self._values()
-        except KeyError:  # keys went and others came in a way the count cannot tell
+            try:
+                return self._values()
+            except KeyError:  # keys went and others came in a way the count cannot tell
+                self._forget()
+                return self._values()
+        except BaseException:  # (another thread's change mid-read): read whole next time
             self._forget()
-            return self._values()
+            raise
 
     def _values(self) -> tuple[Any, ...]:
         namespace, seen = self.namespace, self._seen

@@ -56,3 +56,26 @@ def test_a_long_sessions_namespace_gets_its_ops_checked_and_put_back():
         assert namespace["early"] is gather
         assert namespace[f"inside{cell}"] is take
         namespace.update({f"_i{3000 + 2 * cell + k}": "y = 2" for k in range(2)})
+
+
+def test_a_namespace_changed_while_it_is_read_is_read_whole():
+    # Another thread adding a name as a guard reads the namespace: the read stops with the
+    # dict's own RuntimeError, and the guard falls back to every value (one C call).
+    gather = torch.gather
+
+    class Growing(dict):
+        def __reversed__(self):
+            keys = super().__reversed__()
+
+            def changed_midway():
+                for key in keys:
+                    yield key
+                    self.setdefault("late", gather)  # as a thread would, mid-read
+
+            return changed_midway()
+
+    namespace = Growing(early=gather, other=1)
+    with nb_cudaguard.guard(namespace=namespace):
+        assert namespace["early"] is not gather  # checked all the same
+        assert namespace["late"] is not gather
+    assert namespace["early"] is gather and namespace["late"] is gather
