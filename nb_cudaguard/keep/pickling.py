@@ -298,7 +298,7 @@ class _StorageBytes:
         self.shared = shared
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _storage_from_region, (self.region, *((True,) if self.shared else ()))
+        return _storage_from_region, (self.region, self.shared)
 
 
 def _device_of(value: Any) -> str | None:
