@@ -53,6 +53,7 @@ from ..replay.settings import set_again
 from ..replay.text import cell_label, plan_details, plan_lines, plan_summary
 from ..replay.unrepeatable import Unrepeatable, unrepeatable
 from ..runtime.blocking import BLOCKING
+from ..runtime.nested_loop import NestedRunner, running_loop
 from .actions import blocking_restart_button, does_blocking, does_note
 from .cell_output import into_cell, showing_cell
 from .locate import kernel_connection, profile_dirs
@@ -655,6 +656,23 @@ def labelled(shell: InteractiveShell, count: int | None) -> Iterator[None]:
             del compiler.cache  # the class's method again
 
 
+@contextlib.contextmanager
+def awaits_served(shell: InteractiveShell) -> Iterator[None]:
+    """A replayed cell's top-level ``await`` served by the event loop that runs the replay
+    (ipykernel's), which IPython's own asyncio runner refuses while it runs
+    (``runtime/nested_loop.py``). Other runners (``%autoawait trio``) are left as they are."""
+    loop = running_loop()
+    runner = shell.loop_runner
+    if loop is None or str(runner) != "asyncio":  # (IPython's ``_AsyncIORunner``)
+        yield
+        return
+    shell.loop_runner = NestedRunner(loop)
+    try:
+        yield
+    finally:
+        shell.loop_runner = runner
+
+
 def run_plan(
     shell: InteractiveShell,
     saved: SavedCells,
@@ -740,7 +758,11 @@ def run_steps(
                     )
             started = time.perf_counter()
             try:
-                with labelled(shell, cell.count), kept_definitions(shell, here, step.defs):
+                with (
+                    labelled(shell, cell.count),
+                    kept_definitions(shell, here, step.defs),
+                    awaits_served(shell),
+                ):
                     result = shell.run_cell(runnable_source(cell.source), store_history=False)
             finally:
                 shell.user_ns.update(here)

@@ -23,9 +23,10 @@ replay/unrepeatable.py, planner.py); the call counter's ``sys.setprofile`` cell 
 ``signal.signal`` cell let the replayed ``os.kill(os.getpid(), SIGUSR1)`` end the kernel (setup
 now); the replay's own progress lines went through the patched ``print`` and the tee into
 ``printed`` and ``tee.lines`` (they go through the print and stream there were when the replay
-began, notebook/replay_glue.py). A cell with a top-level ``await`` fails when the replay runs it
-(``shell.run_cell`` from inside a cell that ipykernel's loop runs cannot run a coroutine to the
-end): those cases are ``xfail(strict=True)``. The other cases passed as written.
+began, notebook/replay_glue.py). A cell with a top-level ``await`` failed when the replay ran it
+(``shell.run_cell`` from inside a cell that ipykernel's loop runs could not run a coroutine to the
+end): the replay now serves its awaits from that running loop (runtime/nested_loop.py). The other
+cases passed as written.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
@@ -136,22 +137,7 @@ def test_a_timer_setting_a_flag_later(server, server_kernel, restore):
 # --- asyncio (IPython's autoawait in ipykernel's loop) ---------------------------------------
 
 
-AWAIT_IN_REPLAY = pytest.mark.xfail(
-    strict=True,
-    reason="a cell with a top-level await fails when the replay runs it: ``%cudaguard replay`` "
-    "runs cells through ``shell.run_cell`` from inside a cell that ipykernel's event loop is "
-    "running, and IPython's ``_asyncio_runner`` cannot run another coroutine to the end there",
-)
-
-
-def _await_in_replay(*names: str) -> pytest.MarkDecorator:
-    """No restore and a restore of ``names`` run the awaiting cells again; all restored does
-    not."""
-    params = [pytest.param(n, marks=AWAIT_IN_REPLAY, id=n or "no-restore") for n in (None, *names)]
-    return pytest.mark.parametrize("restore", [*params, pytest.param("", id="all")])
-
-
-@_await_in_replay("ticks")
+@restores("ticks")
 def test_an_asyncio_task_awaited_in_a_later_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
@@ -168,7 +154,6 @@ def test_an_asyncio_task_awaited_in_a_later_cell(server, server_kernel, restore)
 
 # With nothing restored only: with everything restored, whether the task changed ``beats`` while
 # the failing cell ran (so that the await cells run again) depends on the machine's timing.
-@AWAIT_IN_REPLAY
 @pytest.mark.parametrize("restore", [None], ids=["no-restore"])
 def test_an_asyncio_task_still_running_at_the_failure(server, server_kernel, restore):
     kid, pid = server_kernel
@@ -185,7 +170,7 @@ def test_an_asyncio_task_still_running_at_the_failure(server, server_kernel, res
     assert "beats" in outcome.plan, outcome.explain()
 
 
-@_await_in_replay("first")
+@restores("first")
 def test_an_async_generator_partly_consumed(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (
