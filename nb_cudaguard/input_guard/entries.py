@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from ..runtime.namespace import NamespaceNames, not_history
 from . import torch_caches, type_slots
-from .namespace_values import NamespaceValues
 from .ops import OpCheck
 from .type_slots import SequenceSlots
 
@@ -153,7 +153,8 @@ class _Entries:
         self.tables: frozenset[tuple[str, str]] = frozenset()
         self.subclass_hook: tuple[Any, Any] | None = None  # (torch's own, ours)
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attr, as found, ours)
-        self.namespaces: dict[int, NamespaceValues] = {}  # bind_early's, by id(namespace)
+        # bind_early's readers, by id(namespace) (the namespace held: its id stays its own)
+        self.namespaces: dict[int, tuple[dict[str, Any], NamespaceNames]] = {}
 
     def acquire(self) -> None:
         with self.lock:
@@ -210,14 +211,16 @@ class _Entries:
         self.builtin_names = ()
 
     def _values_of(self, namespace: dict[str, Any]) -> tuple[Any, ...]:
-        """What may hold an op in ``namespace`` (namespace_values.py), read in one C call."""
-        values = self.namespaces.get(id(namespace))
-        if values is None or values.namespace is not namespace:
+        """What may hold an op in ``namespace``: every value but IPython's numbered history
+        (never an op bound by the user, and most of a long session's names), read in one C
+        call at a cost that does not grow with the session (runtime/namespace.py)."""
+        held = self.namespaces.get(id(namespace))
+        if held is None or held[0] is not namespace:
             if len(self.namespaces) >= 64:  # (the pytest plugin's: one per test module)
                 self.namespaces.clear()
-            values = self.namespaces[id(namespace)] = NamespaceValues(namespace)
+            held = self.namespaces[id(namespace)] = (namespace, NamespaceNames(not_history))
         try:
-            return values()
+            return held[1].read(namespace)[1]
         except Exception:  # another thread changed the namespace as it was read: all of it
             return tuple(namespace.values())  # (one C call: no thread runs meanwhile)
 

@@ -30,6 +30,8 @@ from operator import itemgetter, ne, not_
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Literal
 
+from ..runtime.namespace import Getter as _Reader
+from ..runtime.namespace import NamespaceNames, getter
 from .rng import RngReader, drawn_from, encode_rng, random_state
 from .settings import (
     SET_WHILE_IMPORTING,
@@ -352,7 +354,6 @@ def _module_tokens(
     return True
 
 
-_Reader = Callable[[dict[str, Any]], tuple[Any, ...]]
 # A module's ``__dict__`` keys, in order -> readers of its torch parts, of its hooks' dicts and
 # of its own values (``training``, ``in_features``, ``self.history``): found once per key
 # order (most modules of a model share a few). In order, not as a set: a tuple is cheaper to
@@ -375,21 +376,11 @@ def _module_readers(
     public = sorted(k for k in keys if k[:1] != "_" or k not in _TORCH_KEYS)
     readers = (
         itemgetter("_parameters", "_buffers", "_modules"),
-        _getter(found),
-        _getter(public),
+        getter(found),
+        getter(public),
     )
     _READERS_BY_KEYS[keys] = readers
     return readers
-
-
-def _getter(keys: list[str]) -> _Reader:
-    """A dict's values at ``keys``, always as a tuple (``itemgetter`` of one key is not)."""
-    if len(keys) > 1:
-        return itemgetter(*keys)
-    if keys:
-        key = keys[0]
-        return lambda state: (state[key],)
-    return lambda state: ()
 
 
 def _note_types(torch: Any, numpy: Any) -> None:
@@ -759,16 +750,19 @@ class Recorder:
     _reader: RngReader = field(default_factory=RngReader)
     _rng_cell: int | None = None  # that cell, once it finished
     _rng_kept: list[int] = field(default_factory=list)  # cells whose record holds a state
-    _keys: set[str] = field(default_factory=set)  # the namespace's keys at the last look
-    _names: dict[str, None] = field(default_factory=dict)  # of which the user's, in order
-    _read: _Reader | None = None  # their values, in one call (None: to be made for new names)
+    _space: NamespaceNames = field(init=False)  # the user's names (``renamed``: since ``_ids``)
     _ids: tuple[int, ...] = ()  # the user's values' ids at the last cell's end, in order
-    _renamed: bool = False  # the user's names changed since ``_ids`` was taken
     _depth: int = 0
     _primed: bool = False
     _put_back: dict[str, _Seen] = field(default_factory=dict)  # restored names, as restored
     _quiet: CellRecord = CellRecord()  # the last record of a cell that changed nothing
     _loaded: int = 0  # how many modules were loaded when the last cell began
+
+    def __post_init__(self) -> None:
+        self._space = NamespaceNames(self._users)
+
+    def _users(self, name: str) -> bool:
+        return name[:1] != "_" and name not in self.hidden
 
     def put_back(self, names: Iterable[str], namespace: Mapping[str, Any]) -> None:
         """``names`` were put into ``namespace`` just now (a restore, a replay's rebuild): what
@@ -795,9 +789,9 @@ class Recorder:
 
     def prime(self, namespace: Mapping[str, Any]) -> None:
         """Take the namespace as it is now as the state before the next cell."""
-        names, values = self._user_values(namespace)
+        names, values = self._space.read(namespace)
         self._seen = dict(zip(names, map(_see, values), strict=True))
-        self._ids, self._renamed = tuple(map(_FIRST, self._seen.values())), False
+        self._ids, self._space.renamed = tuple(map(_FIRST, self._seen.values())), False
         self._origin = dict(zip(names, map(_module_of, values), strict=True))
         self._own_used = None
         self._modules = self._see_modules()
@@ -817,11 +811,11 @@ class Recorder:
             # tells whether any name must be looked at (for the same names only: a freed
             # value's id is often the next one's).
             try:
-                ids = tuple(map(id, self._values(namespace, self._user(namespace))))
+                ids = tuple(map(id, self._space.values(namespace)))
             except KeyError:  # (names went in a way the count cannot tell: read again below)
                 ids = ()
-            if self._renamed or ids != self._ids:
-                (names, values), seen = self._user_values(namespace), self._seen
+            if self._space.renamed or ids != self._ids:
+                (names, values), seen = self._space.read(namespace), self._seen
                 for name, value in zip(names, values, strict=True):
                     before = seen.get(name)
                     if before is None or before[0] != id(value):
@@ -855,14 +849,14 @@ class Recorder:
 
     def _finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
         previous = self._seen
-        names, values = self._user_values(namespace)
+        names, values = self._space.read(namespace)
         moved: Iterable[str]
         if len(names) > _AT_ONCE:
             # Most names do not move between cells: the ones that did are found in C, and only
             # they are looked at one by one.
             fingerprints = list(map(_see, values))
             now = dict(zip(names, fingerprints, strict=True))
-            if not self._renamed and len(previous) == len(fingerprints):
+            if not self._space.renamed and len(previous) == len(fingerprints):
                 # the same names in the same order as at the last look: compared in place
                 moved = compress(names, map(ne, fingerprints, previous.values()))
             else:
@@ -911,7 +905,7 @@ class Recorder:
         # a failed cell's traceback itself may be what imported modules)
         environ, cwd = set_before_failing(self._settings, settings, all_moved, failed)
         self._seen, self._modules, self._settings = now, modules, settings
-        self._ids, self._renamed = tuple(map(_FIRST, now.values())), False
+        self._ids, self._space.renamed = tuple(map(_FIRST, now.values())), False
         self._rng_cell = cell
         if cell is None:
             return
@@ -965,52 +959,6 @@ class Recorder:
             old = self._rng_kept.pop(0)
             if old in self.records:
                 self.records[old] = replace(self.records[old], rng="")
-
-    def _user(self, namespace: Mapping[str, Any]) -> Collection[str]:
-        """The user's names, in order. IPython adds ``_i<N>``, ``_<N>``... at every cell, so a
-        namespace grows without end: only the keys added since the last look are read (a dict
-        keeps insertion order: they are its last ones), and all of them again only where the
-        count does not add up (a ``del``)."""
-        keys, added = self._keys, []
-        for name in reversed(namespace.keys()):  # type: ignore[call-overload]
-            if name in keys:
-                break
-            added.append(name)
-        if len(namespace) != len(keys) + len(added):
-            self._forget_names()
-            added = list(namespace)
-        if added:
-            keys.update(added)
-            hidden = self.hidden
-            count = len(self._names)
-            self._names.update(dict.fromkeys(n for n in added if n[:1] != "_" and n not in hidden))
-            if len(self._names) != count:
-                self._renamed, self._read = True, None
-        return self._names.keys()
-
-    def _forget_names(self) -> None:
-        """The next look reads every key of the namespace again."""
-        self._keys.clear()
-        self._names.clear()
-        self._renamed, self._read = True, None
-
-    def _user_values(self, namespace: Mapping[str, Any]) -> tuple[Collection[str], tuple[Any, ...]]:
-        """The user's names, in order, and their values."""
-        names = self._user(namespace)
-        try:
-            return names, self._values(namespace, names)
-        except KeyError:
-            # Keys went and others came in a way the count cannot tell (the last key and
-            # another deleted, a new one and the last bound again): all of them read again.
-            self._forget_names()
-            names = self._user(namespace)
-            return names, self._values(namespace, names)
-
-    def _values(self, namespace: Mapping[str, Any], names: Collection[str]) -> tuple[Any, ...]:
-        """The values of ``names`` (``_user``'s), read in one call made once per set of names."""
-        if self._read is None:
-            self._read = _getter(list(names))
-        return self._read(namespace)  # type: ignore[arg-type]
 
     def _note_origin(self, name: str, value: Any) -> None:
         module = _module_of(value)

@@ -1,43 +1,12 @@
 """What a guard reads of a namespace for ops bound by name, at each start and end: not IPython's
-numbered history, which grows at every cell; names added, deleted and bound again between
-guards are seen (input_guard/namespace_values.py)."""
+numbered history, which grows at every cell (input_guard/entries.py over runtime/namespace.py,
+whose own tests are tests/runtime/test_namespace.py)."""
 
 from __future__ import annotations
 
 import torch
 
 import nb_cudaguard
-from nb_cudaguard.input_guard.namespace_values import NamespaceValues
-
-
-def _values(namespace: dict) -> list:
-    return list(NamespaceValues(namespace)())
-
-
-def test_the_numbered_history_is_left_out():
-    op = torch.gather
-    namespace = {"_i1": "x = 1", "_i": "", "_ii": "", "_iii": "", "_1": op, "_": op, "g": op}
-    values = NamespaceValues(namespace)
-    assert [id(v) for v in values()] == [id(op), id(op)]  # ``_`` and ``g``, in order
-
-
-def test_names_added_deleted_and_bound_again_between_looks_are_seen():
-    namespace: dict = {"a": 1, "_i1": "a = 1"}
-    values = NamespaceValues(namespace)
-    assert values() == (1,)
-    namespace.update({"_i2": "b = 2", "b": 2, "_2": 2})
-    assert values() == (1, 2)
-    del namespace["a"]  # the count says a key went: all read again
-    assert values() == (2,)
-    namespace["a"] = 3  # back, at the end
-    assert values() == (2, 3)
-    del namespace["b"]
-    namespace["c"] = 4  # one went and one came: the same count
-    assert values() == (3, 4)
-    namespace["c"] = 5  # bound again: read anew
-    assert values() == (3, 5)
-    namespace.clear()
-    assert values() == ()
 
 
 def test_a_long_sessions_namespace_gets_its_ops_checked_and_put_back():
