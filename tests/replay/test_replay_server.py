@@ -117,6 +117,36 @@ def test_the_button_on_the_banner_runs_the_replay(server, server_kernel):
     assert "Replay stopped at cell" in clicked.widget_text
 
 
+def test_the_button_replays_cells_that_await_on_the_kernels_loop(server, server_kernel):
+    # The click runs in ipykernel's event loop, as `%cudaguard replay` does: a cell with a
+    # top-level ``await`` runs on that loop, and awaits a task an earlier replayed cell started.
+    kid, pid = server_kernel
+    cells = (
+        "import asyncio\nprint('RAN:start')\n"
+        "async def double(x):\n    await asyncio.sleep(0.01)\n    return 2 * x\n"
+        "task = asyncio.ensure_future(double(21))",
+        "print('RAN:await')\nanswer = await task",
+    )
+    failing = (
+        f"print('RAN:fail', answer)\nimport torch\nraise torch.AcceleratorError({ASSERT_2_9!r})"
+    )
+    with server.connect(kid) as sock:
+        assert sock.execute("%load_ext nb_cudaguard").status == "ok"
+        for cell in cells:
+            assert sock.execute(cell).status == "ok", cell
+        assert sock.execute(failing, timeout=60).status == "error"
+        sock.execute("%cudaguard restart")
+    wait_for_new_process(server, kid, pid)
+    with server.connect(kid) as sock:
+        loaded = sock.execute("%load_ext nb_cudaguard")
+        clicked = sock.collect(
+            sock.click(loaded.button(REPLAY_LABEL)), timeout=90, reply=False, cell=loaded
+        )
+    assert _markers(clicked.stream) == ["start", "await", "fail"], clicked.stream
+    assert "RAN:fail 42" in clicked.stream
+    assert [e["ename"] for e in clicked.errors] == ["AcceleratorError"]
+
+
 def test_what_the_namespace_has_is_not_rebuilt(server, server_kernel):
     kid, pid = server_kernel
     _fail_then_restart(server, kid, pid, FAIL_ASSERT)
