@@ -254,13 +254,18 @@ class CudaGuardExtension:
             self._greet_at_first_cell = False
             with contextlib.suppress(BaseException):
                 self._greet()
-        with contextlib.suppress(BaseException):  # bookkeeping only: never break the user's cell
+        # Bookkeeping only: never break the user's cell. (``try``, not ``contextlib.suppress``,
+        # in this hook and the next: it runs at every cell, and a try that raises nothing costs
+        # nothing, where a suppress is an object and two calls.)
+        try:
             self._started.append(time.perf_counter())
             self.cells.start()
             if self.recorder is not None:
                 self.recorder.start(self.shell.user_ns)
             if not self._tee_failed:
                 self._start_tee()
+        except BaseException:
+            pass
 
     def _start_tee(self) -> None:
         try:
@@ -274,10 +279,12 @@ class CudaGuardExtension:
         # IPython 7.34 may pass None (fired from a `finally`); then there is nothing to explain.
         error = getattr(result, "error_in_exec", None)
         cell = getattr(result, "execution_count", None)
-        with contextlib.suppress(BaseException):
+        try:  # noqa: SIM105 (at every cell: see pre_run_cell)
             self.tee.stop()
+        except BaseException:
+            pass
         since = 0.0  # when the cell began, by the clock ranks' records use
-        with contextlib.suppress(BaseException):
+        try:
             self.cells.finish(cell)
             # Only cells in the history: a nested run_cell (a replay's) reports a count too.
             stored = result is not None and bool(getattr(result.info, "store_history", False))
@@ -290,6 +297,8 @@ class CudaGuardExtension:
             if self.recorder is not None:
                 failed = not getattr(result, "success", True)
                 self.recorder.finish(self.shell.user_ns, cell if stored else None, failed)
+        except BaseException:
+            pass
         try:
             if error is None:
                 if result is not None and self.tee.depth == 0 and self.tee.received():
@@ -305,8 +314,10 @@ class CudaGuardExtension:
                 )
         if result is not None:
             for callback in list(self.cell_hooks):
-                with contextlib.suppress(BaseException):  # one hook's failure stops no other
+                try:  # noqa: SIM105 (at every cell: see pre_run_cell)
                     callback(result)
+                except BaseException:  # one hook's failure stops no other
+                    pass
 
     def _forget_device_output(self) -> None:
         """After a successful cell, older output never decides a later error, except assert
