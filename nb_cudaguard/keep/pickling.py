@@ -16,6 +16,14 @@ with these changes:
   ones merged into one block. So a view and its base, ``torch.from_numpy(a)`` and ``a``, a
   tensor and ``t.numpy()`` are written once, and read back as views of the same block. Other
   libraries' pickle protocol 5 buffers go the same way. Nothing is copied in memory on the way.
+- **What a library's class holds is not copied.** An instance that its own class holds, as a
+  singleton (``cls._instance = self``) or as "shared state" (accelerate's ``PartialState`` and
+  ``AcceleratorState``: ``self.__dict__ = self._shared_state``, accelerate/state.py), would come
+  back as a copy that the class in the new process does not hold: its state empty, a second
+  instance apart from the restored one. Such a value raises ``HeldByItsClass``; it is not
+  kept, and a replay builds it again from its cells. Classes defined in the notebook travel by
+  value with what they hold, and objects that reduce themselves (an ``Enum``'s members) find
+  their class's own again.
 - **Notebook functions keep the notebook as their globals.** cloudpickle gives a function defined
   in ``__main__`` a private copy of the globals it names (so ``def step(): model(x)`` would drag a
   copy of ``model`` along, or fail because ``model`` is on the GPU). Here such a function is
@@ -57,6 +65,12 @@ _U64 = struct.Struct("<Q")
 
 class NotOnCpu(TypeError):
     """The value holds GPU memory (or another device's): it is not read."""
+
+
+class HeldByItsClass(TypeError):
+    """The value holds an object that a library's class holds too (a singleton kept on the class,
+    or a "shared state" object whose ``__dict__`` is the class's): a copy restored apart from
+    the class would not be the class's, so the cells that built it run again instead."""
 
 
 class TooLarge(Exception):
@@ -192,6 +206,29 @@ def _bounds(array: Any) -> tuple[int, int, int]:
         else:
             high += (size - 1) * stride
     return low, high + array.itemsize, data
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class written in Python
+
+
+def _reduced_by_default(kind: type) -> bool:
+    """Whether ``kind`` pickles its instances by object's own reduction (their class and
+    ``__dict__``), not by a reduction of its own that may find the class's instance again."""
+    return (
+        getattr(kind, "__reduce_ex__", None) is object.__reduce_ex__
+        and getattr(kind, "__reduce__", None) is object.__reduce__
+    )
+
+
+def _held_by_class(kind: type) -> dict[int, str]:
+    """The ids of the values ``kind`` and its bases hold as class attributes, with their names:
+    an instance held there (a singleton) or whose ``__dict__`` is held there (shared state)."""
+    held: dict[int, str] = {}
+    for base in kind.__mro__[:-1]:  # (not ``object``)
+        for name, value in vars(base).items():
+            if not isinstance(value, (types.FunctionType, property, staticmethod, classmethod)):
+                held.setdefault(id(value), f"{base.__qualname__}.{name}")
+    return held
 
 
 def _rebuild_array(
@@ -467,7 +504,28 @@ class KeepPickler:
                     return _reduce_notebook_function(obj)
                 elif kind is memoryview:
                     return _reduce_memoryview(obj)
+                elif kind.__flags__ & _HEAP_TYPE and kind.__module__ != "__main__":
+                    _refuse_what_its_class_holds(obj, kind)
                 return super().reducer_override(obj)
+
+        held_by_classes: dict[type, dict[int, str]] = {}
+
+        def _refuse_what_its_class_holds(obj: Any, kind: type) -> None:
+            if isinstance(obj, type) or not _reduced_by_default(kind):
+                return
+            held = held_by_classes.get(kind)
+            if held is None:
+                held = held_by_classes[kind] = _held_by_class(kind)
+            try:
+                state = object.__getattribute__(obj, "__dict__")
+            except AttributeError:  # (slots only)
+                state = None
+            where = held.get(id(obj)) or (held.get(id(state)) if state is not None else None)
+            if where is not None:
+                raise HeldByItsClass(
+                    f"holds an object of {kind.__module__}.{kind.__qualname__} that its class "
+                    f"keeps ({where})"
+                )
 
         def _reduce_array(array: Any) -> Any:
             low, high, data = _bounds(array)

@@ -382,6 +382,11 @@ def _reason(error: BaseException) -> str:
             f"{error}: GPU memory is never read here (after a CUDA error it cannot be); "
             "`%cudaguard keep NAME` keeps a CPU snapshot of it after each cell"
         )
+    if isinstance(error, pickling.HeldByItsClass):
+        return (
+            f"{error}: a restored copy would not be the class's; a replay builds it again from "
+            "its cells"
+        )
     if isinstance(error, pickling.TooLarge):
         return f"over the size cap ({error.args[0] / 1e9:.1f} GB left for it)"
     if isinstance(error, pickling.OutOfTime):

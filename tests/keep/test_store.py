@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -193,6 +194,60 @@ def test_things_that_cannot_be_kept_are_listed_with_the_reason_and_the_rest_is_k
     assert "generator" in reasons["batches"] and "lock" in reasons["lock"]
     assert reasons["holder"].startswith("cannot be saved (TypeError: cannot pickle")
     assert new["x"] == 1 and "log" not in new
+
+
+LIBRARY_STATE = """
+import enum
+
+
+class Shared:  # accelerate's PartialState: every instance's __dict__ is the class's
+    _shared_state = {}
+
+    def __init__(self, **settings):
+        self.__dict__ = self._shared_state
+        self.__dict__.update(settings)
+
+
+class Single:  # a singleton kept on the class
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+
+class Mode(enum.Enum):
+    FAST = 1
+"""
+
+
+def test_what_a_library_class_holds_is_not_copied_and_its_cells_build_it_again(
+    profile, tmp_path, monkeypatch
+):
+    # A copy restored apart from its class would be a second instance the class does not hold:
+    # ``Shared()`` in the new process would start from an empty state.
+    (tmp_path / "libstate.py").write_text(LIBRARY_STATE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    namespace = notebook(
+        "import libstate\nstate = libstate.Shared(device='cpu')\nholder = {'state': state}\n"
+        "single = libstate.Single()\nmode = libstate.Mode.FAST\nplain = [1, 2]\n"
+        "class Mine:\n    _instance = None\n"
+        "mine = Mine._instance = Mine()"
+    )
+    try:
+        manifest, _, new = save_and_restore(namespace, profile)
+        reasons = {s.name: s.reason for s in manifest.skipped}
+        assert set(reasons) == {"state", "holder", "single"}, reasons
+        assert "libstate.Shared that its class keeps (Shared._shared_state)" in reasons["state"]
+        assert "(Single._instance)" in reasons["single"]
+        assert "a replay builds it again from its cells" in reasons["holder"]
+        # An enum's member finds its class's own again; a notebook class travels with what it
+        # holds.
+        assert new["mode"] is sys.modules["libstate"].Mode.FAST
+        assert new["plain"] == [1, 2] and new["mine"] is new["Mine"]._instance
+    finally:
+        sys.modules.pop("libstate", None)
 
 
 def test_ipython_names_are_not_kept_and_only_counted(profile):
