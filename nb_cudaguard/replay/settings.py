@@ -292,6 +292,15 @@ def _torch_readers(torch: Any) -> list[tuple[str, Callable[[], Any]]]:
         getter = getattr(c, private, None)
         if callable(getter):
             readers.append((name, getter))
+    # The default process group (``dist.init_process_group``, ``destroy_process_group``):
+    # torch/distributed/distributed_c10d.py keeps it in ``_world._default_pg``, where no name
+    # of the notebook holds it; read from the instance's dict (one C call), by identity.
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None)
+    if world is not None and "_default_pg" in vars(world):
+        readers.append(
+            ("torch.distributed.init_process_group", partial(vars(world).get, "_default_pg"))
+        )
     # ``set_default_device`` keeps a DeviceContext in a thread-local (torch/__init__.py): read
     # there, where ``get_default_device()`` walks the mode stack (2 us). A thread-local keeps
     # one ``__dict__`` per thread for the thread's life (Modules/_threadmodule.c): the main

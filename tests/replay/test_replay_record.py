@@ -606,6 +606,21 @@ def test_a_global_module_or_optimizer_hook_is_a_setting_a_cell_changes(register,
     assert moved == (setting,)
 
 
+def test_a_process_group_started_is_a_setting_a_cell_changes(tmp_path):
+    # ``dist.init_process_group`` binds no notebook name: the group lives in c10d's module state.
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("no torch.distributed, or a group already started")
+    before = process_settings()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        moved = settings_changed(before, process_settings())
+    finally:
+        dist.destroy_process_group()
+    assert moved == ("torch.distributed.init_process_group",)
+
+
 _TINY = 1e-310  # a denormal
 
 
