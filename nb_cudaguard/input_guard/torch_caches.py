@@ -34,11 +34,19 @@ CACHES = (
 
 
 _FOUND: dict[tuple[str, str], Any] = {}  # the cached functions, once their module is imported
+# sys.modules's size and last key at the last look for the others (a module imported since
+# is its last key, a ``del`` in between notwithstanding)
+_LOOKED: list[tuple[int, str | None]] = [(-1, None)]
 
 
 def _caches() -> dict[tuple[str, str], Any]:
-    """The caches that exist now; those found once are kept (asked twice per guard)."""
+    """The caches that exist now; those found once are kept (asked twice per guard), and the
+    others looked for again only once more modules are loaded (torch._dynamo's, on first use)."""
     if len(_FOUND) < len(CACHES):
+        loaded = (len(sys.modules), next(reversed(sys.modules), None))
+        if loaded == _LOOKED[0]:
+            return _FOUND
+        _LOOKED[0] = loaded
         for module, path in CACHES:
             if (module, path) not in _FOUND and module in sys.modules:
                 found = _cache(module, path)

@@ -63,6 +63,13 @@ def _env_int(name: str, default: int) -> int:
 def _group() -> tuple[int, int] | None:
     """(rank, world size) from torch.distributed, where this process joined a group already
     (``mp.spawn`` hands the rank to the function, not to the environment)."""
+    # Asked at every guard's start: the default group is read where c10d keeps it
+    # (distributed_c10d.py, ``_world._default_pg``, what ``is_initialized()`` reads through two
+    # properties), the public calls made only where one exists.
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None)
+    if world is not None and getattr(world, "_default_pg", True) is None:
+        return None
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -72,12 +79,28 @@ def _group() -> tuple[int, int] | None:
     return None
 
 
+def _in_environ(name: str) -> bool:
+    """``name in os.environ`` as one lookup in its dict of encoded keys (os.py's ``_Environ``
+    keeps them in ``_data``), where ``in`` runs three Python frames and raises a KeyError
+    inside for a missing name: a guard's start asks for ``RANK`` every time."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):
+        return name in os.environ
+    key = _ENCODED.get(name)
+    if key is None:
+        key = _ENCODED[name] = os.environ.encodekey(name)
+    return key in data
+
+
+_ENCODED: dict[str, object] = {}  # a variable's name -> its key in os.environ's own dict
+
+
 def rank() -> int | None:
     """This process's rank: its group's, else ``RANK``; None outside a multi-process job."""
     group = _group()
     if group is not None:
         return group[0]
-    return _env_int("RANK", 0) if "RANK" in os.environ else None
+    return _env_int("RANK", 0) if _in_environ("RANK") else None
 
 
 def identity() -> dict[str, Any]:

@@ -148,6 +148,27 @@ def test_torch_fx_and_overrides_first_used_inside_a_guard_know_torchs_methods_af
     assert out.split("\n")[:2] == ["True", "['call_method']"]
 
 
+def test_dynamos_tables_imported_after_an_earlier_guard_are_emptied_after_the_next() -> None:
+    # The guard looks for torch's cached tables again only once more modules are loaded: a
+    # table whose module came after the first guard is still found by the next one.
+    pytest.importorskip("torch._dynamo")
+    out = run_fresh(
+        """
+        import sys, torch
+        from nb_cudaguard import guard
+
+        with guard():
+            pass
+        assert "torch._dynamo" not in sys.modules
+        from torch._dynamo import trace_rules
+        with guard():
+            trace_rules.get_tensor_method()  # built from the wrappers
+        print(trace_rules.get_tensor_method.cache_info().currsize)
+        """
+    )
+    assert out.split() == ["0"]
+
+
 def builtin_table() -> dict[int, str]:
     import torch.jit._builtins as builtins
 

@@ -67,3 +67,30 @@ def test_torchrun_reads_our_error_file_and_names_the_culprit_not_the_victim(
     assert "nb_cudaguard: rank 3: " in str(files[1].message)
     assert victim["headline"] == f"stopped because rank 3 failed: {culprit['diagnosis']['title']}"
     assert record.culprit([victim, culprit]) == culprit
+
+
+def test_the_rank_is_the_groups_where_one_started_else_the_environments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fast paths a guard's start takes (c10d's default group read directly, RANK looked up
+    # in os.environ's own dict) answer as the public calls do, before, in and after a group.
+    import socket
+
+    import torch.distributed as dist
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert record.rank() is None
+    monkeypatch.setenv("RANK", "2")
+    assert record.rank() == 2
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        assert record.rank() == 0  # the group's, not the environment's
+        assert record.identity()["world_size"] == 1
+    finally:
+        dist.destroy_process_group()
+    assert record.rank() == 2
+    monkeypatch.delenv("RANK")
+    assert record.rank() is None
