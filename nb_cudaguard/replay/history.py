@@ -46,6 +46,9 @@ class Cell:
     failed: bool | None  # None: unknown (run before nb_cudaguard was loaded)
     seconds: float | None = None  # how long it ran, where nb_cudaguard timed it
     record: CellRecord | None = None  # what it did when it ran, where nb_cudaguard saw it
+    # N: the lines before line N of a cell that raised there, run again on their own by a
+    # replay (replay/prefix.py); 0: the cell as typed
+    ran_before: int = 0
 
 
 @dataclass(frozen=True)

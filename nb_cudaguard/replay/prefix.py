@@ -1,0 +1,118 @@
+"""What a failed cell did before it failed: its top-level statements before the one that raised.
+
+A cell that failed is not run again whole (it would raise again, and the replay stops at the
+first error), yet what it did before the statement that raised is part of the state every later
+cell ran from: a process group it started (``dist.init_process_group``), a kernel it registered
+(``op.register_kernel("cpu")``), a list it appended to. The record keeps the line of the
+statement the error escaped from (``stopped_line``, read from the traceback as the cell ends);
+the replay runs the statements before it again, as a cell of their own just before the failed
+one (``with_prefixes``), from the random state the cell began with. What the statement that
+raised did before raising is not run again: the plan still names what the failed cell changed.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from types import TracebackType
+from typing import Any
+
+from .analysis import CellFacts
+from .history import Cell, SavedCells
+from .record import CellRecord
+
+
+def stopped_line(error: BaseException | None, namespace: Mapping[str, Any]) -> int:
+    """The line of the cell's top-level statement that ``error`` escaped from, 0 where unknown:
+    the outermost traceback entry of code run as a module with ``namespace`` as its globals
+    (the cell's own frame; a module the cell imports has globals of its own, and ``exec`` of
+    another text inside the cell comes later in the traceback)."""
+    entry: TracebackType | None = error.__traceback__ if error is not None else None
+    while entry is not None:
+        frame = entry.tb_frame
+        if frame.f_globals is namespace and frame.f_code.co_name == "<module>":
+            return entry.tb_lineno or 0
+        entry = entry.tb_next
+    return 0
+
+
+def ran_before(source: str, line: int) -> str:
+    """The lines of ``source`` before its top-level statement that holds ``line`` (its
+    decorators included), where they hold a statement; else ""."""
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        return ""
+    for statement in body:
+        decorators = getattr(statement, "decorator_list", [])
+        first = min([statement.lineno, *(d.lineno for d in decorators)])
+        if first <= line <= (statement.end_lineno or statement.lineno):
+            break
+    else:
+        return ""
+    prefix = "".join(source.splitlines(keepends=True)[: first - 1])
+    try:
+        return prefix if ast.parse(prefix).body else ""
+    except (SyntaxError, ValueError):  # (a statement cannot end inside another)
+        return ""
+
+
+def with_prefixes(saved: SavedCells, transform: Callable[[str], str]) -> SavedCells:
+    """``saved`` with, before each cell that failed (not the failing one) whose record says where
+    it raised, a cell of what ran before that statement (``Cell.ran_before``: the failed cell's
+    line count, and the record's random state only). ``transform``: IPython's ``transform_cell``,
+    whose output is the text the line numbers count in (magics become calls, leading blank lines
+    go)."""
+    if saved.failing is None:
+        return saved
+    cells: list[Cell] = []
+    failing = saved.failing
+    for index, cell in enumerate(saved.cells):
+        record = cell.record
+        if cell.failed and index != saved.failing and record is not None and record.stopped > 1:
+            try:
+                text = transform(cell.source)
+            except Exception:  # a cell IPython can no longer transform: nothing before
+                text = ""
+            prefix = ran_before(text, record.stopped) if text else ""
+            if prefix:
+                cells.append(
+                    Cell(
+                        prefix,
+                        cell.count,
+                        False,
+                        None,
+                        CellRecord(rng=record.rng) if record.rng else None,
+                        ran_before=record.stopped,
+                    )
+                )
+                failing += index < saved.failing
+        cells.append(cell)
+    if len(cells) == len(saved.cells):
+        return saved
+    return replace(saved, cells=tuple(cells), failing=failing)
+
+
+def before_it_raised(facts: CellFacts, failed: CellRecord | None) -> CellFacts:
+    """The facts of what a failed cell ran before the statement that raised: its text's, and of
+    the cell's record (which covers that statement too) what these lines may have done: the
+    objects it changed in place that they name (``scale.register_kernel("cpu")(f)``: a call
+    whose change the text alone does not see), and the process settings it changed, which they
+    need not name (``dist.init_process_group``): then they run again as a setup cell does."""
+    if failed is None:
+        return facts
+    named = failed.changed & (facts.uses | facts.defines | facts.mutates)
+    if named:
+        facts = replace(
+            facts,
+            defines=facts.defines | named,
+            uses=facts.uses | named,
+            mutates=facts.mutates | named,
+        )
+    if failed.settings:
+        part = "ran before its failed statement, in the cell that changes " + ", ".join(
+            failed.settings
+        )
+        facts = replace(facts, setup="; ".join(filter(None, [facts.setup, part])))
+    return facts
