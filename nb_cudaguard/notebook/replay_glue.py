@@ -218,6 +218,15 @@ def replayable(shell: InteractiveShell, saved: SavedCells) -> SavedCells:
     return with_prefixes(saved, lambda source: str(shell.transform_cell(source)))
 
 
+def _raised(cells: Sequence[Cell], index: int) -> CellRecord | None:
+    """The record of the failed cell that part-cell ``index`` ran before, where it follows it
+    (a part replayed in an earlier kernel stands alone: its record holds a random state only)."""
+    after = cells[index + 1] if index + 1 < len(cells) else None
+    if after is None or not after.failed or after.count != cells[index].count:
+        return None
+    return after.record
+
+
 def make_plan(
     shell: InteractiveShell, saved: SavedCells, replay: ReplayState | None = None
 ) -> Plan:
@@ -240,7 +249,7 @@ def make_plan(
     own = own_modules(modules)
     texts = with_own_modules(texts, _module_texts(own))
     facts = [
-        joined(f, c.record) if not c.ran_before else before_it_raised(f, cells[i + 1].record)
+        joined(f, c.record) if not c.ran_before else before_it_raised(f, _raised(cells, i))
         for i, (f, c) in enumerate(zip(with_unseen_handed(texts), cells, strict=True))
     ]
     facts = numbered(facts, [c.count for c in cells])
@@ -780,9 +789,8 @@ def run_steps(
             ok = bool(getattr(result, "success", False))
             if ok and not cell.ran_before:  # (part of a cell: not what its number names)
                 _number_as_replayed(shell, cell, getattr(result, "result", None))
-            ran.append(
-                Cell(cell.source, cell.count, not ok, time.perf_counter() - started, cell.record)
-            )
+            seconds = time.perf_counter() - started
+            ran.append(Cell(cell.source, cell.count, not ok, seconds, cell.record, cell.ran_before))
             if not ok:
                 said = (
                     f"Replay stopped at cell {cell_label(cell)} of the previous kernel"

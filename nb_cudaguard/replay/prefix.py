@@ -37,33 +37,34 @@ def stopped_line(error: BaseException | None, namespace: Mapping[str, Any]) -> i
     return 0
 
 
-def ran_before(source: str, line: int) -> str:
+def ran_before(source: str, line: int) -> tuple[str, int]:
     """The lines of ``source`` before its top-level statement that holds ``line`` (its
-    decorators included), where they hold a statement; else ""."""
+    decorators included), where they hold a statement, and that statement's first line; else
+    ("", 0)."""
     try:
         body = ast.parse(source).body
     except (SyntaxError, ValueError):
-        return ""
+        return "", 0
     for statement in body:
         decorators = getattr(statement, "decorator_list", [])
         first = min([statement.lineno, *(d.lineno for d in decorators)])
         if first <= line <= (statement.end_lineno or statement.lineno):
             break
     else:
-        return ""
+        return "", 0
     prefix = "".join(source.splitlines(keepends=True)[: first - 1])
     try:
-        return prefix if ast.parse(prefix).body else ""
+        return (prefix, first) if ast.parse(prefix).body else ("", 0)
     except (SyntaxError, ValueError):  # (a statement cannot end inside another)
-        return ""
+        return "", 0
 
 
 def with_prefixes(saved: SavedCells, transform: Callable[[str], str]) -> SavedCells:
     """``saved`` with, before each cell that failed (not the failing one) whose record says where
-    it raised, a cell of what ran before that statement (``Cell.ran_before``: the failed cell's
-    line count, and the record's random state only). ``transform``: IPython's ``transform_cell``,
-    whose output is the text the line numbers count in (magics become calls, leading blank lines
-    go)."""
+    it raised, a cell of what ran before that statement (``Cell.ran_before``: that statement's
+    first line; its record: the failed cell's random state only, not what the cell did).
+    ``transform``: IPython's ``transform_cell``, whose output is the text the line numbers count
+    in (magics become calls, leading blank lines go)."""
     if saved.failing is None:
         return saved
     cells: list[Cell] = []
@@ -75,7 +76,7 @@ def with_prefixes(saved: SavedCells, transform: Callable[[str], str]) -> SavedCe
                 text = transform(cell.source)
             except Exception:  # a cell IPython can no longer transform: nothing before
                 text = ""
-            prefix = ran_before(text, record.stopped) if text else ""
+            prefix, first = ran_before(text, record.stopped) if text else ("", 0)
             if prefix:
                 cells.append(
                     Cell(
@@ -84,7 +85,7 @@ def with_prefixes(saved: SavedCells, transform: Callable[[str], str]) -> SavedCe
                         False,
                         None,
                         CellRecord(rng=record.rng) if record.rng else None,
-                        ran_before=record.stopped,
+                        ran_before=first,
                     )
                 )
                 failing += index < saved.failing

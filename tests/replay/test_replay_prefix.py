@@ -90,13 +90,14 @@ def test_the_lines_before_the_statement_that_raised_are_whole_statements():
     source = (
         "import torch\n@torch.no_grad()\ndef f(x):\n    return x\n\nfor i in range(3):\n    f(i)\n"
     )
-    assert ran_before(source, 1) == ""
-    assert ran_before(source, 2) == "import torch\n"
-    assert ran_before(source, 4) == "import torch\n"  # inside the decorated def
-    assert ran_before(source, 7) == "import torch\n@torch.no_grad()\ndef f(x):\n    return x\n\n"
-    assert ran_before("x = (\n1)\ny", 3) == "x = (\n1)\n"
-    assert ran_before("x = 1\nif x:\n", 2) == ""  # a text that does not parse
-    assert ran_before("x = 1", 9) == ""  # a line past the text
+    assert ran_before(source, 1) == ("", 0)
+    assert ran_before(source, 2) == ("import torch\n", 2)
+    assert ran_before(source, 4) == ("import torch\n", 2)  # inside the decorated def
+    defined = "import torch\n@torch.no_grad()\ndef f(x):\n    return x\n\n"
+    assert ran_before(source, 7) == (defined, 6)  # in the loop's body: from the loop on
+    assert ran_before("x = (\n1)\ny", 3) == ("x = (\n1)\n", 3)
+    assert ran_before("x = 1\nif x:\n", 2) == ("", 0)  # a text that does not parse
+    assert ran_before("x = 1", 9) == ("", 0)  # a line past the text
 
 
 def test_a_failed_cell_is_preceded_by_what_it_ran_before_the_failing_index_moving_on():
@@ -171,3 +172,35 @@ def test_a_cell_that_ran_a_magic_counts_its_lines_in_the_text_ipython_ran(record
     assert "run_line_magic('env', 'NBPRE_FLAG=1')" in expanded.cells[0].source
     _replay(recorded, saved)
     assert recorded.user_ns["seen"] == 7
+
+
+def test_a_cell_that_failed_inside_a_loop_runs_again_up_to_the_loop(recorded):
+    cells = [
+        "hist = []\nfor i in range(5):\n    hist.append(i)\n    if i == 3:\n        " + OOM,
+        "seen = len(hist)\n[][0]",
+    ]
+    saved = _run(recorded, cells)
+    assert saved.cells[0].record is not None and saved.cells[0].record.stopped == 5
+    recorded.user_ns.pop("hist", None)
+    summary, lines = _replay(recorded, saved)
+    count = saved.cells[0].count
+    assert any(line.lstrip().startswith(f"[{count}] line 1 ") for line in lines), lines
+    # the loop's appends are not run again, and the plan says so
+    assert recorded.user_ns["seen"] == 0
+    assert "its lines before line 2 run again, not the statement that raised" in summary
+    assert "hist" in summary.split("then that cell", 1)[1]
+
+
+def test_a_part_replayed_in_an_earlier_kernel_is_planned_from_its_text(recorded):
+    # Saved again after that replay, it stands alone: its record holds a random state only,
+    # which is no record of what it did (a change its text shows is still planned for).
+    cells = (
+        Cell("log = []", 1, False),
+        Cell("log.append(1)\n", 2, False, None, CellRecord(rng=""), ran_before=2),
+        Cell("seen = list(log)\n[][0]", 3, True),
+    )
+    for name in ("log", "seen"):
+        recorded.user_ns.pop(name, None)
+    saved = SavedCells(cells, 2, time.time(), 1)
+    plan = make_plan(recorded, saved)
+    assert [step.index for step in plan.steps] == [0, 1, 2]
