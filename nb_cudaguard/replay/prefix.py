@@ -111,9 +111,10 @@ def before_it_raised(facts: CellFacts, failed: CellRecord | None) -> CellFacts:
             uses=facts.uses | named,
             mutates=facts.mutates | named,
         )
-    if failed.settings:
-        part = "ran before its failed statement, in the cell that changes " + ", ".join(
-            failed.settings
-        )
+    # (not the environment and directory the replay sets again from the record itself)
+    held = {"os.environ": bool(failed.environ), "os.chdir": bool(failed.cwd)}
+    settings = [name for name in failed.settings if not held.get(name)]
+    if settings:
+        part = "ran before its failed statement, in the cell that changes " + ", ".join(settings)
         facts = replace(facts, setup="; ".join(filter(None, [facts.setup, part])))
     return facts

@@ -204,3 +204,22 @@ def test_a_part_replayed_in_an_earlier_kernel_is_planned_from_its_text(recorded)
     saved = SavedCells(cells, 2, time.time(), 1)
     plan = make_plan(recorded, saved)
     assert [step.index for step in plan.steps] == [0, 1, 2]
+
+
+def test_the_part_takes_of_the_cells_record_what_its_lines_may_have_done():
+    from nb_cudaguard.replay.analysis import analyse_cell
+    from nb_cudaguard.replay.prefix import before_it_raised
+
+    facts = analyse_cell("scale.register_kernel('cpu')(f)\n", str)
+    record = CellRecord(
+        changed=frozenset({"scale", "other"}),
+        settings=("os.environ", "torch.set_printoptions"),
+        environ=(("K", "v"),),
+    )
+    part = before_it_raised(facts, record)
+    assert "scale" in part.mutates and "other" not in part.mutates  # named by its lines only
+    assert "torch.set_printoptions" in part.setup  # a setting: the lines run as setup does
+    assert "os.environ" not in part.setup  # set again from the record itself
+    assert before_it_raised(
+        facts, CellRecord(settings=("os.environ",), environ=(("K", None),))
+    ) == (before_it_raised(facts, None))
