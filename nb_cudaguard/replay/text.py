@@ -17,15 +17,17 @@ def cell_label(cell: Cell) -> str:
     return f"{label} line 1" if cell.ran_before else label
 
 
-def _not_again(cells: Sequence[Cell], index: int, steps: Collection[int], lacks: str) -> str:
-    """How much of failed cell ``index`` the replay runs again, and what the process lacks."""
+def _not_again(cells: Sequence[Cell], index: int, steps: Collection[int], what: str) -> str:
+    """How much of failed cell ``index`` the replay runs again, and what ``what`` (``"that
+    name"``, ``"those names"``, ``"this process"``) lacks."""
     before = cells[index - 1] if index else None
     if before is not None and before.ran_before and index - 1 in steps:
         return (
             f"its lines before line {before.ran_before} run again, not the statement that "
-            f"raised, so {lacks} what that statement did"
+            f"raised, so {what} may lack what that statement did"
         )
-    return f"it is not run again, so {lacks} what it did"
+    lacks = "lack" if what == "those names" else "lacks"
+    return f"it is not run again, so {what} {lacks} what it did"
 
 
 def first_line(source: str) -> str:
@@ -124,9 +126,7 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             "; ".join(
                 f"{cell_label(cells[i])} failed when it ran, after it bound or changed "
                 f"{', '.join(names[:12])}: "
-                + _not_again(
-                    cells, i, ran, "that name lacks" if len(names) == 1 else "those names lack"
-                )
+                + _not_again(cells, i, ran, "that name" if len(names) == 1 else "those names")
                 + (f", and so do {', '.join(built[:12])}, built from it later" if built else "")
                 for i, names, built in plan.failed_changes
             )
@@ -136,7 +136,7 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             "; ".join(
                 f"{cell_label(cells[i])} failed when it ran, after it set process state "
                 f"({setup}): "
-                + _not_again(cells, i, ran, "this process lacks")
+                + _not_again(cells, i, ran, "this process")
                 + (f", and these may differ with it: {', '.join(made[:12])}" if made else "")
                 for i, setup, made in plan.failed_setup
             )
