@@ -13,6 +13,7 @@ raised did before raising is not run again: the plan still names what the failed
 from __future__ import annotations
 
 import ast
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import TracebackType
@@ -25,14 +26,15 @@ from .record import CellRecord
 
 def stopped_line(error: BaseException | None, namespace: Mapping[str, Any]) -> int:
     """The line of the cell's top-level statement that ``error`` escaped from, 0 where unknown:
-    the outermost traceback entry of code run as a module with ``namespace`` as its globals
-    (the cell's own frame; a module the cell imports has globals of its own, and ``exec`` of
-    another text inside the cell comes later in the traceback)."""
+    the outermost traceback entry of code run with ``namespace`` as its globals, where that code
+    is no function's (the cell's own: ``<module>``, or ``<cell line: 0>`` as IPython 7 names it;
+    a module the cell imports has globals of its own, and ``exec`` of another text inside the
+    cell comes later in the traceback)."""
     entry: TracebackType | None = error.__traceback__ if error is not None else None
     while entry is not None:
         frame = entry.tb_frame
-        if frame.f_globals is namespace and frame.f_code.co_name == "<module>":
-            return entry.tb_lineno or 0
+        if frame.f_globals is namespace:
+            return 0 if frame.f_code.co_flags & inspect.CO_NEWLOCALS else entry.tb_lineno or 0
         entry = entry.tb_next
     return 0
 
