@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
@@ -120,3 +120,12 @@ def before_it_raised(facts: CellFacts, failed: CellRecord | None) -> CellFacts:
         part = "ran before its failed statement, in the cell that changes " + ", ".join(settings)
         facts = replace(facts, setup="; ".join(filter(None, [facts.setup, part])))
     return facts
+
+
+def unless_restored(facts: CellFacts, restored: Collection[str]) -> CellFacts:
+    """A part's facts, or none (it never runs) where it changes a restored name in place: the
+    restore brought that object back as the failed cell left it, its lines' change included, and
+    running them again would change it twice (a counter on a class the restore keeps)."""
+    if facts.mutates.isdisjoint(restored):
+        return facts
+    return CellFacts()
