@@ -26,6 +26,7 @@ from ..diagnosis.engine import explain, recognise
 from ..diagnosis.model import ContextState, Diagnosis
 from ..diagnosis.where import where_sentence
 from ..ranks.launched import RankDir, verdict
+from ..replay.prefix import stopped_line
 from ..replay.record import Recorder
 from ..runtime.capture import FdTee
 from ..runtime.cells import CellTracker, SyncAfterCell, is_sync_frame, toggle_transformer
@@ -296,7 +297,8 @@ class CudaGuardExtension:
                     self.seconds[cell] = time.perf_counter() - started
             if self.recorder is not None:
                 failed = not getattr(result, "success", True)
-                self.recorder.finish(self.shell.user_ns, cell if stored else None, failed)
+                stopped = stopped_line(error, self.shell.user_ns) if failed else 0
+                self.recorder.finish(self.shell.user_ns, cell if stored else None, failed, stopped)
         except BaseException:
             pass
         try:

@@ -47,6 +47,7 @@ from ..replay.planner import (
     with_unrepeatable,
     with_unseen_handed,
 )
+from ..replay.prefix import before_it_raised, unless_restored, with_prefixes
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
 from ..replay.settings import set_again
@@ -211,6 +212,21 @@ def previous_cells(shell: InteractiveShell, replay: ReplayState) -> tuple[SavedC
     return replay.previous, replay.why_none
 
 
+def replayable(shell: InteractiveShell, saved: SavedCells) -> SavedCells:
+    """``saved`` with what each failed cell ran before the statement that raised, as a cell of
+    its own (replay/prefix.py); the plan and the run both count in these cells."""
+    return with_prefixes(saved, lambda source: str(shell.transform_cell(source)))
+
+
+def _raised(cells: Sequence[Cell], index: int) -> CellRecord | None:
+    """The record of the failed cell that part-cell ``index`` ran before, where it follows it
+    (a part replayed in an earlier kernel stands alone: its record holds a random state only)."""
+    after = cells[index + 1] if index + 1 < len(cells) else None
+    if after is None or not after.failed or after.count != cells[index].count:
+        return None
+    return after.record
+
+
 def make_plan(
     shell: InteractiveShell, saved: SavedCells, replay: ReplayState | None = None
 ) -> Plan:
@@ -232,12 +248,20 @@ def make_plan(
     modules = {m for f in texts for m in f.imported_from.values()}
     own = own_modules(modules)
     texts = with_own_modules(texts, _module_texts(own))
-    facts = [joined(f, c.record) for f, c in zip(with_unseen_handed(texts), cells, strict=True)]
-    facts = numbered(facts, [c.count for c in cells])
+    facts = [
+        joined(f, c.record) if not c.ran_before else before_it_raised(f, _raised(cells, i))
+        for i, (f, c) in enumerate(zip(with_unseen_handed(texts), cells, strict=True))
+    ]
+    # (a part binds no history name: ``_i3`` is the whole cell's text)
+    facts = numbered(facts, [None if c.ran_before else c.count for c in cells])
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
     from .keep_glue import restored_names
 
     restored, after_failure, graphless = restored_names(shell)
+    facts = [
+        unless_restored(f, restored) if c.ran_before else f
+        for f, c in zip(facts, cells, strict=True)
+    ]
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
     plan = plan_replay(
@@ -590,6 +614,7 @@ def offer(
     whether that restart keeps the CPU variables, ``CudaGuard.keep_on_restart``)."""
     from IPython.display import display
 
+    saved = replayable(shell, saved)
     view = plan_view(shell, make_plan(shell, saved, replay), saved, blocking_on)
     if not buttons:
         display(view)
@@ -767,11 +792,10 @@ def run_steps(
             finally:
                 shell.user_ns.update(here)
             ok = bool(getattr(result, "success", False))
-            if ok:
+            if ok and not cell.ran_before:  # (part of a cell: not what its number names)
                 _number_as_replayed(shell, cell, getattr(result, "result", None))
-            ran.append(
-                Cell(cell.source, cell.count, not ok, time.perf_counter() - started, cell.record)
-            )
+            seconds = time.perf_counter() - started
+            ran.append(Cell(cell.source, cell.count, not ok, seconds, cell.record, cell.ran_before))
             if not ok:
                 said = (
                     f"Replay stopped at cell {cell_label(cell)} of the previous kernel"
@@ -868,6 +892,7 @@ def replay_command(
     if not yes:
         offer(shell, saved, blocking_on, restart, replay, buttons, keeps)
         return
+    saved = replayable(shell, saved)
     plan = make_plan(shell, saved, replay)
     display(plan_view(shell, plan, saved, blocking_on, asking=False))
     outcome = run_steps(shell, saved, plan, blocking_on, say=False, replay=replay)

@@ -46,6 +46,9 @@ class Cell:
     failed: bool | None  # None: unknown (run before nb_cudaguard was loaded)
     seconds: float | None = None  # how long it ran, where nb_cudaguard timed it
     record: CellRecord | None = None  # what it did when it ran, where nb_cudaguard saw it
+    # N: the lines before line N of a cell that raised there, run again on their own by a
+    # replay (replay/prefix.py); 0: the cell as typed
+    ran_before: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,9 @@ def save_cells(
         "pid": os.getpid(),
         "failing": failing,
         "cells": [
-            [c.source, c.count, c.failed, c.seconds, c.record and c.record.to_json()] for c in cells
+            [c.source, c.count, c.failed, c.seconds, c.record and c.record.to_json()]
+            + ([c.ran_before] if c.ran_before else [])
+            for c in cells
         ],
     }
     path = cells_path(profile_location, kernel_key(connection_path))
@@ -172,9 +177,13 @@ def _parse(data: dict[str, object], connection_path: str) -> SavedCells:
     if not isinstance(raw_cells, list):
         raise TypeError("cells is not a list")
     cells = []
-    for source, count, failed, *more in raw_cells:  # an older record has no time, no record
+    # an older record has no time, no record; only part of a cell says which part
+    for source, count, failed, *more in raw_cells:
         seconds = more[0] if more else None
         seen = more[1] if len(more) > 1 else None
+        part = more[2] if len(more) > 2 else 0
+        if type(part) is not int or part < 0:
+            raise TypeError("a cell's part is not a line number")
         if not isinstance(seen, (dict, type(None))):
             raise TypeError("a cell's record is not an object")
         if not isinstance(source, str) or not isinstance(count, (int, type(None))):
@@ -183,9 +192,8 @@ def _parse(data: dict[str, object], connection_path: str) -> SavedCells:
             raise TypeError("a cell's seconds is not a number")
         failed = None if failed is None else bool(failed)
         record = None if seen is None else CellRecord.from_json(seen)
-        cells.append(
-            Cell(source, count, failed, None if seconds is None else float(seconds), record)
-        )
+        seconds = None if seconds is None else float(seconds)
+        cells.append(Cell(source, count, failed, seconds, record, part))
     failing = data["failing"]
     if failing is not None and not (isinstance(failing, int) and 0 <= failing < len(cells)):
         raise ValueError(f"failing cell {failing!r}")

@@ -71,6 +71,9 @@ class CellRecord:
     # (Saved with the cells' text, in the profile's private directory: history.save_cells.)
     environ: tuple[tuple[str, str | None], ...] = ()
     cwd: str = ""
+    # A cell that failed: the line (of its text as IPython ran it) of the top-level statement
+    # its error escaped from, whose predecessors a replay runs again (prefix.py); 0: unknown
+    stopped: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,7 @@ class CellRecord:
             "rng": self.rng,
             "environ": [list(pair) for pair in self.environ],
             "cwd": self.cwd,
+            "stopped": self.stopped,
         }
 
     @classmethod
@@ -96,6 +100,9 @@ class CellRecord:
         rng, cwd = data.get("rng", ""), data.get("cwd", "")
         if not isinstance(rng, str) or not isinstance(cwd, str):
             raise TypeError("record rng or cwd is not text")
+        stopped = data.get("stopped", 0)
+        if type(stopped) is not int or stopped < 0:
+            raise TypeError("record stopped is not a line number")
         environ = data.get("environ", [])
         if not isinstance(environ, list) or not all(
             isinstance(pair, list)
@@ -115,6 +122,7 @@ class CellRecord:
             rng,
             tuple((key, value) for key, value in environ),
             cwd,
+            stopped,
         )
 
 
@@ -828,8 +836,11 @@ class Recorder:
         self._rng = self._settle_rng(self._reader.read())
         self._loaded = len(sys.modules)
 
-    def finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
-        """At a cell's end: what it did, kept by its execution count (``None``: not kept)."""
+    def finish(
+        self, namespace: Mapping[str, Any], cell: int | None, failed: bool, stopped: int = 0
+    ) -> None:
+        """At a cell's end: what it did, kept by its execution count (``None``: not kept);
+        ``stopped``: where a failed cell raised (``CellRecord.stopped``)."""
         if self._depth > 1 or not self._primed:
             self._depth = max(0, self._depth - 1)
             return
@@ -842,12 +853,14 @@ class Recorder:
         if collecting:
             gc.disable()
         try:
-            self._finish(namespace, cell, failed)
+            self._finish(namespace, cell, failed, stopped)
         finally:
             if collecting:
                 gc.enable()
 
-    def _finish(self, namespace: Mapping[str, Any], cell: int | None, failed: bool) -> None:
+    def _finish(
+        self, namespace: Mapping[str, Any], cell: int | None, failed: bool, stopped: int
+    ) -> None:
         previous = self._seen
         names, values = self._space.read(namespace)
         moved: Iterable[str]
@@ -910,7 +923,8 @@ class Recorder:
         if cell is None:
             return
         hidden_from_view = frozenset(unseen) if unseen else _NONE
-        if bound or changed or deleted or changed_settings or (failed and self._rng):
+        stopped = stopped if failed else 0
+        if bound or changed or deleted or changed_settings or stopped or (failed and self._rng):
             record = CellRecord(
                 frozenset(bound) if bound else _NONE,
                 frozenset(changed) if changed else _NONE,
@@ -921,6 +935,7 @@ class Recorder:
                 encode_rng(self._rng) if failed and self._rng else "",
                 environ,
                 cwd,
+                stopped,
             )
         else:  # most cells change nothing: one record, immutable, shared while the same
             record = self._quiet

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from .history import Cell
 from .planner import Plan, Step
@@ -11,7 +11,23 @@ FIRST_LINE_CHARS = 60
 
 
 def cell_label(cell: Cell) -> str:
-    return f"[{cell.count}]" if cell.count is not None else "[?]"
+    label = f"[{cell.count}]" if cell.count is not None else "[?]"
+    if cell.ran_before > 2:
+        return f"{label} lines 1-{cell.ran_before - 1}"
+    return f"{label} line 1" if cell.ran_before else label
+
+
+def _not_again(cells: Sequence[Cell], index: int, steps: Collection[int], what: str) -> str:
+    """How much of failed cell ``index`` the replay runs again, and what ``what`` (``"that
+    name"``, ``"those names"``, ``"this process"``) lacks."""
+    before = cells[index - 1] if index else None
+    if before is not None and before.ran_before and index - 1 in steps:
+        return (
+            f"its lines before line {before.ran_before} run again, not the statement that "
+            f"raised, so {what} may lack what that statement did"
+        )
+    lacks = "lack" if what == "those names" else "lacks"
+    return f"it is not run again, so {what} {lacks} what it did"
 
 
 def first_line(source: str) -> str:
@@ -69,14 +85,20 @@ def plan_details(
 
 def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
     failing = cells[plan.steps[-1].index]
-    before = len(plan.steps) - 1
-    total = plan.steps[-1].index  # cells before the failing one
+    earlier = [cells[step.index] for step in plan.steps[:-1]]
+    before = sum(not cell.ran_before for cell in earlier)
+    # cells before the failing one (what a failed one ran before it raised is part of it)
+    total = sum(not cell.ran_before for cell in cells[: plan.steps[-1].index])
+    parts = [cell_label(cell) for cell in earlier if cell.ran_before]
     head = (
         f"Replay to cell {cell_label(failing)} of the previous kernel: "
-        f"{before} of its {total} earlier cells run again, then that cell"
-        if before
+        f"{before} of its {total} earlier cells run again"
+        + (f" (and {', '.join(parts)}, what a failed cell ran before it raised)" if parts else "")
+        + ", then that cell"
+        if earlier
         else f"Replay cell {cell_label(failing)} of the previous kernel: nothing else is needed"
     )
+    ran = {step.index for step in plan.steps}
     notes = []
     if plan.kept:
         notes.append("already here (kept): " + ", ".join(plan.kept[:12]))
@@ -103,8 +125,8 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
         notes.append(
             "; ".join(
                 f"{cell_label(cells[i])} failed when it ran, after it bound or changed "
-                f"{', '.join(names[:12])}: it is not run again, so "
-                f"{'that name lacks' if len(names) == 1 else 'those names lack'} what it did"
+                f"{', '.join(names[:12])}: "
+                + _not_again(cells, i, ran, "that name" if len(names) == 1 else "those names")
                 + (f", and so do {', '.join(built[:12])}, built from it later" if built else "")
                 for i, names, built in plan.failed_changes
             )
@@ -113,7 +135,8 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
         notes.append(
             "; ".join(
                 f"{cell_label(cells[i])} failed when it ran, after it set process state "
-                f"({setup}): it is not run again, so this process lacks it"
+                f"({setup}): "
+                + _not_again(cells, i, ran, "this process")
                 + (f", and these may differ with it: {', '.join(made[:12])}" if made else "")
                 for i, setup, made in plan.failed_setup
             )

@@ -15,14 +15,14 @@ the replay stopped at the ``all_reduce``, which raised with no group; with every
 the failing cell found ``dist.is_initialized()`` False, unnamed, for the group started by a
 cell that succeeded and by one that failed (replay/settings.py now reads the default group,
 ``_world._default_pg`` in torch/distributed/distributed_c10d.py, as a process setting: a cell
-that started one runs again, and one that failed after starting it is named). Two variants
-stay strict xfails, findings not small to fix: with no restore, the failed cell that started
-the group is not run again (it would fail again) and, though the plan names ``t`` and ``ws``,
-the next cell's ``all_reduce`` raises and the replay stops before the failing cell; and with
-no restore, ``out``, built by a later cell through ``torch.ops.nb17b.scale``, differs (the
-failed cell's ``register_kernel('cpu')`` is not run again) and goes unnamed: the plan names
-``scale`` but follows what is built from it by the cells' text, which reaches the op through
-the dispatcher, never by that name. The other cases passed as written: print options, cuDNN's
+that started one runs again, and one that failed after starting it is named). Two variants were
+strict xfails until the replay ran again what a failed cell did before the statement that raised
+(replay/prefix.py): with no restore, the failed cell that started the group was not run again (it
+would fail again), so the next cell's ``all_reduce`` raised and the replay stopped before the
+failing cell; and ``out``, built by a later cell through ``torch.ops.nb17b.scale``, differed (the
+failed cell's ``register_kernel('cpu')`` was not run again) and went unnamed, the dependency
+running through the dispatcher, never through a name. Both lines now run again, before the
+cells that follow them. The other cases passed as written: print options, cuDNN's
 benchmark flag, the default dtype set through a helper, grad mode left off, all by failed
 cells, and ``fork_rng`` with a sampler drawing from the global generator.
 
@@ -62,18 +62,7 @@ def test_process_group_started_by_a_cell(server, server_kernel, restore):
     assert_no_silent_difference(outcome)
 
 
-_NOT_RUN_AGAIN = (
-    "the failed cell that started the group is not run again (it would fail again): the plan "
-    "says so and names t and ws, but the next cell's all_reduce raises with no group, and the "
-    "replay stops before the failing cell"
-)
-
-
-@pytest.mark.parametrize(
-    "restore",
-    [pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=_NOT_RUN_AGAIN)), ""],
-    ids=["no-restore", "all"],
-)
+@ALL
 def test_process_group_started_by_a_failed_cell(server, server_kernel, restore):
     kid, pid = server_kernel
     cells = (_IMPORTS, f"{_INIT}\n{OOM}", _REDUCE)
@@ -123,18 +112,7 @@ def test_no_grad_entered_by_a_failed_cell(server, server_kernel, restore):
     assert_no_silent_difference(outcome)
 
 
-_KERNEL_UNNAMED = (
-    "out, which the next cell builds through torch.ops.nb17b.scale, differs (3s, not 5s) and "
-    "goes unnamed: the plan names scale, which the failed cell changed, but not what a later "
-    "cell built through the dispatcher, whose text never names scale"
-)
-
-
-@pytest.mark.parametrize(
-    "restore",
-    [pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=_KERNEL_UNNAMED)), ""],
-    ids=["no-restore", "all"],
-)
+@ALL
 def test_custom_op_kernel_registered_by_a_failed_cell(server, server_kernel, restore):
     # The op and its CPU kernel live in torch's dispatcher (torch.ops.nb17b.scale), not in a
     # notebook name; the failed cell's ``register_kernel`` replaces what it computes on CPU.

@@ -156,3 +156,12 @@ def test_this_process_start_time_is_read_from_proc():
     if started is None:
         pytest.skip("no /proc")
     assert time.time() - 3600 * 24 * 365 < started <= time.time() + 2
+
+
+def test_part_of_a_cell_keeps_which_part_across_the_restart(where):
+    # what a replay ran of a failed cell before the statement that raised (replay/prefix.py)
+    created = time.time()
+    cells = [Cell("a = 1\n", 1, False, 0.5, None, ran_before=2), *CELLS]
+    save_cells(*where, cells, 3, now=created)
+    saved, why = load_cells(*where, **_next_process(created))
+    assert saved is not None and saved.cells == tuple(cells), why

@@ -53,8 +53,9 @@ def recorded(shell: Any) -> Iterator[Any]:
     torch.set_grad_enabled(grad)
 
 
-def _run(shell: Any, cells: Sequence[str]) -> SavedCells:
-    """Run ``cells`` as a notebook does; the last must fail. Returns what our restart keeps."""
+def _run(shell: Any, cells: Sequence[str], earlier: int = 0) -> SavedCells:
+    """Run ``cells`` as a notebook does; the last must fail. Returns what our restart keeps of
+    them and of the ``earlier`` cells before them."""
     for source in cells:
         result = shell.run_cell(source, store_history=True)
     assert not result.success, "the last cell must fail"
@@ -65,7 +66,10 @@ def _run(shell: Any, cells: Sequence[str]) -> SavedCells:
         shell, state.outcomes, failing_count, state.seconds, state.recorder.settle(), state.replay
     )
     assert failing is not None
-    return SavedCells(tuple(kept), failing, time.time(), 1)
+    # These cells only: the shell is shared, and its history holds other tests' cells, which
+    # ran with no record (the extension loaded again since) and would be planned from text.
+    mine = kept[failing - len(cells) - earlier + 1 : failing + 1]
+    return SavedCells(tuple(mine), len(mine) - 1, time.time(), 1)
 
 
 def _new_process(shell: Any, names: Sequence[str], modules: Sequence[str] = ()) -> None:
@@ -1235,7 +1239,7 @@ def test_cells_run_before_the_extension_loaded_are_named_as_planned_from_text(sh
     early = shell.execution_count - 1
     shell.run_line_magic("load_ext", "nb_cudaguard")
     try:
-        saved = _run(shell, ["early_total = sum(early_base)", "early_out = early_total\n[][0]"])
+        saved = _run(shell, ["early_total = sum(early_base)", "early_out = early_total\n[][0]"], 1)
         # only this test's cells (the shell's history holds other tests' cells too)
         mine = tuple(c for c in saved.cells if c.count >= early)
         saved = dataclasses.replace(saved, cells=mine, failing=len(mine) - 1)
