@@ -259,8 +259,8 @@ def make_plan(
 
     restored, after_failure, graphless = restored_names(shell)
     facts = [
-        unless_restored(f, restored) if c.ran_before else f
-        for f, c in zip(facts, cells, strict=True)
+        unless_restored(f, restored, _raised(cells, i)) if c.ran_before else f
+        for i, (f, c) in enumerate(zip(facts, cells, strict=True))
     ]
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()

@@ -122,10 +122,15 @@ def before_it_raised(facts: CellFacts, failed: CellRecord | None) -> CellFacts:
     return facts
 
 
-def unless_restored(facts: CellFacts, restored: Collection[str]) -> CellFacts:
-    """A part's facts, or none (it never runs) where it changes a restored name in place: the
-    restore brought that object back as the failed cell left it, its lines' change included, and
-    running them again would change it twice (a counter on a class the restore keeps)."""
-    if facts.mutates.isdisjoint(restored):
+def unless_restored(
+    facts: CellFacts, restored: Collection[str], failed: CellRecord | None
+) -> CellFacts:
+    """A part's facts, or none (it never runs) where it, or the failed cell by its record, changed
+    a restored name in place: the restore brought that object back as the failed cell left it,
+    the part's change included, and running the part again would change it twice (a counter on a
+    class the restore keeps; a list appended to by a cell the part runs through ``run_cell``,
+    which its text does not show)."""
+    changed = facts.mutates | (failed.changed if failed is not None else frozenset())
+    if changed.isdisjoint(restored):
         return facts
     return CellFacts()
