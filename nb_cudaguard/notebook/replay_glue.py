@@ -47,7 +47,7 @@ from ..replay.planner import (
     with_unrepeatable,
     with_unseen_handed,
 )
-from ..replay.prefix import before_it_raised, unless_restored, with_prefixes
+from ..replay.prefix import part_facts, with_prefixes
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
 from ..replay.settings import set_again
@@ -248,20 +248,16 @@ def make_plan(
     modules = {m for f in texts for m in f.imported_from.values()}
     own = own_modules(modules)
     texts = with_own_modules(texts, _module_texts(own))
+    from .keep_glue import restored_names
+
+    restored, after_failure, graphless = restored_names(shell)
     facts = [
-        joined(f, c.record) if not c.ran_before else before_it_raised(f, _raised(cells, i))
+        joined(f, c.record) if not c.ran_before else part_facts(f, _raised(cells, i), restored)
         for i, (f, c) in enumerate(zip(with_unseen_handed(texts), cells, strict=True))
     ]
     # (a part binds no history name: ``_i3`` is the whole cell's text)
     facts = numbered(facts, [None if c.ran_before else c.count for c in cells])
     failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
-    from .keep_glue import restored_names
-
-    restored, after_failure, graphless = restored_names(shell)
-    facts = [
-        unless_restored(f, restored, _raised(cells, i)) if c.ran_before else f
-        for i, (f, c) in enumerate(zip(facts, cells, strict=True))
-    ]
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
     plan = plan_replay(

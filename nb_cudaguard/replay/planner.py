@@ -1142,7 +1142,7 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
     settings = record.settings
     if record.environ or record.cwd:  # a failed cell's, set again from the record: not named
         setup = _without_set_again(setup, record)
-        settings = tuple(s for s in settings if s not in _set_again(record))
+        settings = tuple(s for s in settings if s not in record.set_again)
     if settings:
         setup = "; ".join(filter(None, [setup, "changes " + ", ".join(settings)]))
     draws = facts.draws
@@ -1167,13 +1167,6 @@ def joined(facts: CellFacts, record: CellRecord | None) -> CellFacts:
         setup=setup,
         draws=draws,
     )
-
-
-def _set_again(record: CellRecord) -> set[str]:
-    """The settings a failed cell's record holds the values of (the replay sets them again)."""
-    return {
-        name for name, held in (("os.environ", record.environ), ("os.chdir", record.cwd)) if held
-    }
 
 
 # What the text says of a cell's environment and directory (analysis.py's setup parts): all

@@ -114,8 +114,7 @@ def before_it_raised(facts: CellFacts, failed: CellRecord | None) -> CellFacts:
             mutates=facts.mutates | named,
         )
     # (not the environment and directory the replay sets again from the record itself)
-    held = {"os.environ": bool(failed.environ), "os.chdir": bool(failed.cwd)}
-    settings = [name for name in failed.settings if not held.get(name)]
+    settings = [name for name in failed.settings if name not in failed.set_again]
     if settings:
         part = "ran before its failed statement, in the cell that changes " + ", ".join(settings)
         facts = replace(facts, setup="; ".join(filter(None, [facts.setup, part])))
@@ -134,3 +133,9 @@ def unless_restored(
     if changed.isdisjoint(restored):
         return facts
     return CellFacts()
+
+
+def part_facts(facts: CellFacts, failed: CellRecord | None, restored: Collection[str]) -> CellFacts:
+    """A part's facts from its text's ``facts``: ``before_it_raised``, where
+    ``unless_restored`` lets it run."""
+    return unless_restored(before_it_raised(facts, failed), restored, failed)

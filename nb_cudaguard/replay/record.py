@@ -75,6 +75,13 @@ class CellRecord:
     # its error escaped from, whose predecessors a replay runs again (prefix.py); 0: unknown
     stopped: int = 0
 
+    @property
+    def set_again(self) -> frozenset[str]:
+        """The settings whose values this record holds (a failed cell's environment and
+        directory), which a replay sets again itself."""
+        held = (("os.environ", self.environ), ("os.chdir", self.cwd))
+        return frozenset(name for name, value in held if value)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "bound": sorted(self.bound),
