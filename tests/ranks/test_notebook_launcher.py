@@ -6,11 +6,15 @@ must still appear every time, name rank 1 and its cause, and tell the truth abou
 from __future__ import annotations
 
 import os
+import queue
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import Kernel, kernel_env
+from conftest import CellOutput, Kernel, kernel_env
 from jupyter_harness import free_port
 
 from nb_cudaguard.diagnosis.schema import MIME_TYPE
@@ -22,16 +26,48 @@ pytest.importorskip("accelerate")
 
 
 @pytest.fixture
-def job_kernel() -> Iterator[Kernel]:
+def job_kernel(tmp_path: Path) -> Iterator[Kernel]:
     env = kernel_env()
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
     k = Kernel(env)
+    stacks = tmp_path / "stacks.txt"
     try:
-        loaded = k.execute("%load_ext nb_cudaguard\nimport rank_job")
+        # SIGUSR1 makes the kernel, and every rank it forks (the handler is inherited), write
+        # its threads' stacks to one file: what a hung launch is shown with (_run)
+        loaded = k.execute(
+            "%load_ext nb_cudaguard\nimport rank_job, faulthandler, signal\n"
+            f"_stacks = open({str(stacks)!r}, 'a')\n"
+            "faulthandler.register(signal.SIGUSR1, file=_stacks, all_threads=True)"
+        )
         assert loaded.reply["status"] == "ok", loaded.stream
+        k.stacks = stacks  # type: ignore[attr-defined]
         yield k
     finally:
         k.shutdown()
+
+
+def _run(kernel: Kernel, code: str, timeout: float = 90) -> CellOutput:
+    """``code``'s output in ``kernel``; a launch that has not ended in ``timeout`` s fails with the
+    process tree and every process's stacks, not a bare ``Empty`` (it happened once in CI)."""
+    try:
+        return kernel.execute(code, timeout=timeout)
+    except queue.Empty:
+        pid = kernel.manager.provisioner.pid  # type: ignore[union-attr]
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        described = []
+        for proc in tree:
+            try:
+                described.append(
+                    f"{proc.pid} {proc.status()} {' '.join(proc.cmdline()).split()[:4]}"
+                )
+                proc.send_signal(signal.SIGUSR1)
+            except psutil.Error as error:
+                described.append(f"{proc.pid}: {error}")
+        time.sleep(2)
+        stacks = kernel.stacks.read_text()  # type: ignore[attr-defined]
+        pytest.fail(
+            f"the launch did not end in {timeout} s\n" + "\n".join(described) + "\n" + stacks
+        )
 
 
 def _panel(cell: object) -> dict[str, object]:
@@ -55,11 +91,11 @@ def test_notebook_launcher_panel_every_time(job_kernel: Kernel) -> None:
         ("cuda", "label-out-of-range"),
         ("guard", "not-sticky"),
     ):
-        cell = job_kernel.execute(
+        cell = _run(
+            job_kernel,
             "from accelerate import notebook_launcher\n"
             f"notebook_launcher(rank_job.train, args=({mode!r},), num_processes=2, "
             f"use_port='{free_port()}')",
-            timeout=90,
         )
         assert cell.reply["status"] == "error"
         assert cell.errors[0]["ename"] == "ChildFailedError"
@@ -71,11 +107,11 @@ def test_notebook_launcher_panel_every_time(job_kernel: Kernel) -> None:
 
 
 def test_mp_spawn_panel_names_the_culprit_not_the_victim(job_kernel: Kernel) -> None:
-    cell = job_kernel.execute(
+    cell = _run(
+        job_kernel,
         "import os, torch.multiprocessing as mp\n"
         f"os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='{free_port()}')\n"
         "mp.spawn(rank_job.spawn_main, args=(3, 'cuda'), nprocs=3)",
-        timeout=90,
     )
     assert cell.reply["status"] == "error"
     _check(_panel(cell), "label-out-of-range")
