@@ -110,6 +110,10 @@ class Plan:
 
 
 _BUILTINS = frozenset(dir(builtins))
+CHANGED_ALREADY = "the one restored has this cell's change already"
+READ_BEFORE_CHANGED = (
+    "the one restored has what a later cell did to it, and a cell of the plan reads it before"
+)
 MAX_REASONS = 3  # rebuilt names a change is said to go to
 
 
@@ -845,13 +849,19 @@ class _Planner:
                 continue
             facts = self.facts[index]
             for name in sorted(facts.mutates & self.restored - self.stale.keys()):
-                if self._counts(name, facts) and self._mark_stale(
-                    name, "the one restored has this cell's change already"
-                ):
+                if self._counts(name, facts) and self._mark_stale(name, CHANGED_ALREADY):
                     # Looked up again: it was found kept before it was stale.
                     self.pending.append((name, index, index))
             rebuilt = facts.defines - facts.imports - (self.present - self.stale.keys())
             for name in sorted(self._rebound(facts) - facts.callables):
+                # Put back after this cell, the one here would be what the cells of the plan
+                # up to a later change read (``steps = 0``, then ``step()`` bumping it): built
+                # again instead, with that change.
+                if self._read_before_changed(name, index) and self._mark_stale(
+                    name, READ_BEFORE_CHANGED
+                ):
+                    self.need(name, self.failing, self.failing)
+                    continue
                 built = sorted(n for n in rebuilt if name in facts.links.get(n, ()))
                 if built:
                     self.stale[name] = "the one here gave way"
@@ -859,6 +869,22 @@ class _Planner:
                         f"defines {name} again ({', '.join(built[:MAX_REASONS])} "
                         "built from it here; the one here gives way)"
                     )
+
+    def _read_before_changed(self, name: str, index: int) -> bool:
+        """Whether a cell of the plan after ``index`` may read ``name`` before the last cell
+        that changes it again (itself included): by name, or through a function it calls."""
+        last = self._changed_from(name, index + 1)
+        if last is None:
+            return False
+        for later in sorted(self.reasons):
+            if later <= index:
+                continue
+            if later > last:
+                break
+            facts = self.facts[later]
+            if name in facts.uses or facts.calls or facts.reads_all or facts.opaque:
+                return True
+        return False
 
     def _rebound(self, facts: CellFacts) -> set[str]:
         """The names the namespace has (and keeps) that ``facts`` binds anew."""
@@ -1049,8 +1075,34 @@ class _Planner:
     def _binds(self, name: str, before: int) -> bool:
         return any(self._counts(name, self.facts[i]) for i in self._touching(name, before))
 
+    def _changed_from(self, name: str, start: int) -> int | None:
+        """The last cell from ``start`` on, before the failing one, that binds or changes
+        ``name``, where a restore brought back the value that cell left; None if none does
+        (then what the restore brought back is what ``start`` met), and for a notebook
+        function or class (kept as defined: replay/definitions.py; a later definition is
+        named, ``_with_later_definitions``)."""
+        if name not in self.restored:
+            return None
+        cells = self.touch.get(name, [])
+        if any(name in self.facts[i].callables for i in cells):
+            return None
+        for index in reversed(cells[bisect_left(cells, start) : bisect_left(cells, self.failing)]):
+            if self._counts(name, self.facts[index]):
+                return index
+        return None
+
     def _resolve(self, name: str, before: int, deferred_at: int) -> None:
         if name in self.present and name not in self.stale:
+            # The one here is as the last cell before the failing one left it: a cell of the
+            # plan that read it before that cell (``old = cfg['lr']`` before ``cfg = {...}``,
+            # ``steps = steps + 1``) would read the later value. It is built again for it.
+            later = self._changed_from(name, before)
+            if later is not None and self._mark_stale(
+                name, CHANGED_ALREADY if later == before else READ_BEFORE_CHANGED
+            ):
+                self.need(name, self.failing, self.failing)
+                self._resolve(name, before, deferred_at)
+                return
             self.kept.add(name)
             # A kept function still reads its globals when it is called.
             for index in self._touching(name, before):

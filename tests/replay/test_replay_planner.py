@@ -959,6 +959,47 @@ def test_a_restored_value_a_replayed_cell_changes_again_is_built_again():
     )
 
 
+@pytest.mark.parametrize(
+    ("cells", "runs"),
+    [
+        # ``cfg`` rebound after ``old`` read it: the one restored is the later dict
+        (["cfg = {'lr': 1}", "old = cfg['lr']", "cfg = {'lr': 2}", "print(cfg, old)"], (0, 1, 2)),
+        # read and bound anew by one cell: the one restored is that cell's result
+        (["steps = 0", "steps = steps + 1\nlast = steps", "print(last, steps)"], (0, 1)),
+        # changed in place after a cell read it
+        (["log = [1]", "n = len(log)", "log.append(2)", "print(n, log)"], (0, 1, 2)),
+    ],
+    ids=["rebound later", "read and rebound", "changed in place later"],
+)
+def test_a_restored_value_a_replayed_cell_read_before_a_later_change_is_built_again(cells, runs):
+    name = cells[0].split()[0]
+    plan = _plan(cells, present={name}, restored={name})
+    assert plan.indices == (*runs, len(cells) - 1)
+    assert name not in plan.kept and not plan.steps[0].keeps
+    assert any(f"defines {name} again (the one restored has" in r for r in plan.steps[0].reasons)
+    # not restored (bound here by the user): not a value the cells left, so not this rule
+    here = _plan(cells, present={name})
+    assert not any("the one restored has" in r for s in here.steps for r in s.reasons)
+
+
+def test_a_restored_value_bound_anew_is_not_put_back_before_a_later_change_a_cell_reads():
+    # ``steps = 0`` put back after its cell would give ``step()`` the later value (3, not 0)
+    cells = [
+        "steps = 0\nlog = []\ndef step():\n    global steps\n    steps += 1\n    log.append(steps)",
+        "for _ in range(3):\n    step()",
+        "print(log, steps)",
+    ]
+    records = [None, CellRecord(bound=frozenset({"steps"}), changed=frozenset({"log"})), None]
+    facts = [joined(f, r) for f, r in zip(facts_of(cells), records, strict=True)]
+    plan = plan_replay(facts, 2, {"steps"}, restored={"steps"})
+    assert plan.indices == (0, 1, 2)
+    assert plan.steps[0].keeps == () and plan.steps[1].keeps == ()
+    # nothing reads it before the change: put back after the cell that binds it, as before
+    cells = ["steps = 0\nlog = []", "print(log)", "steps = 3", "print(log, steps)"]
+    plan = _plan(cells, present={"steps"}, restored={"steps"})
+    assert plan.indices == (0, 3) and plan.steps[0].keeps == ("steps",)
+
+
 def test_a_name_the_namespace_has_is_put_back_after_a_cell_that_binds_it_anew():
     plan = _plan(["labels = [3]\nx = 1", "print(x, labels)"], present={"labels"})
     assert plan.steps[0].keeps == ("labels",)
