@@ -95,12 +95,31 @@ def _watch(store: Any, rank: int) -> None:
 def _stop_for(culprit: Mapping[str, Any]) -> None:
     record = rank_record.stopped_record(culprit)
     rank_record.write(record)
-    print(f"nb_cudaguard: {record['headline']}", file=sys.stderr, flush=True)
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
+    # Straight to fd 2, as the CUDA runtime writes its assert lines: a rank that a notebook's
+    # launcher forked (accelerate's ``notebook_launcher``, ``start_method="fork"``) has
+    # ipykernel's streams as sys.stdout and sys.stderr, whose buffer lock the kernel's IOPub
+    # thread may have held at the fork (it flushes the launcher's own "Launching training"
+    # line then): in the child nothing ever releases it, and a write through it waits forever.
+    with contextlib.suppress(OSError):
+        os.write(2, f"nb_cudaguard: {record['headline']}\n".encode())
+    _flush_streams(timeout=HOLD_S)  # what the rank printed before: shown, if it can be
     _abort_groups()
     time.sleep(HOLD_S)
     os._exit(EXIT_CODE)
+
+
+def _flush_streams(timeout: float) -> None:
+    """Flush sys.stdout and sys.stderr (``os._exit`` does not), in a thread given at most
+    ``timeout`` seconds: a stream whose lock the fork left held never returns."""
+
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+
+    flusher = threading.Thread(target=flush, name="nb_cudaguard-flush", daemon=True)
+    flusher.start()
+    flusher.join(timeout)
 
 
 def _abort_groups() -> None:

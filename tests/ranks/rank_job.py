@@ -44,7 +44,9 @@ def train(mode: str, rank: int | None = None, world: int | None = None) -> None:
                 bad = torch.tensor([1, 12, 3], device="cuda")
                 model(bad).sum().item()  # a real device-side assert, raised at the sync
             if rank == culprit and step == 3:
-                print(f"rank_job: rank {rank} fails at {time.time()!r}", flush=True)
+                # to fd 1 itself: under notebook_launcher (a fork of the kernel) sys.stdout is
+                # ipykernel's stream, whose lock the fork may have left held (ranks/peers.py)
+                os.write(1, f"rank_job: rank {rank} fails at {time.time()!r}\n".encode())
                 atexit.register(time.sleep, float(os.environ.get("LINGER_S", "0")))
                 if mode == "cuda":
                     os.write(2, (DEVICE_LINE + "\n").encode())

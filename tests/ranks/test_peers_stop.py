@@ -21,6 +21,8 @@ import pytest
 from conftest import ROOT
 from jupyter_harness import free_port
 
+from nb_cudaguard.ranks import peers
+
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "rank_job.py"
 STOP_S = 5.0
@@ -173,3 +175,48 @@ def test_two_ranks_on_one_gpu_real_device_assert(tmp_path: Path) -> None:
     _check(records, 2, "cuda-error", done.stdout, ended)
     assert records[1]["cause_id"] == "index-out-of-range"
     assert records[1]["device_lines"], done.stdout[-4000:]  # read from the rank's real fd 2
+
+
+# A peer forked from a kernel while the kernel's IOPub thread held sys.stdout's and sys.stderr's
+# buffer locks (it flushes notebook_launcher's "Launching training" line as the launcher forks):
+# nothing in the child ever releases them. It still stops, and its line still reaches the cell.
+_FORKED_WHILE_HELD = """
+import os, sys, threading, time
+import torch.distributed
+from nb_cudaguard.ranks import peers
+culprit = {"rank": 1, "exception": "RuntimeError: the culprit's error"}
+held, release = threading.Event(), threading.Event()
+def hold():
+    with sys.stdout._buffer_lock, sys.stderr._buffer_lock:
+        held.set()
+        release.wait()
+print("buffered before the fork", end="")
+threading.Thread(target=hold, daemon=True).start()
+held.wait()
+started = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    peers._stop_for(culprit)
+release.set()
+while time.monotonic() - started < 15:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    status = None
+code = None if status is None else os.waitstatus_to_exitcode(status)
+print("\\nEXIT", code, round(time.monotonic() - started, 1))
+"""
+
+
+def test_a_peer_forked_while_the_kernels_streams_were_locked_still_stops(kernel) -> None:
+    cell = kernel.execute(_FORKED_WHILE_HELD, timeout=60)
+    assert cell.reply["status"] == "ok", cell.errors
+    exit_line = [ln for ln in cell.stream.splitlines() if ln.startswith("EXIT ")]
+    assert exit_line, cell.stream
+    _, code, seconds = exit_line[0].split()
+    assert code == str(peers.EXIT_CODE) and float(seconds) < STOP_S, cell.stream
+    # (its line goes to fd 2: this kernel leaves fd 2 on the test process's stderr)
