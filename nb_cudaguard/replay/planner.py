@@ -538,6 +538,7 @@ class _Planner:
             for name in names:
                 self.touch.setdefault(name, []).append(index)
         self.opaque_cells = [i for i, f in enumerate(facts) if f.opaque]
+        self.functions = frozenset().union(*(f.callables for f in facts))
         self.setup_cells = [i for i, f in enumerate(facts[:failing]) if f.setup]
         self.seed_cells = [i for i in self.setup_cells if "seed" in facts[i].setup]
         # Cells that set attributes of a library's module (``np.float = float``): the patch is
@@ -882,8 +883,10 @@ class _Planner:
             if later > last:
                 break
             facts = self.facts[later]
-            if name in facts.uses or facts.calls or facts.reads_all or facts.opaque:
+            if name in facts.uses or facts.reads_all or facts.opaque:
                 return True
+            if facts.calls and not facts.calls.isdisjoint(self.functions):
+                return True  # a function or class of the notebook's (it may read the name)
         return False
 
     def _rebound(self, facts: CellFacts) -> set[str]:
