@@ -233,7 +233,8 @@ def make_plan(
     """The plan against the namespace as it is now (whatever was kept or restored is there);
     ``replay``: where the cells' analyses are kept, for the plans made again."""
     assert saved.failing is not None
-    cells = saved.cells[: saved.failing + 1]
+    failing = saved.failing
+    cells = saved.cells[: failing + 1]
     known = replay.facts if replay is not None else {}
 
     def transform(source: str) -> str:
@@ -251,28 +252,49 @@ def make_plan(
     from .keep_glue import restored_names
 
     restored, after_failure, graphless = restored_names(shell)
-    facts = [
-        joined(f, c.record) if not c.ran_before else part_facts(f, _raised(cells, i), restored)
-        for i, (f, c) in enumerate(zip(with_unseen_handed(texts), cells, strict=True))
-    ]
-    # (a part binds no history name: ``_i3`` is the whole cell's text)
-    facts = numbered(facts, [None if c.ran_before else c.count for c in cells])
-    failed = {i for i, c in enumerate(cells) if c.failed and i != saved.failing}
+    handed = with_unseen_handed(texts)
+    failed = {i for i, c in enumerate(cells) if c.failed and i != failing}
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
-    plan = plan_replay(
-        facts,
-        saved.failing,
-        {n for n in shell.user_ns if n in restored or not _OUTPUTS.fullmatch(n)},
-        failed,
-        restored=restored,
-        after_failure=after_failure,
-        own_modules=own,
-        changed_here=changed_here,
-        fresh=[n for n in restored if _from_module(shell.user_ns.get(n)) in own],
-        iterators=[n for n in restored if isinstance(shell.user_ns.get(n), Iterator)],
-        graphless=graphless,
-    )
+    # A part that changed a restored name does not run (the restored one has its change),
+    # unless the plan builds that name again: then it is planned once more, the part with it.
+    raised = {i: _raised(cells, i) for i, c in enumerate(cells) if c.ran_before}
+
+    def facts_with(kept: frozenset[str]) -> list[CellFacts]:
+        found = [
+            part_facts(f, raised[i], kept) if i in raised else joined(f, c.record)
+            for i, (f, c) in enumerate(zip(handed, cells, strict=True))
+        ]
+        # (a part binds no history name: ``_i3`` is the whole cell's text)
+        return numbered(found, [None if c.ran_before else c.count for c in cells])
+
+    def plan_of(facts: list[CellFacts]) -> Plan:
+        return plan_replay(
+            facts,
+            failing,
+            {n for n in shell.user_ns if n in restored or not _OUTPUTS.fullmatch(n)},
+            failed,
+            restored=restored,
+            after_failure=after_failure,
+            own_modules=own,
+            changed_here=changed_here,
+            fresh=[n for n in restored if _from_module(shell.user_ns.get(n)) in own],
+            iterators=[n for n in restored if isinstance(shell.user_ns.get(n), Iterator)],
+            graphless=graphless,
+        )
+
+    kept_as_restored = frozenset(restored)
+    facts = facts_with(kept_as_restored)
+    plan = plan_of(facts)
+    for _ in range(2):  # (a part let run may make the plan build another name again)
+        given_way = kept_as_restored & set(plan.rebuilt)
+        if not raised or not given_way:
+            break
+        again = facts_with(kept_as_restored - given_way)
+        if again == facts:
+            break
+        kept_as_restored, facts = kept_as_restored - given_way, again
+        plan = plan_of(facts)
     plan = with_records(plan, facts, [c.record for c in cells])
     sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]
 

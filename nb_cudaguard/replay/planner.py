@@ -103,6 +103,8 @@ class Plan:
     # directory the replay sets again from their record, before the next cell it runs:
     # (index, what: "os.environ TOK, HOME", "the working directory").
     set_again: tuple[tuple[int, str], ...] = ()
+    # Restored names it builds again from the cells (the restored ones give way).
+    rebuilt: tuple[str, ...] = ()
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -634,6 +636,7 @@ class _Planner:
             failed_setup=self._failed_setup(steps),
             graphless=tuple(sorted(n for n in rebuilt_graphs if n in self.stale)),
             graph_lost=graph_lost,
+            rebuilt=tuple(sorted(self.stale.keys() & self.restored)),
         )
 
     def _regraph(

@@ -10,7 +10,10 @@ cell's own result: 2 and 20, not 1 and 10); ``steps = 0`` was put back after its
 notebook function bumping it through ``global`` made ``log`` 4, 5, 6 instead of 1, 2, 3; a mean
 read before a later ``append`` was replayed on the longer list. Now such a name is built again
 from the cells, with the later change, and the plan says why ("the one restored has what a
-later cell did to it, and a cell of the plan reads it before").
+later cell did to it, and a cell of the plan reads it before"). Where the later change was a
+failed cell's, its lines before the raise (replay/prefix.py) run again too: they were left out
+while the restored name, which has their change, was kept (notebook/replay_glue.py plans once
+more without it); the list ended as ``[1]``, named, not ``[1, 2]``.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
@@ -67,3 +70,15 @@ def test_a_mean_read_before_a_later_append(server, server_kernel):
     )
     fp = "{'data': data, 'mean': mean}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
+
+
+def test_a_list_read_before_a_failed_cell_appended_to_it(server, server_kernel):
+    # The failed cell's lines before its raise run again once ``x`` is built again: the
+    # restored ``x`` had their change, so they were left out while it was kept.
+    restore = "x"
+    kid, pid = server_kernel
+    cells = ("x = [1]", "n = len(x)", "x.append(2)\nraise ValueError('after the append')")
+    fp = "{'x': x, 'n': n}"
+    outcome = run_case(server, kid, pid, cells, fp, restore=restore, errors=(2,))
+    assert_no_silent_difference(outcome)
+    assert outcome.after == outcome.before, outcome.explain()  # exact, not only named
