@@ -1097,12 +1097,21 @@ class _Planner:
                 return index
         return None
 
+    def _reads(self, name: str, index: int) -> bool:
+        """Whether cell ``index`` (before the failing one) may read the ``name`` it met: not
+        where it binds the name without reading it first (then what needed the name is a
+        function the cell defines, which reads it when called, whatever it is then)."""
+        if index >= self.failing:
+            return False
+        facts = self.facts[index]
+        return name in facts.uses or name not in facts.defines
+
     def _resolve(self, name: str, before: int, deferred_at: int) -> None:
         if name in self.present and name not in self.stale:
             # The one here is as the last cell before the failing one left it: a cell of the
             # plan that read it before that cell (``old = cfg['lr']`` before ``cfg = {...}``,
             # ``steps = steps + 1``) would read the later value. It is built again for it.
-            later = self._changed_from(name, before)
+            later = self._changed_from(name, before) if self._reads(name, before) else None
             if later is not None and self._mark_stale(
                 name, CHANGED_ALREADY if later == before else READ_BEFORE_CHANGED
             ):

@@ -1001,6 +1001,22 @@ def test_a_restored_value_bound_anew_is_not_put_back_before_a_later_change_a_cel
     assert plan.indices == (0, 1, 3) and plan.steps[0].keeps == ("steps",)
 
 
+def test_a_restored_value_a_function_reads_when_called_is_not_built_again_for_its_definition():
+    # The setup cell runs again (a seed); the hook it defines reads ``calls`` when a later
+    # cell calls it, not when it is defined: the restored ``calls`` is kept, put back after it.
+    cells = [
+        "import torch\ntorch.manual_seed(0)\ncalls = []\nhook = lambda: calls.append(1)",
+        "hook()",
+        "print(calls)",
+    ]
+    records = [None, CellRecord(changed=frozenset({"calls"})), None]
+    facts = [joined(f, r) for f, r in zip(facts_of(cells), records, strict=True)]
+    restored = {"torch", "calls", "hook"}
+    plan = plan_replay(facts, 2, restored, restored=restored)
+    assert plan.indices == (0, 2)
+    assert "calls" in plan.steps[0].keeps and "calls" not in plan.rebuilt
+
+
 def test_a_name_the_namespace_has_is_put_back_after_a_cell_that_binds_it_anew():
     plan = _plan(["labels = [3]\nx = 1", "print(x, labels)"], present={"labels"})
     assert plan.steps[0].keeps == ("labels",)
