@@ -290,10 +290,11 @@ def make_plan(
         given_way = kept_as_restored & set(plan.rebuilt)
         if not raised or not given_way:
             break
-        again = facts_with(kept_as_restored - given_way)
+        kept = kept_as_restored - given_way
+        again = facts_with(kept)
         if again == facts:
             break
-        kept_as_restored, facts = kept_as_restored - given_way, again
+        kept_as_restored, facts = kept, again
         plan = plan_of(facts)
     plan = with_records(plan, facts, [c.record for c in cells])
     sets_here = [n for n, v in shell.user_ns.items() if isinstance(v, set | frozenset)]

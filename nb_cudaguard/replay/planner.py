@@ -1089,9 +1089,9 @@ class _Planner:
         named, ``_with_later_definitions``)."""
         if name not in self.restored:
             return None
-        cells = self.touch.get(name, [])
-        if any(name in self.facts[i].callables for i in cells):
+        if name in self.functions:
             return None
+        cells = self.touch.get(name, [])
         for index in reversed(cells[bisect_left(cells, start) : bisect_left(cells, self.failing)]):
             if self._counts(name, self.facts[index]):
                 return index
