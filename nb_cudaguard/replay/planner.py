@@ -566,15 +566,13 @@ class _Planner:
         # failed (``history.append(loss)``, ``labels -= 1``): built again, so that the cell
         # starts from the state before the failure.
         for name in sorted(target.uses & target.defines & set(after_failure)):
-            if self._mark_stale(name, "the one restored has the failing cell's change already"):
-                self.need(name, self.failing, self.failing)
+            self._build_again(name, "the one restored has the failing cell's change already")
         # So is an iterator the failing cell reads in any way: ``list(pairs)`` or ``for b in
         # it`` advance it as ``next(it)`` does, and the one kept is where the cell left it.
         read = target.uses & set(iterators) & set(after_failure) - target.defines
         for name in sorted(read):
             why = "an iterator the failing cell reads: the one restored is where it left it"
-            if self._mark_stale(name, why):
-                self.need(name, self.failing, self.failing)
+            self._build_again(name, why)
         for name in sorted(target.uses | target.deferred):  # a stable order of reasons
             self.need(name, self.failing, self.failing)
         for name in sorted(self.fresh):
@@ -675,8 +673,7 @@ class _Planner:
                 lost.append((name, f"the cell that made it also changes {', '.join(others[:6])}"))
             elif moved:
                 lost.append((name, f"what it was made from changed later: {', '.join(moved[:6])}"))
-            elif self._mark_stale(name, "restored without its autograd graph"):
-                self.need(name, self.failing, self.failing)
+            elif self._build_again(name, "restored without its autograd graph"):
                 rebuilt.add(name)
         return rebuilt, tuple(lost)
 
@@ -841,6 +838,14 @@ class _Planner:
         self.stale[name] = why
         return True
 
+    def _build_again(self, name: str, why: str) -> bool:
+        """``name`` built again from the cells up to the failing one, for ``why``; False where
+        it stays the user's (``_mark_stale``)."""
+        if not self._mark_stale(name, why):
+            return False
+        self.need(name, self.failing, self.failing)
+        return True
+
     def _protect(self) -> None:
         """What the namespace has stays as it is, unless the plan says it is built again. A
         restored object that a cell of the plan changes in place already has that change (the
@@ -861,10 +866,9 @@ class _Planner:
                 # Put back after this cell, the one here would be what the cells of the plan
                 # up to a later change read (``steps = 0``, then ``step()`` bumping it): built
                 # again instead, with that change.
-                if self._read_before_changed(name, index) and self._mark_stale(
+                if self._read_before_changed(name, index) and self._build_again(
                     name, READ_BEFORE_CHANGED
                 ):
-                    self.need(name, self.failing, self.failing)
                     continue
                 built = sorted(n for n in rebuilt if name in facts.links.get(n, ()))
                 if built:
@@ -1112,10 +1116,9 @@ class _Planner:
             # plan that read it before that cell (``old = cfg['lr']`` before ``cfg = {...}``,
             # ``steps = steps + 1``) would read the later value. It is built again for it.
             later = self._changed_from(name, before) if self._reads(name, before) else None
-            if later is not None and self._mark_stale(
+            if later is not None and self._build_again(
                 name, CHANGED_ALREADY if later == before else READ_BEFORE_CHANGED
             ):
-                self.need(name, self.failing, self.failing)
                 self._resolve(name, before, deferred_at)
                 return
             self.kept.add(name)
