@@ -29,46 +29,44 @@ from heldout_harness import assert_no_silent_difference, run_case
 pytestmark = pytest.mark.kernels_ahead
 
 # Each case restores the one name (with everything restored no cell runs again, and with no
-# restore nothing is restored).
+# restore nothing is restored): (the name, the cells, the fingerprint).
+READ_BEFORE_A_LATER_CHANGE = {
+    "a config read before a later cell binds it anew": (
+        "cfg",
+        ("cfg = {'lr': 1}", "old = cfg['lr']", "cfg = {'lr': 2}"),
+        "{'cfg': cfg, 'old': old}",
+    ),
+    "a counter read and bound anew by one cell": (
+        "steps",
+        ("steps = 0", "steps = steps + 1\nlast = steps * 10", "total = last"),
+        "{'steps': steps, 'last': last, 'total': total}",
+    ),
+    "a counter bumped through global by a notebook function": (
+        "steps",
+        (
+            "steps = 0\nlog = []\ndef step():\n    global steps\n    steps += 1\n"
+            "    log.append(steps)",
+            "for _ in range(3):\n    step()",
+            "total = sum(log)",
+        ),
+        "{'steps': steps, 'log': log, 'total': total}",
+    ),
+    "a mean read before a later append": (
+        "data",
+        (
+            "data = {'a': [1, 2, 3]}",
+            "mean = sum(data['a']) / len(data['a'])",
+            "data['a'].append(10)",
+        ),
+        "{'data': data, 'mean': mean}",
+    ),
+}
 
 
-def test_a_config_read_before_a_later_cell_binds_it_anew(server, server_kernel):
-    restore = "cfg"
+@pytest.mark.parametrize("case", READ_BEFORE_A_LATER_CHANGE)
+def test_a_restored_name_read_before_a_later_change(server, server_kernel, case):
+    restore, cells, fp = READ_BEFORE_A_LATER_CHANGE[case]
     kid, pid = server_kernel
-    cells = ("cfg = {'lr': 1}", "old = cfg['lr']", "cfg = {'lr': 2}")
-    fp = "{'cfg': cfg, 'old': old}"
-    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
-
-
-def test_a_counter_read_and_bound_anew_by_one_cell(server, server_kernel):
-    restore = "steps"
-    kid, pid = server_kernel
-    cells = ("steps = 0", "steps = steps + 1\nlast = steps * 10", "total = last")
-    fp = "{'steps': steps, 'last': last, 'total': total}"
-    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
-
-
-def test_a_counter_bumped_through_global_by_a_notebook_function(server, server_kernel):
-    restore = "steps"
-    kid, pid = server_kernel
-    cells = (
-        "steps = 0\nlog = []\ndef step():\n    global steps\n    steps += 1\n    log.append(steps)",
-        "for _ in range(3):\n    step()",
-        "total = sum(log)",
-    )
-    fp = "{'steps': steps, 'log': log, 'total': total}"
-    assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
-
-
-def test_a_mean_read_before_a_later_append(server, server_kernel):
-    restore = "data"
-    kid, pid = server_kernel
-    cells = (
-        "data = {'a': [1, 2, 3]}",
-        "mean = sum(data['a']) / len(data['a'])",
-        "data['a'].append(10)",
-    )
-    fp = "{'data': data, 'mean': mean}"
     assert_no_silent_difference(run_case(server, kid, pid, cells, fp, restore=restore))
 
 
