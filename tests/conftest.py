@@ -48,7 +48,10 @@ def _longest_modules_first(items: list[pytest.Item]) -> None:
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
-    kernels = Counter(module(item) for item in items if "server_kernel" in item.fixturenames)
+    # Only test functions have fixtures (a doctest or another plugin's item has none).
+    kernels = Counter(
+        module(item) for item in items if "server_kernel" in getattr(item, "fixturenames", ())
+    )
     order = {name: rank for rank, name in enumerate(dict.fromkeys(map(module, items)))}
     items.sort(key=lambda item: (-kernels[module(item)], order[module(item)]))
 
