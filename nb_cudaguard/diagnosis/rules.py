@@ -87,6 +87,21 @@ class Rule:
             return False
         return self._compiled.search(condition) is not None
 
+    def read_of(self, line: AssertLine) -> int:
+        """How much of the line's condition this rule's patterns read: the characters its
+        matches cover (its bare condition's or its own, whichever reads more; "." reads
+        nothing: such a rule matches by its file or kernel function)."""
+        condition = line.condition.strip()
+        own = self._compiled if self.condition not in (".", "") else None
+        return max(
+            (
+                sum(m.end() - m.start() for m in pattern.finditer(condition))
+                for pattern in (self._bare, own)
+                if pattern is not None
+            ),
+            default=0,
+        )
+
     def matches_function(self, line: AssertLine) -> bool:
         """By the kernel function, for a line whose condition is unreadable or unknown: empty
         (``torch._assert_async`` without a message), cut off, or interleaved with another."""
@@ -1161,8 +1176,8 @@ def rule_for(line: AssertLine) -> Rule | None:
     """The rule for one assert line, or None when no rule knows it: a kernel file outside
     PyTorch is that kernel's own assert; else a rule that knows both its condition and its
     kernel function first (a line without its file name: ``index >= 0`` is nll_loss's own
-    bookkeeping, fractional_max_pool's an index check), then by its condition, then by its
-    kernel function."""
+    bookkeeping, fractional_max_pool's an index check), then by its condition (without the
+    file, the rule that reads most of it), then by its kernel function."""
     if outside_pytorch(line):
         return OWN_KERNEL
     if line.function and not line.file:
@@ -1170,6 +1185,13 @@ def rule_for(line: AssertLine) -> Rule | None:
             knows_both = rule.functions and rule.condition != "."
             if knows_both and rule.matches_function(line) and rule.matches(line):
                 return rule
+    if not line.file:
+        # Without its file a condition can match several rules: the one that reads the most of
+        # it wins (``idx_dim >= 0 && idx_dim < index_size && "index out of bounds"`` is
+        # gather's, though advanced indexing prints "index out of bounds" too); first on ties.
+        found = [rule for rule in RULES if rule.matches(line)]
+        if found:
+            return max(found, key=lambda rule: rule.read_of(line))
     for rule in RULES:
         if rule.matches(line):
             return rule
