@@ -95,15 +95,21 @@ _PUNCTUATION = str.maketrans(
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Conditions copied from a web page keep their HTML escapes ("t &gt;= 0 &amp;&amp; ...").
 _HTML_ESCAPE = re.compile(r"&(?:gt|lt|amp|quot|#39|#x27|#96);")
+# VS Code's notebooks print a traceback's places as Markdown links to the cell or file:
+# "Cell In[8], [line 2](vscode-notebook-cell:?execution_count=8&line=2)", "---> [2](...)",
+# "File [~/x/module.py:1736](file:///home/x/module.py:1736), in ...": the link's text is Jupyter's.
+_EDITOR_LINK = re.compile(r"\[([^\]\n]*)\]\((?:vscode-notebook-cell|file|vscode-[\w-]+):[^)\n]*\)")
 
 
 def normalize(text: str) -> str:
-    """Terminal colours and HTML escapes removed; full-width punctuation, typographic quotes and
-    invisible characters made plain ASCII."""
+    """Terminal colours, HTML escapes and editors' links removed; full-width punctuation,
+    typographic quotes and invisible characters made plain ASCII."""
     if "\x1b" in text:
         text = _ANSI.sub("", text)
     if "&" in text and _HTML_ESCAPE.search(text):
         text = html.unescape(text)
+    if "](" in text:
+        text = _EDITOR_LINK.sub(r"\1", text)
     if text.isascii():
         return text
     return unicodedata.normalize("NFKC", text).translate(_PUNCTUATION)

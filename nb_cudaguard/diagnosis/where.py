@@ -157,10 +157,12 @@ _ARROW = re.compile(r"^\s*-+>\s*(?P<line>\d+)\s(?P<code>.*)$")
 _NUMBERED = re.compile(r"^\s+\d+\s")
 _MARKERS = re.compile(r"^[\s^~]+$")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:: |:$|$)")  # "torch.AcceleratorError: ..."
-# Libraries and the interpreter's own files: never the user's line.
+# Libraries and the interpreter's own files: never the user's line. Nor a launcher's console
+# script ("/opt/conda/bin/torchrun", line 8, in <module>: sys.exit(main())), which pip writes
+# into bin/ (Scripts\<name>.exe\__main__.py on Windows) and which runs no CUDA of its own.
 _LIBRARY = re.compile(
     r"site-packages|dist-packages|[/\\]lib[/\\]python\d|[/\\]Lib[/\\]|^<frozen |^<string>$"
-    r"|[/\\]torch[/\\]",
+    r"|[/\\]torch[/\\]|[/\\]bin[/\\][\w.+-]+(?<!\.py)$|\.exe[/\\]__main__\.py$",
     re.IGNORECASE,
 )
 

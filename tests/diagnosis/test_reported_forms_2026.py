@@ -291,3 +291,66 @@ def test_the_older_messages_keep_the_build_flag_note():
 def test_pytorchs_hint_lines_alone_are_no_error():
     assert diagnose("Device-side assertion tracking was not enabled by user.") is None
     assert diagnose("For more detailed error information, run with CUDA_LOG_FILE=stderr") is None
+
+
+# --- a condition without its file ------------------------------------------------------------
+def test_a_gather_condition_without_its_file_is_gathers_not_advanced_indexings():
+    # facebookresearch/fairseq#3507: the threads' lines interleaved, so no condition keeps its
+    # file; advanced indexing prints "index out of bounds" too, but only ScatterGatherKernel.cu
+    # checks idx_dim against index_size.
+    for line in (
+        '] Assertion `idx_dim >= 0 && idx_dim < index_size && "index out of bounds",0,0` failed.',
+        "operator(): block: [0,0,0], thread: [1,0,0] Assertion `idx_dim >= 0 && idx_dim < "
+        'index_size && "index out of bounds"` failed.',
+    ):
+        found = diagnose(line + "\nRuntimeError: CUDA error: device-side assert triggered")
+        assert found is not None and found.cause == "index-out-of-range"
+        assert "ScatterGatherKernel.cu" in (found.source or ""), line
+    # advanced indexing's own condition stays advanced indexing's
+    indexing = diagnose(
+        "block: [0,0,0], thread: [0,0,0] Assertion `-sizes[i] <= index && index < sizes[i] && "
+        '"index out of bounds"` failed.'
+    )
+    assert indexing is not None and "IndexKernel.cu" in (indexing.source or "")
+
+
+# --- where, in the tracebacks of VS Code's notebooks and of launchers ---------------------------
+# mrdbourke/pytorch-deep-learning#1290: VS Code prints the places as links to the cell
+VS_CODE_TRACEBACK = """\
+---------------------------------------------------------------------------
+AcceleratorError                          Traceback (most recent call last)
+Cell In[11], [line 13](vscode-notebook-cell:?execution_count=11&line=13)
+     11 # 2. Calculate loss and accuracy
+     12 loss = loss_func(y_logits, y_train)
+---> [13](vscode-notebook-cell:?execution_count=11&line=13) acc = accuracy_cal(y_pred, y_train)
+     15 # 3. Back propagation
+
+Cell In[8], [line 2](vscode-notebook-cell:?execution_count=8&line=2)
+      1 def accuracy_cal(y_pred, y_true):
+----> [2](vscode-notebook-cell:?execution_count=8&line=2)     correct = torch.eq(y_true, y_pred).sum().item()
+      3     return (correct / len(y_pred))*100
+
+AcceleratorError: CUDA error: device-side assert triggered
+"""  # noqa: E501
+
+
+def test_a_vs_code_notebooks_linked_places_give_the_line():
+    found = diagnose(VS_CODE_TRACEBACK)
+    assert found is not None and found.where is not None
+    assert "correct = torch.eq(y_true, y_pred).sum().item()" in found.where
+    assert "cell [8], line 2" in found.where
+
+
+def test_a_launchers_console_script_is_not_where_the_error_surfaced():
+    # torchrun's own traceback after its rank failed (deepspeedai/Megatron-DeepSpeed#207)
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/opt/conda/bin/torchrun", line 8, in <module>\n'
+        "    sys.exit(main())\n"
+        "RuntimeError: CUDA error: device-side assert triggered\n"
+    )
+    found = diagnose(text)
+    assert found is not None and found.where is None
+    # a script of the user's own is still where it surfaced
+    found = diagnose(text.replace("/opt/conda/bin/torchrun", "/home/me/train.py"))
+    assert found is not None and found.where is not None and "train.py" in found.where
