@@ -61,6 +61,10 @@ class JobLog:
     world_size: int | None = None
     unit: str = "rank"  # "process" where only mp.spawn's process index is known
     log_dir: str | None = None
+    # Processes the launcher ended by a signal that no rank of the log matches (the elastic
+    # agent's "Sending process 1424 closing signal SIGTERM" names a pid, not a rank): those
+    # still running when a rank failed.
+    signalled: int = 0
 
 
 @dataclass
@@ -311,6 +315,8 @@ def _is_multi_rank(text: str) -> bool:
         "[rank", "[default", "ChildFailedError", "terminated with the following error",
         "ProcessExitedException", "ProcessRaisedException", "[launch.py:", "GLOBAL_RANK:",
         "Watchdog caught collective", "notebook_launcher", "elastic_launch",
+        # the elastic agent's own lines, where the paste stops before its ChildFailedError
+        ") local_rank: ", "closing signal SIG",
     )  # fmt: skip
     return any(mark in text for mark in marks) or _srun_labelled(text)
 
@@ -437,6 +443,7 @@ def _from_console(text: str) -> JobLog | None:
     for entry in ranks.values():
         if entry.exitcode is None and entry.pid in pids:
             entry.exitcode = -(_signal_number(pids[entry.pid]) or 15)
+    signalled = len(pids.keys() - {entry.pid for entry in ranks.values()})
     stray_text = "\n".join(stray)
     if not ranks and launcher == "unknown":
         return None
@@ -457,6 +464,7 @@ def _from_console(text: str) -> JobLog | None:
         script_command=facts.get("script_command"),
         world_size=facts.get("world_size"),
         unit=unit,
+        signalled=signalled,
     )
 
 

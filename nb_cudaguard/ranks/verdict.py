@@ -168,7 +168,17 @@ def _by_elimination(
                 f"it is the only {unit} that exited with an exception's status "
                 f"({raised[0].log.exitcode}); the others were ended by signals"
             )
-    if len(suspects) == 1 and len(roles) >= 2:
+    if len(suspects) == 1 and len(roles) < 2 and job.signalled:
+        # The launcher ended every other process of the job, still running, once this one
+        # failed: the agent names only the failed one's local rank ("failed (exitcode: -6)
+        # local_rank: 0") and the others by pid.
+        why = (
+            f"it is the only one that failed: the launcher stopped the {job.signalled} other "
+            "processes, still running then, by a signal"
+        )
+    elif len(suspects) == 1 and len(roles) < 2:
+        return [], roles, []
+    if len(suspects) == 1:
         inferred = RankRole(suspects[0].log, "culprit", stray.title, stray, inferred=True)
         roles = [inferred if r is suspects[0] else r for r in roles]
         note = (

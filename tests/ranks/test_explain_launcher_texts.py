@@ -392,3 +392,46 @@ def test_a_rank_of_a_known_world_that_printed_nothing_is_the_one_left():
 def test_an_echoed_launch_command_is_rerun_with_its_own_options(echoed: str, expected: str):
     found = verdict("\n".join([echoed, LABEL_LINE, culprit_traceback(1), nccl_timeout(0)]))
     assert rerun(found.job, 1).command == expected
+
+
+# deepspeedai/Megatron-DeepSpeed#207: the paste ends in torchrun's own traceback, before its
+# ChildFailedError; the agent named the failed local rank and sent the seven others SIGTERM.
+AGENT_ONLY_LOG = (
+    "\n".join(
+        "../aten/src/ATen/native/cuda/Indexing.cu:1141: indexSelectLargeIndex: block: [615,0,0], "
+        f"thread: [{thread},0,0] Assertion `srcIndex < srcSelectDimSize` failed."
+        for thread in (121, 122, 123)
+    )
+    + "\n"
+    + "\n".join(
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process "
+        f"{pid} closing signal SIGTERM"
+        for pid in range(142438, 142445)
+    )
+    + """
+ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 0 (pid: 142437) of binary: /opt/conda/bin/python
+Traceback (most recent call last):
+  File "/opt/conda/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+  File "/opt/conda/lib/python3.8/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 346, in wrapper
+    return f(*args, **kwargs)
+  File "/opt/conda/lib/python3.8/site-packages/torch/distributed/run.py", line 762, in main
+    run(args)
+"""  # noqa: E501
+)
+
+
+def test_the_agents_own_lines_make_a_job_whose_one_failed_rank_is_the_culprit():
+    found = verdict(AGENT_ONLY_LOG)
+    assert [c.log.rank for c in found.culprits] == [0]
+    assert found.diagnosis is not None and found.diagnosis.cause == "index-out-of-range"
+    assert "stopped the 7 other processes" in " ".join(found.notes)
+    # torchrun's console script ran no CUDA: the error did not surface there
+    assert found.diagnosis.where is None or "torchrun" not in found.diagnosis.where
+
+
+def test_one_aborted_rank_alone_with_no_others_stopped_is_not_named():
+    # Without the agent's SIGTERMs nothing says the others were still running.
+    lines = [line for line in AGENT_ONLY_LOG.splitlines() if "closing signal" not in line]
+    found = verdict("\n".join(lines))
+    assert found.culprits == ()
