@@ -188,6 +188,15 @@ def usable_message(setting: Setting) -> str:
     return f"The CUDA context is still usable: fix the cause and {setting.retry}."
 
 
+def unsure_message(setting: Setting) -> str:
+    """The JSON action's message for an error NVIDIA does not say the context survives
+    (cudaErrorUnknown), read from a text: nothing probed the context."""
+    return (
+        "Whether the CUDA context survived is unknown: try one small CUDA call first; if it "
+        f"fails, start a new process, else fix the cause and {setting.retry}."
+    )
+
+
 def setting_of_text(text: str) -> Setting:
     """Where a log or a pasted traceback comes from: a notebook when its failing traceback runs
     through a cell; else a script, started as its outermost frame's file where that is the

@@ -10,7 +10,7 @@ from typing import Any
 from .assert_lines import parse_assert_lines
 from .classify import classify_exception, classify_text, error_text
 from .hints import with_text_hints
-from .model import AssertLine, CudaError, Diagnosis
+from .model import UNKNOWN_CODE, AssertLine, CudaError, Diagnosis
 from .rules import Rule, match_rules
 from .where import where_in_text
 
@@ -153,6 +153,19 @@ def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
         if meaning and meaning.lower() not in error.message.lower()
         else ""
     )
+    if error.code == UNKNOWN_CODE:  # NVIDIA does not say whether the context survives it
+        return Diagnosis(
+            cause="not-sticky",
+            sticky=False,
+            title="An unknown internal CUDA error",
+            explanation=(
+                f"{error.message}{named} — NVIDIA does not say whether the CUDA context survives "
+                "it. Run one small CUDA call (`torch.zeros(1, device='cuda').item()`): if that "
+                "fails too, restart the process; if the GPU stays unusable, `nvidia-smi` and the "
+                "system log's Xid lines say whether the GPU itself failed."
+            ),
+            error=error,
+        )
     return Diagnosis(
         cause="not-sticky",
         sticky=False,

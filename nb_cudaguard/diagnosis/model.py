@@ -56,6 +56,11 @@ class AssertLine:
         return f"{where}: Assertion `{self.condition}` failed.{times}"
 
 
+# cudaErrorUnknown, CUDA_ERROR_UNKNOWN and hipErrorUnknown alike: "an unknown internal error",
+# which NVIDIA documents neither as sticky nor as leaving the context usable.
+UNKNOWN_CODE = 999
+
+
 @dataclass(frozen=True)
 class CudaError:
     """A recognised CUDA runtime error: the cudaError_t behind an exception's first line."""

@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .advice import KERNEL, Setting, broken_blocking_message, broken_message, usable_message
-from .model import ContextState, Diagnosis
+from .advice import (
+    KERNEL,
+    Setting,
+    broken_blocking_message,
+    broken_message,
+    unsure_message,
+    usable_message,
+)
+from .model import UNKNOWN_CODE, ContextState, Diagnosis
 
 MIME_TYPE = "application/vnd.nb-cudaguard.diagnosis+json"
 SCHEMA_VERSION = 1
@@ -27,14 +34,21 @@ def recommended_action(
     ``blocking_on``: the failed process ran in blocking mode, so its traceback is the true line
     and a blocking run again would show nothing new."""
     if not diagnosis.sticky:
+        # cudaErrorUnknown: NVIDIA does not say whether the context survives it; a probe that
+        # found it answering settles it, a text alone does not.
+        unsure = (
+            diagnosis.error is not None
+            and diagnosis.error.code == UNKNOWN_CODE
+            and diagnosis.context is not ContextState.HEALTHY
+        )
         return {
             "setting": setting.kind,
-            "restart_kernel": "not-needed",
+            "restart_kernel": "recommended" if unsure else "not-needed",
             "blocking": False,
             "blocking_on": blocking_on,
             "rerun_cells": True,
             "command": None,
-            "message": usable_message(setting),
+            "message": unsure_message(setting) if unsure else usable_message(setting),
         }
     probed_alive = diagnosis.context is ContextState.HEALTHY
     return {

@@ -10,6 +10,8 @@ named). The near misses beside them are never a CUDA error.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pytorch_texts import (
     ASSERT_2026_04,
@@ -19,7 +21,9 @@ from pytorch_texts import (
 
 from nb_cudaguard import diagnose
 from nb_cudaguard.diagnosis.assert_lines import parse_assert_lines
+from nb_cudaguard.diagnosis.model import ContextState
 from nb_cudaguard.diagnosis.rules import RULES
+from nb_cudaguard.diagnosis.schema import verdict
 
 # --- an assert in a kernel outside PyTorch ----------------------------------------------------
 OWN_KERNELS = {
@@ -354,3 +358,24 @@ def test_a_launchers_console_script_is_not_where_the_error_surfaced():
     # a script of the user's own is still where it surfaced
     found = diagnose(text.replace("/opt/conda/bin/torchrun", "/home/me/train.py"))
     assert found is not None and found.where is not None and "train.py" in found.where
+
+
+# --- an error NVIDIA documents neither as sticky nor as harmless ---------------------------------
+def test_an_unknown_internal_error_read_from_a_text_does_not_say_the_context_is_fine():
+    # vllm-project/vllm#2682: rank 7's NCCL watchdog ended on cudaErrorUnknown (999)
+    text = (
+        "[E ProcessGroupNCCL.cpp:916] [Rank 7] NCCL watchdog thread terminated with exception: "
+        "CUDA error: unknown error"
+    )
+    found = diagnose(text)
+    assert found is not None and found.error is not None and found.error.code == 999
+    assert "no restart is needed" not in found.explanation
+    assert "does not say whether the CUDA context survives" in found.explanation
+    assert verdict(found).startswith("nb_cudaguard: CUDA context PROBABLY POISONED, restart rec")
+    # a probe that found the context answering settles it
+    alive = replace(found, context=ContextState.HEALTHY)
+    assert verdict(alive).startswith("nb_cudaguard: CUDA context USABLE, restart not needed")
+    # other errors the context survives keep their plain answer
+    oom = diagnose("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert oom is not None and "no restart is needed" in oom.explanation
+    assert verdict(oom).startswith("nb_cudaguard: CUDA context USABLE")
