@@ -47,7 +47,7 @@ from ..replay.planner import (
     with_unrepeatable,
     with_unseen_handed,
 )
-from ..replay.prefix import part_facts, with_prefixes
+from ..replay.prefix import part_facts, stopped_line, with_prefixes
 from ..replay.record import CellRecord, Recorder
 from ..replay.rng import restore_rng
 from ..replay.settings import set_again
@@ -815,6 +815,17 @@ def run_steps(
                 _number_as_replayed(shell, cell, getattr(result, "result", None))
             seconds = time.perf_counter() - started
             ran.append(Cell(cell.source, cell.count, not ok, seconds, cell.record, cell.ran_before))
+            if not ok and not step.failing and (line := _failed_as_before(shell, cell, result)):
+                # What it did before it raised is what the previous kernel's later cells began
+                # from: the replay goes on from there, as that kernel did.
+                _PRINT(
+                    f"nb_cudaguard replay: cell {cell_label(cell)} raised at line {line} again, "
+                    "where it raised in the previous kernel; the replay goes on from what it did "
+                    "before that, as the previous kernel did.",
+                    file=stream,
+                    flush=True,
+                )
+                continue
             if not ok:
                 said = (
                     f"Replay stopped at cell {cell_label(cell)} of the previous kernel"
@@ -840,6 +851,16 @@ def run_steps(
     if say or ok:
         _PRINT(f"nb_cudaguard: {said}", file=stream, flush=True)
     return Outcome(said, stopped=not ok)
+
+
+def _failed_as_before(shell: InteractiveShell, cell: Cell, result: Any) -> int:
+    """The line of the top-level statement ``cell``, run again whole, raised from, where it is
+    the one its record says it raised from in the previous kernel; else 0."""
+    record = cell.record
+    if not cell.failed or cell.ran_before or record is None or not record.stopped:
+        return 0
+    line = stopped_line(getattr(result, "error_in_exec", None), shell.user_ns)
+    return line if line == record.stopped else 0
 
 
 def _set_again_from(cell: Cell, stream: Any) -> None:

@@ -24,7 +24,8 @@ tokenizer's settings and tokens, the model's config, size and mode, the verbosit
 and the replay sets torch's, numpy's and ``random``'s generators back. Written first with the
 ``Accelerator`` built in the failed cell itself, the case stopped the replay there with no
 restore: the failed cell, the only one binding ``acc``, is run again (planner.py, "rebuilds acc
-(this cell failed before)") and raises again, by design; the notebook here builds it first.
+(this cell failed before)") and raised again, which stopped the replay then (a cell that raises
+again where it raised before no longer does: round 19); the notebook here builds it first.
 
 The bar is issue 32's: after restore + replay, the state the failing cell starts from equals the
 state before the failure, or the plan names each name that may differ.
