@@ -40,20 +40,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _longest_modules_first(items: list[pytest.Item]) -> None:
-    """The modules that restart the most kernels (about 5 s each) first, the others in their
-    order: ``pytest -n auto --dist loadfile`` (the README's command) gives each worker whole
-    modules in this order, so a long one is not the last to start while the other worker is
-    idle. Tests keep their order within a module."""
+    """The longest modules first, the others in their order: by the kernels they restart (about
+    5 s each) and the minutes a module says it takes besides (``pytest.mark.minutes(n)``: the
+    peer suites' three runs). ``pytest -n auto --dist loadfile`` (the README's command) gives
+    each worker whole modules in this order, so a long one is not the last to start while the
+    other worker is idle. Tests keep their order within a module."""
 
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
-    # Only test functions have fixtures (a doctest or another plugin's item has none).
-    kernels = Counter(
-        module(item) for item in items if "server_kernel" in getattr(item, "fixturenames", ())
-    )
+    seconds: Counter[str] = Counter()
+    for item in items:
+        # Only test functions have fixtures (a doctest or another plugin's item has none).
+        if "server_kernel" in getattr(item, "fixturenames", ()):
+            seconds[module(item)] += 5
+        marker = item.get_closest_marker("minutes")
+        if marker is not None:
+            seconds[module(item)] = max(seconds[module(item)], 60 * marker.args[0])
     order = {name: rank for rank, name in enumerate(dict.fromkeys(map(module, items)))}
-    items.sort(key=lambda item: (-kernels[module(item)], order[module(item)]))
+    items.sort(key=lambda item: (-seconds[module(item)], order[module(item)]))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# The three runs of each suite take about a minute each: started early (tests/conftest.py).
+pytestmark = pytest.mark.minutes(3)
+
 SUITES = {
     "entmax": ["entmax"],
     "einops": ["einops.tests"],
