@@ -35,6 +35,25 @@ MAX_PENDING = 32
 HOST_VERDICTS_AT_ONCE = True
 
 
+def _writes_into_a_checked_tensor(
+    func: Any, args: tuple[Any, ...], live: list[Requirement]
+) -> bool:
+    """An in-place call whose checked tensor shares memory with the tensor it writes
+    (``t.scatter_(0, t, v)``, ``t[t] = v``): PyTorch refuses that overlap itself, which a safe
+    copy of the checked tensor would hide."""
+    name = getattr(func, "__name__", "")
+    if not (name.endswith("_") or name == "__setitem__") or not args:
+        return False
+    target = args[0]
+    if not isinstance(target, torch.Tensor):
+        return False
+    try:
+        written = target.untyped_storage().data_ptr()
+        return any(r.tensor.untyped_storage().data_ptr() == written for r in live)
+    except Exception:  # a tensor with no storage of its own (a subclass, a functorch wrapper)
+        return False
+
+
 def _defer(
     check: OpCheck, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -55,12 +74,14 @@ def _defer(
                 _raise(check, func, finding, args, kwargs, cpu_error=error)
             return args, kwargs
         safe_args, safe_kwargs = args, kwargs
-        for r in live:
+        replaced_all = not _writes_into_a_checked_tensor(func, args, live)
+        for r in live if replaced_all else ():
             replaced = _with_safe(r, safe_args, safe_kwargs)
             if replaced is None:
+                replaced_all = False
                 break
             safe_args, safe_kwargs = replaced
-        else:
+        if replaced_all:
             where = _capture(args, kwargs, keep=True, modules=check.family == "loss")
             summaries = [r.summary() for r in live]
             versions = [_version(r.tensor) for r in live]
@@ -74,7 +95,8 @@ def _defer(
     except Exception:  # a check must never break a call PyTorch itself would accept
         STATS["check_failed"] += 1
         return args, kwargs
-    # a value no replacement can make valid (an index into an empty dimension): check at once
+    # a value no replacement can make valid (an index into an empty dimension), or a checked
+    # tensor the call writes into: check at once
     finding = first_violation(live)
     if finding is not None:
         _raise(check, func, finding, args, kwargs)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .errors import Finding
-from .ops import OpCheck
+from .ops import PLAIN, OpCheck
 from .requirements import Requirement, Summary, transforms_active, unwrapped
 
 # How often the guard read verdicts back to the host (on a GPU each is a synchronisation: the cost
@@ -54,7 +54,9 @@ def _on_host(values: Iterable[Any]) -> bool:
 
 
 def _small_on_host(tensor: torch.Tensor) -> bool:
-    return tensor.is_cpu and tensor.numel() <= HOST_FIRST_LINE
+    # A subclass's attributes are read through its __torch_function__, which may refuse or
+    # count them: not read here (the rules do not read such a tensor's values either).
+    return type(tensor) in PLAIN and tensor.is_cpu and tensor.numel() <= HOST_FIRST_LINE
 
 
 def _host_error(

@@ -10,6 +10,7 @@ checks, which the tests compare against call by call; where CUDA checks nothing 
 from __future__ import annotations
 
 import ctypes
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ def _arg(args: Args, kwargs: Kwargs, index: int, name: str, default: Any = None)
     return kwargs.get(name, default)
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+PLAIN = (torch.Tensor, torch.nn.Parameter)
 _INDEX_DTYPES = frozenset(
     d
     for d in vars(torch).values()
@@ -49,17 +50,22 @@ _INDEX_DTYPES = frozenset(
 
 def _is_plain(value: Any) -> bool:
     """A tensor whose values can be read: not a FakeTensor, DTensor or other subclass, not meta."""
-    return type(value) in _PLAIN and not value.is_meta
+    return type(value) in PLAIN and not value.is_meta
 
 
 def _is_index(value: Any) -> bool:
-    return type(value) in _PLAIN and value.dtype in _INDEX_DTYPES and not value.is_meta
+    return type(value) in PLAIN and value.dtype in _INDEX_DTYPES and not value.is_meta
 
 
 def _size(t: torch.Tensor, dim: Any) -> tuple[int, int] | None:
     """(normalised dim, size) as the gather/scatter family sees it; a 0-d tensor has size 1."""
     if not isinstance(dim, int):
-        return None
+        if isinstance(dim, torch.Tensor):
+            return None  # (reading a GPU tensor's value would wait for the device)
+        try:
+            dim = operator.index(dim)  # a numpy integer, which PyTorch takes as a dim too
+        except TypeError:
+            return None  # a dimension's name: PyTorch reports what it does not take itself
     ndim = max(t.dim(), 1)
     if not -ndim <= dim < ndim:
         return None  # PyTorch reports a bad dim itself
@@ -183,6 +189,10 @@ def _embedding_bag(args: Args, kwargs: Kwargs, inner: bool = False) -> list[Requ
     else:
         ids, weight = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
         id_slot = (0, "input", None)
+        if _is_plain(ids) and ids.is_floating_point() and _is_index(weight):
+            # the old order, F.embedding_bag(weight, input, offsets), which PyTorch still takes
+            # (with a warning: torch/nn/functional.py, embedding_bag) and swaps
+            ids, weight, id_slot = weight, ids, (1, "weight", None)
     offsets = _arg(args, kwargs, 2, "offsets")
     found = _ids(ids, weight, id_slot)
     if found and ids.dim() == 1 and _is_index(offsets) and offsets.dim() == 1:
@@ -387,7 +397,7 @@ def plain_index(args: Args) -> bool:
 
 
 def _getitem(args: Args, kwargs: Kwargs) -> list[Requirement]:
-    if len(args) > 1 and type(args[1]) in _PLAIN:
+    if len(args) > 1 and type(args[1]) in PLAIN:
         # x[idx] with one tensor: the common case, decided without the general walk below
         x, idx = args[0], args[1]
         if _is_plain(x) and x.dim() and _is_index(idx) and idx.dtype != torch.uint8:

@@ -303,7 +303,8 @@ class FloatRange:
     def safe(self, value: Any) -> torch.Tensor | None:
         t = value if isinstance(value, torch.Tensor) else self.tensor
         clamped = t.clamp(self.lo, self.hi)  # the identity (and its gradient) inside the range
-        return clamped.masked_fill(torch.isnan(clamped), self.lo)
+        # (where, not masked_fill: the result keeps the input's layout, as the op's output does)
+        return torch.where(torch.isnan(clamped), self.lo, clamped)
 
     def holds(self, values: list[Any]) -> bool:
         low, high = values
