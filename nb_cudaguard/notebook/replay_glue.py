@@ -256,6 +256,7 @@ def make_plan(
     failed = {i for i, c in enumerate(cells) if c.failed and i != failing}
     recorder = replay.recorder if replay is not None else None
     changed_here = recorder.changed_since_put_back(shell.user_ns) if recorder is not None else ()
+    changed_here = (*changed_here, *_bound_since_restart(shell, replay, restored))
     # A part that changed a restored name does not run (the restored one has its change),
     # unless the plan builds that name again: then it is planned once more, the part with it.
     raised = {i: _raised(cells, i) for i, c in enumerate(cells) if c.ran_before}
@@ -851,6 +852,34 @@ def run_steps(
     if say or ok:
         _PRINT(f"nb_cudaguard: {said}", file=stream, flush=True)
     return Outcome(said, stopped=not ok)
+
+
+_OUR_MAGIC = re.compile(r"^%cudaguard\b", re.MULTILINE)
+
+
+def _bound_since_restart(
+    shell: InteractiveShell, replay: ReplayState | None, restored: Sequence[str]
+) -> list[str]:
+    """The names the user's own cells bound in this kernel and still hold, that no restore
+    brought (``scale = 10``, a setup cell run again by hand): the user's, not the state before
+    the failure. Not what a replay's cells bound, nor a restore's (``%cudaguard`` cells), nor a
+    module (imported again, it is the one it was)."""
+    recorder = replay.recorder if replay is not None else None
+    if replay is None or recorder is None:
+        return []
+    raw = _history(shell)
+    bound: set[str] = set()
+    for count, record in recorder.records.items():
+        if count + 1 in replay.replayed:  # (IPython stores a cell's input before it runs)
+            continue
+        if 0 < count < len(raw) and not _OUR_MAGIC.search(raw[count]):
+            bound |= record.bound
+    here = shell.user_ns
+    return sorted(
+        name
+        for name in bound.difference(restored)
+        if name in here and not isinstance(here[name], types.ModuleType)
+    )
 
 
 def _failed_as_before(shell: InteractiveShell, cell: Cell, result: Any) -> int:

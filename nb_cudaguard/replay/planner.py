@@ -64,9 +64,12 @@ class Plan:
     # Names it rebuilds not seen whole when they ran (too large, or holding state Python cannot
     # read): a change inside may be missed.
     unseen: tuple[str, ...] = ()
-    # Restored names the user changed since the restore, kept as they are: (name, why the plan
-    # would have built it again, or "").
+    # Restored names the user changed since the restore, and names the user bound in this
+    # kernel that no restore brought (a setup cell run again by hand, ``scale = 10``), kept as
+    # they are: (name, why the plan would have built it again, or "").
     yours: tuple[tuple[str, str], ...] = ()
+    # Of ``yours``, those no restore brought: bound by the user's own cells since the restart.
+    bound_here: tuple[str, ...] = ()
     # Restored names the user changed since the restore that the plan builds again all the
     # same (what is built from them here would not match them otherwise): (name, why).
     overwritten: tuple[tuple[str, str], ...] = ()
@@ -139,7 +142,8 @@ def plan_replay(
     change its cells made is in them); ``after_failure``: those of them kept after the failing
     cell ran (its changes too); ``own_modules``: the top-level modules the notebook imports
     that are its own (a ``helpers.py`` beside it), not libraries; ``changed_here``: the
-    restored names the user re-bound or changed in this kernel since their restore (a fix):
+    restored names the user re-bound or changed in this kernel since their restore (a fix), and
+    present names the user's own cells bound since the restart (no restore brought them):
     never built again for a change they already had, and named where built again at all;
     ``fresh``: restored names that came back as they were at their import, not as the cells
     left them (the notebook's own modules, and what the namespace holds from them: their
@@ -155,12 +159,13 @@ def plan_replay(
     facts = with_setters(with_calls(with_handed(facts, modules), modules), modules)
     present = set(present)
     restored = set(restored) & present
-    yours = set(changed_here) & restored
+    yours = set(changed_here) & present
     planner = _Planner(
         facts, failing, present, set(failed), modules, restored, yours, set(fresh) & restored
     )
     plan = planner.run(set(after_failure) & restored, set(iterators), set(graphless) & restored)
-    return replace(plan, drop=deleted_before(facts, failing))
+    bound_here = tuple(sorted(n for n, _ in plan.yours if n not in restored))
+    return replace(plan, drop=deleted_before(facts, failing), bound_here=bound_here)
 
 
 def deleted_before(facts: Sequence[CellFacts], failing: int) -> tuple[str, ...]:
@@ -524,7 +529,7 @@ class _Planner:
         self.unresolved: set[str] = set()
         self.kept: set[str] = set()
         self.stale: dict[str, str] = {}  # kept names to build again -> why
-        self.changed_here = changed_here  # restored, then changed by the user
+        self.changed_here = changed_here  # restored then changed, or bound, by the user
         self.fresh = fresh  # restored as imported, without the cells' changes
         self.yours: dict[str, str] = {}  # of those, kept though stale -> why they were
         self.pending: list[tuple[str, int, int]] = []  # (name, needed before, deferred reads at)

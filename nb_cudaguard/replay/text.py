@@ -100,8 +100,9 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
     )
     ran = {step.index for step in plan.steps}
     notes = []
-    if plan.kept:
-        notes.append("already here (kept): " + ", ".join(plan.kept[:12]))
+    kept = [n for n in plan.kept if n not in plan.bound_here]
+    if kept:
+        notes.append("already here (kept): " + ", ".join(kept[:12]))
     if plan.unresolved:
         notes.append(
             "not rebuilt, no earlier cell defines them: " + ", ".join(plan.unresolved[:12])
@@ -111,14 +112,21 @@ def plan_summary(plan: Plan, cells: Sequence[Cell]) -> str:
             "as restored, though the cells below change them again (no earlier cell builds them "
             "anew, and the restored ones have those changes already): " + ", ".join(plan.twice)
         )
-    if plan.yours:
+    changed = [(n, why) for n, why in plan.yours if n not in plan.bound_here]
+    if changed:
         notes.append(
             "kept as you changed them after the restore: "
-            + ", ".join(f"{name} (though {why})" if why else name for name, why in plan.yours[:12])
+            + ", ".join(f"{name} (though {why})" if why else name for name, why in changed[:12])
+        )
+    if plan.bound_here:
+        notes.append(
+            "kept as your cells bound them after the restart, not as they were before the "
+            "failure: " + ", ".join(plan.bound_here[:12])
         )
     if plan.from_yours:
         notes.append(
-            "built from what you changed after the restore, so they follow your change: "
+            f"built from what you {'bound or ' if plan.bound_here else ''}changed after the "
+            f"{'restart' if plan.bound_here else 'restore'}, so they follow your change: "
             + ", ".join(plan.from_yours[:12])
         )
     if plan.failed_changes:
