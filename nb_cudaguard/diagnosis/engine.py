@@ -154,25 +154,21 @@ def _not_sticky_diagnosis(error: CudaError) -> Diagnosis:
         else ""
     )
     if error.code == UNKNOWN_CODE:  # NVIDIA does not say whether the context survives it
-        return Diagnosis(
-            cause="not-sticky",
-            sticky=False,
-            title="An unknown internal CUDA error",
-            explanation=(
-                f"{error.message}{named} — NVIDIA does not say whether the CUDA context survives "
-                "it. Run one small CUDA call (`torch.zeros(1, device='cuda').item()`): if that "
-                "fails too, restart the process; if the GPU stays unusable, `nvidia-smi` and the "
-                "system log's Xid lines say whether the GPU itself failed."
-            ),
-            error=error,
+        title = "An unknown internal CUDA error"
+        advice = (
+            "NVIDIA does not say whether the CUDA context survives it. Run one small CUDA call "
+            "(`torch.zeros(1, device='cuda').item()`): if that fails too, restart the process; "
+            "if the GPU stays unusable, `nvidia-smi` and the system log's Xid lines say whether "
+            "the GPU itself failed."
         )
+    else:
+        title = "A CUDA error that leaves the CUDA context usable"
+        advice = "fix the cause and run the code again; no restart is needed."
     return Diagnosis(
         cause="not-sticky",
         sticky=False,
-        title="A CUDA error that leaves the CUDA context usable",
-        explanation=(
-            f"{error.message}{named} — fix the cause and run the code again; no restart is needed."
-        ),
+        title=title,
+        explanation=f"{error.message}{named} — {advice}",
         error=error,
     )
 
