@@ -173,22 +173,6 @@ def test_a_cell_run_twice_whose_second_run_raised(server, server_kernel, restore
 # --- 4. failed and half-done cells ----------------------------------------------------------------
 
 
-@restores("hist", "resume")
-def test_a_loop_target_left_bound_by_a_failed_loop(server, server_kernel, restore):
-    # A training loop that raised at its third epoch: ``epoch`` stays bound, and a later cell
-    # resumes from it.
-    kid, pid = server_kernel
-    cells = (
-        "hist = []",
-        "for epoch in range(5):\n    hist.append(epoch)\n    if epoch == 2:\n"
-        "        raise ValueError('diverged')",
-        "resume = epoch + 1",
-    )
-    fp = "{'epoch': epoch, 'hist': hist, 'resume': resume}"
-    outcome = run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,))
-    assert_no_silent_difference(outcome)
-
-
 @restores("acc")
 def test_a_failed_time_cell_magic(server, server_kernel, restore):
     # ``%%time`` runs the body as one statement: its lines before the raise are in the body.
@@ -318,45 +302,67 @@ def test_a_ufuncs_out_argument_writes_into_an_array(server, server_kernel, resto
 # --- 8. names a failed cell bound inside a compound statement -------------------------------------
 
 
-@restores("target")
-def test_a_name_bound_in_a_with_block_that_raised(server, server_kernel, restore):
+# Each failed at its second cell: (the names restored alone, the cells, the fingerprint).
+FAILED_IN_A_COMPOUND_STATEMENT = {
+    # A training loop that raised at its third epoch: ``epoch`` stays bound, and a later cell
+    # resumes from it.
+    "a loop target left bound by a failed loop": (
+        ("hist", "resume"),
+        (
+            "hist = []",
+            "for epoch in range(5):\n    hist.append(epoch)\n    if epoch == 2:\n"
+            "        raise ValueError('diverged')",
+            "resume = epoch + 1",
+        ),
+        "{'epoch': epoch, 'hist': hist, 'resume': resume}",
+    ),
     # The only cell binding ``best`` raised inside its ``with`` block, after binding it.
-    kid, pid = server_kernel
-    cells = (
-        "import contextlib",
-        "with contextlib.nullcontext():\n    best = 0.5\n    raise ValueError('nan loss')",
-        "target = best * 2",
-    )
-    fp = "{'best': best, 'target': target}"
-    outcome = run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,))
-    assert_no_silent_difference(outcome)
-
-
-@restores("log")
-def test_a_while_loop_counter_left_by_a_failed_cell(server, server_kernel, restore):
+    "a name bound in a with block that raised": (
+        ("target",),
+        (
+            "import contextlib",
+            "with contextlib.nullcontext():\n    best = 0.5\n    raise ValueError('nan loss')",
+            "target = best * 2",
+        ),
+        "{'best': best, 'target': target}",
+    ),
     # A step counter bound before the loop, bumped inside it until the loop raised.
-    kid, pid = server_kernel
-    cells = (
-        "log = []",
-        "step = 0\nwhile True:\n    step += 1\n    log.append(step)\n    if step == 3:\n"
-        "        raise ValueError('loss is nan')",
-        "resume_from = step",
-    )
-    fp = "{'step': step, 'log': log, 'resume_from': resume_from}"
-    outcome = run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,))
-    assert_no_silent_difference(outcome)
-
-
-@restores("target")
-def test_a_name_bound_before_and_changed_by_a_failed_loop(server, server_kernel, restore):
+    "a while loop's counter left by a failed cell": (
+        ("log",),
+        (
+            "log = []",
+            "step = 0\nwhile True:\n    step += 1\n    log.append(step)\n    if step == 3:\n"
+            "        raise ValueError('loss is nan')",
+            "resume_from = step",
+        ),
+        "{'step': step, 'log': log, 'resume_from': resume_from}",
+    ),
     # ``best`` is bound by an earlier cell too; the failed loop raised after raising it.
+    "a name bound before and changed by a failed loop": (
+        ("target",),
+        (
+            "best = 0.0",
+            "for epoch in range(3):\n    best = max(best, (epoch + 1) / 10)\n    if epoch == 1:\n"
+            "        raise ValueError('nan loss')",
+            "target = best * 2",
+        ),
+        "{'best': best, 'target': target}",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "restore"),
+    [
+        pytest.param(case, restore, id=f"{case}-{shown}")
+        for case, (names, _, _) in FAILED_IN_A_COMPOUND_STATEMENT.items()
+        for restore, shown in zip([None, "", *names], ["no-restore", "all", *names], strict=True)
+    ],
+)
+def test_a_name_a_failed_cell_bound_inside_a_compound_statement(
+    server, server_kernel, case, restore
+):
+    _, cells, fp = FAILED_IN_A_COMPOUND_STATEMENT[case]
     kid, pid = server_kernel
-    cells = (
-        "best = 0.0",
-        "for epoch in range(3):\n    best = max(best, (epoch + 1) / 10)\n    if epoch == 1:\n"
-        "        raise ValueError('nan loss')",
-        "target = best * 2",
-    )
-    fp = "{'best': best, 'target': target}"
     outcome = run_case(server, kid, pid, cells, fp, restore=restore, errors=(1,))
     assert_no_silent_difference(outcome)
